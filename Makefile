@@ -1,0 +1,15 @@
+# `make demo` and `make test` do all set-up themselves (scripts/setup.sh is idempotent).
+PY := .venv/bin/python
+
+.PHONY: setup demo test bench
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(PY) -m corten.demo
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: setup
+	$(PY) benchmarks/bench_reference_mv2.py

@@ -1,0 +1,82 @@
+"""``quantized_add``: CMSIS-NN's ``arm_elementwise_add_s8`` (same-shape operands).
+
+Per element, in int32 exactly as the C kernel::
+
+    a = requantize((x1 + input1_offset) << left_shift, input1_multiplier, input1_shift)
+    b = requantize((x2 + input2_offset) << left_shift, input2_multiplier, input2_shift)
+    y = clamp(requantize(a + b, output_multiplier, output_shift) + output_offset, act_min, act_max)
+
+The compiler derives the multipliers the TFLite way: with ``twice_max = 2 * max(s1, s2)``,
+``left_shift = 20``, input scales ``s_i / twice_max`` and output scale
+``twice_max / (2**left_shift * s_out)``.
+"""
+from __future__ import annotations
+
+import torch
+
+from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
+from corten.ops import checks
+from corten.ops.registry import OpFamily, register_family
+
+FAMILY = "add"
+
+
+def _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset,
+           input2_multiplier, input2_shift, left_shift, output_offset, output_multiplier, output_shift,
+           activation_min, activation_max):
+    op = "quantized_add"
+    checks.dtype(op, "input1", input1, torch.int8)
+    checks.dtype(op, "input2", input2, torch.int8)
+    if input1.shape != input2.shape:
+        checks.fail(op, "input2", f"shape {tuple(input2.shape)} differs from input1's {tuple(input1.shape)}")
+    checks.input_offset(op, "input1_offset", input1_offset)
+    checks.input_offset(op, "input2_offset", input2_offset)
+    checks.output_offset(op, "output_offset", output_offset)
+    for name, m, s in (("input1", input1_multiplier, input1_shift), ("input2", input2_multiplier, input2_shift),
+                       ("output", output_multiplier, output_shift)):
+        checks.scalar_multiplier(op, f"{name}_multiplier", m)
+        checks.scalar_shift(op, f"{name}_shift", s)
+    checks.in_range(op, "left_shift", left_shift, 0, 22)  # (255 << 22) still fits in int32
+    checks.activation(op, activation_min, activation_max)
+
+
+@torch.library.custom_op("corten::quantized_add", mutates_args=())
+def quantized_add(
+    input1: torch.Tensor,
+    input2: torch.Tensor,
+    input1_offset: int,
+    input1_multiplier: int,
+    input1_shift: int,
+    input2_offset: int,
+    input2_multiplier: int,
+    input2_shift: int,
+    left_shift: int,
+    output_offset: int,
+    output_multiplier: int,
+    output_shift: int,
+    activation_min: int,
+    activation_max: int,
+) -> torch.Tensor:
+    _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+           input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max)
+    a = requantize((input1.to(torch.int64) + input1_offset) << left_shift, input1_multiplier, input1_shift)
+    b = requantize((input2.to(torch.int64) + input2_offset) << left_shift, input2_multiplier, input2_shift)
+    out = requantize(wrap_int32_t(a + b), output_multiplier, output_shift) + output_offset
+    return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=_layout(input1))
+
+
+def _layout(t: torch.Tensor) -> torch.memory_format:
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+@quantized_add.register_fake
+def _(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+      input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max):
+    _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+           input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max)
+    return torch.empty_like(input1, memory_format=_layout(input1))
+
+
+register_family(OpFamily(FAMILY, ("quantized_add",), doc=__doc__))

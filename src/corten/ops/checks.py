@@ -1,0 +1,96 @@
+"""Argument checks shared by the op kernels: every error names the op and the argument."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from corten.fixed_point import INT32_MAX, SHIFT_MAX, SHIFT_MIN
+
+
+class CortenOpError(ValueError):
+    """A Corten op was called with arguments its kernel cannot take."""
+
+
+def fail(op: str, arg: str, msg: str) -> None:
+    raise CortenOpError(f"corten.{op}: argument '{arg}': {msg}")
+
+
+def dtype(op: str, arg: str, t: torch.Tensor, want: torch.dtype) -> None:
+    if not isinstance(t, torch.Tensor):
+        fail(op, arg, f"expected a tensor, got {type(t).__name__}")
+    if t.dtype != want:
+        fail(op, arg, f"expected dtype {want}, got {t.dtype}")
+
+
+def ndim(op: str, arg: str, t: torch.Tensor, want: int) -> None:
+    if t.dim() != want:
+        fail(op, arg, f"expected a {want}-D tensor, got shape {tuple(t.shape)}")
+
+
+def shape(op: str, arg: str, t: torch.Tensor, want: Sequence[int]) -> None:
+    if tuple(t.shape) != tuple(want):
+        fail(op, arg, f"expected shape {tuple(want)}, got {tuple(t.shape)}")
+
+
+def in_range(op: str, arg: str, v: int, lo: int, hi: int) -> None:
+    if not lo <= v <= hi:
+        fail(op, arg, f"{v} is outside [{lo}, {hi}]")
+
+
+def input_offset(op: str, arg: str, v: int) -> None:
+    # CMSIS-NN passes the negated input zero point: zp in [-128, 127] -> offset in [-127, 128].
+    in_range(op, arg, v, -127, 128)
+
+
+def output_offset(op: str, arg: str, v: int) -> None:
+    in_range(op, arg, v, -128, 127)
+
+
+def activation(op: str, lo: int, hi: int) -> None:
+    in_range(op, "activation_min", lo, -128, 127)
+    in_range(op, "activation_max", hi, -128, 127)
+    if lo > hi:
+        fail(op, "activation_min", f"activation_min {lo} > activation_max {hi}")
+
+
+def multipliers(op: str, mult: torch.Tensor, shift: torch.Tensor, channels: int | None) -> None:
+    """Per-channel (length ``channels``) or per-tensor (length 1) int32 multiplier/shift tensors."""
+    dtype(op, "output_multiplier", mult, torch.int32)
+    dtype(op, "output_shift", shift, torch.int32)
+    ndim(op, "output_multiplier", mult, 1)
+    ndim(op, "output_shift", shift, 1)
+    if mult.shape != shift.shape:
+        fail(op, "output_shift", f"length {shift.numel()} differs from output_multiplier's {mult.numel()}")
+    if channels is not None and mult.numel() not in (1, channels):
+        fail(op, "output_multiplier", f"length {mult.numel()}: expected 1 or {channels} (one per output channel)")
+    if mult.device.type != "meta" and mult.numel():
+        scalar_multiplier(op, "output_multiplier", int(mult.min()))
+        scalar_multiplier(op, "output_multiplier", int(mult.max()))
+        in_range(op, "output_shift", int(shift.min()), SHIFT_MIN, SHIFT_MAX)
+        in_range(op, "output_shift", int(shift.max()), SHIFT_MIN, SHIFT_MAX)
+
+
+def scalar_multiplier(op: str, arg: str, m: int) -> None:
+    # quantize_multiplier yields 0 (underflowed scale) or a Q31 value in [2**30, 2**31 - 1].
+    if m != 0 and not (1 << 30) <= m <= INT32_MAX:
+        fail(op, arg, f"{m} is not 0 or a Q31 multiplier in [2**30, 2**31 - 1]")
+
+
+def scalar_shift(op: str, arg: str, s: int) -> None:
+    in_range(op, arg, s, SHIFT_MIN, SHIFT_MAX)
+
+
+def pair(op: str, arg: str, v: Sequence[int], minimum: int) -> tuple[int, int]:
+    if len(v) != 2:
+        fail(op, arg, f"expected 2 values (height, width), got {list(v)}")
+    if min(v) < minimum:
+        fail(op, arg, f"values must be >= {minimum}, got {list(v)}")
+    return int(v[0]), int(v[1])
+
+
+def out_size(op: str, size: int, k: int, stride: int, pad: int, dilation: int, arg: str = "input") -> int:
+    o = (size + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+    if o < 1:
+        fail(op, arg, f"spatial size {size} too small for kernel {k} (dilation {dilation}, padding {pad})")
+    return o

@@ -1,0 +1,216 @@
+"""Convolutions: ``quantized_conv2d`` and ``quantized_depthwise_conv2d``.
+
+Layouts (the C side's, which are CMSIS-NN's):
+
+* activations are NHWC in memory.  In the torch graph they keep PyTorch's logical NCHW shape and
+  the reference kernels return them in ``torch.channels_last`` memory format, so the bytes of a
+  graph tensor are exactly the bytes of the C buffer;
+* ``quantized_conv2d`` weights are OHWI ``[C_out, kH, kW, C_in]`` (``arm_convolve_s8``);
+* ``quantized_depthwise_conv2d`` weights are ``[1, kH, kW, C_out]`` with
+  ``C_out = C_in * depth_multiplier`` and output channel ``c * depth_multiplier + m`` reading input
+  channel ``c`` (``arm_depthwise_conv_s8``).
+
+Arithmetic (CMSIS-NN / TFLite int8): ``acc = bias[o] + sum((x + input_offset) * w)`` in int32,
+padding contributing 0 (CMSIS-NN pads im2col with ``-input_offset``), then
+``requantize(acc, multiplier[o], shift[o]) + output_offset`` clamped to
+``[activation_min, activation_max]``.  ``input_offset`` is the negated input zero point.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from corten.fixed_point import clamp_activation, requantize
+from corten.ops import checks
+from corten.ops.registry import OpFamily, register_family
+
+FAMILY = "conv"
+
+
+# ----------------------------------------------------------------------------- shared checks
+def _check_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+                  output_multiplier, output_shift, activation_min, activation_max, c_out):
+    checks.dtype(op, "input", input, torch.int8)
+    checks.ndim(op, "input", input, 4)
+    checks.dtype(op, "weight", weight, torch.int8)
+    checks.ndim(op, "weight", weight, 4)
+    if bias is not None:
+        checks.dtype(op, "bias", bias, torch.int32)
+        checks.shape(op, "bias", bias, (c_out,))
+    checks.pair(op, "stride", stride, 1)
+    checks.pair(op, "padding", padding, 0)
+    checks.pair(op, "dilation", dilation, 1)
+    checks.input_offset(op, "input_offset", input_offset)
+    checks.output_offset(op, "output_offset", output_offset)
+    checks.multipliers(op, output_multiplier, output_shift, c_out)
+    checks.activation(op, activation_min, activation_max)
+
+
+def _out_hw(op, input, kh, kw, stride, padding, dilation):
+    h, w = input.shape[2], input.shape[3]
+    return (checks.out_size(op, h, kh, stride[0], padding[0], dilation[0]),
+            checks.out_size(op, w, kw, stride[1], padding[1], dilation[1]))
+
+
+def _empty_nchw(n, c, h, w, device):
+    return torch.empty((n, c, h, w), dtype=torch.int8, device=device).contiguous(memory_format=torch.channels_last)
+
+
+# ----------------------------------------------------------------------------- shared arithmetic
+def _offset_padded_nhwc(input: torch.Tensor, input_offset: int, padding, dtype) -> torch.Tensor:
+    """NHWC view of ``input + input_offset`` with zero padding (zero = the real value 0)."""
+    x = input.permute(0, 2, 3, 1).to(dtype) + input_offset
+    if padding[0] or padding[1]:
+        x = F.pad(x, (0, 0, padding[1], padding[1], padding[0], padding[0]))
+    return x.contiguous()
+
+
+def _windows(x: torch.Tensor, kh, kw, ho, wo, stride, dilation) -> torch.Tensor:
+    """``[N, Ho, Wo, kH, kW, C]`` strided view of the sliding windows of an NHWC tensor."""
+    n, _, _, c = x.shape
+    sn, sh, sw, sc = x.stride()
+    return x.as_strided((n, ho, wo, kh, kw, c),
+                        (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1], sc))
+
+
+def _finish(acc: torch.Tensor, bias, output_multiplier, output_shift, output_offset,
+            activation_min, activation_max) -> torch.Tensor:
+    """int64 NHWC accumulators -> int8 NCHW (channels_last) output."""
+    if bias is not None:
+        acc = acc + bias.to(torch.int64)
+    out = requantize(acc, output_multiplier.to(torch.int64), output_shift.to(torch.int64)) + output_offset
+    return clamp_activation(out, activation_min, activation_max).permute(0, 3, 1, 2)
+
+
+# ----------------------------------------------------------------------------- conv2d
+def conv2d_accumulators(input, weight, stride, padding, dilation, input_offset) -> torch.Tensor:
+    """int32 accumulators (held in int64), NHWC, without bias.
+
+    Exactness: every product is ``(x + input_offset) * w`` with ``|x + input_offset| <= 255`` and
+    ``|w| <= 128``, so ``|product| <= 32640 < 2**15``; a sum of ``K = kH*kW*C_in`` such integers is
+    below ``K * 2**15``, under 2**53 for any ``K < 2**38``.  Every partial sum of the float64
+    matrix product is therefore an integer that float64 represents exactly, whatever order BLAS
+    adds them in, and the result converts to int64 without rounding.
+    """
+    c_out, kh, kw, c_in = weight.shape
+    ho, wo = _out_hw("quantized_conv2d", input, kh, kw, stride, padding, dilation)
+    x = _offset_padded_nhwc(input, input_offset, padding, torch.float64)
+    n = x.shape[0]
+    if kh == kw == 1 and tuple(stride) == (1, 1):
+        cols = x.reshape(n * ho * wo, c_in)
+    else:
+        cols = _windows(x, kh, kw, ho, wo, stride, dilation).reshape(n * ho * wo, kh * kw * c_in)
+    acc = cols @ weight.reshape(c_out, kh * kw * c_in).to(torch.float64).T
+    return acc.to(torch.int64).reshape(n, ho, wo, c_out)
+
+
+def _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+                  output_multiplier, output_shift, activation_min, activation_max):
+    op = "quantized_conv2d"
+    _check_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+                  output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
+    if weight.shape[3] != input.shape[1]:
+        checks.fail(op, "weight", f"OHWI weight has C_in={weight.shape[3]} but input has {input.shape[1]} channels")
+    return _out_hw(op, input, weight.shape[1], weight.shape[2], stride, padding, dilation)
+
+
+@torch.library.custom_op("corten::quantized_conv2d", mutates_args=())
+def quantized_conv2d(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    input_offset: int,
+    output_offset: int,
+    output_multiplier: torch.Tensor,
+    output_shift: torch.Tensor,
+    activation_min: int,
+    activation_max: int,
+) -> torch.Tensor:
+    _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+                  output_multiplier, output_shift, activation_min, activation_max)
+    acc = conv2d_accumulators(input, weight, stride, padding, dilation, input_offset)
+    return _finish(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
+
+
+@quantized_conv2d.register_fake
+def _(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+      output_multiplier, output_shift, activation_min, activation_max):
+    ho, wo = _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+                           output_multiplier, output_shift, activation_min, activation_max)
+    return _empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
+
+
+# ----------------------------------------------------------------------------- depthwise
+def depthwise_accumulators(input, weight, stride, padding, dilation, depth_multiplier, input_offset):
+    """int32 accumulators (held in int64), NHWC, without bias.
+
+    Summed in int32 tap by tap: ``|product| <= 32640`` and there are ``kH*kW`` taps, so no partial
+    sum overflows int32 for kernels of fewer than 65,793 taps (checked).
+    """
+    _, kh, kw, c_out = weight.shape
+    if kh * kw > 65792:
+        checks.fail("quantized_depthwise_conv2d", "weight", f"kernel of {kh}x{kw} taps overflows int32 sums")
+    ho, wo = _out_hw("quantized_depthwise_conv2d", input, kh, kw, stride, padding, dilation)
+    x = _offset_padded_nhwc(input, input_offset, padding, torch.int32)
+    if depth_multiplier > 1:
+        x = x.repeat_interleave(depth_multiplier, dim=3)
+    w = weight.to(torch.int32)
+    acc = torch.zeros((x.shape[0], ho, wo, c_out), dtype=torch.int32)
+    for i in range(kh):
+        for j in range(kw):
+            r0, c0 = i * dilation[0], j * dilation[1]
+            tap = x[:, r0:r0 + stride[0] * (ho - 1) + 1:stride[0], c0:c0 + stride[1] * (wo - 1) + 1:stride[1], :]
+            acc += tap * w[0, i, j]
+    return acc.to(torch.int64)
+
+
+def _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset,
+                     output_offset, output_multiplier, output_shift, activation_min, activation_max):
+    op = "quantized_depthwise_conv2d"
+    _check_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+                  output_multiplier, output_shift, activation_min, activation_max, weight.shape[3])
+    if depth_multiplier < 1:
+        checks.fail(op, "depth_multiplier", f"must be >= 1, got {depth_multiplier}")
+    if weight.shape[0] != 1:
+        checks.fail(op, "weight", f"expected [1, kH, kW, C_out] weights, got shape {tuple(weight.shape)}")
+    if weight.shape[3] != input.shape[1] * depth_multiplier:
+        checks.fail(op, "weight", f"C_out={weight.shape[3]} != C_in {input.shape[1]} x depth_multiplier {depth_multiplier}")
+    return _out_hw(op, input, weight.shape[1], weight.shape[2], stride, padding, dilation)
+
+
+@torch.library.custom_op("corten::quantized_depthwise_conv2d", mutates_args=())
+def quantized_depthwise_conv2d(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    depth_multiplier: int,
+    input_offset: int,
+    output_offset: int,
+    output_multiplier: torch.Tensor,
+    output_shift: torch.Tensor,
+    activation_min: int,
+    activation_max: int,
+) -> torch.Tensor:
+    _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset,
+                     output_offset, output_multiplier, output_shift, activation_min, activation_max)
+    acc = depthwise_accumulators(input, weight, stride, padding, dilation, depth_multiplier, input_offset)
+    return _finish(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
+
+
+@quantized_depthwise_conv2d.register_fake
+def _(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset, output_offset,
+      output_multiplier, output_shift, activation_min, activation_max):
+    ho, wo = _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset,
+                              output_offset, output_multiplier, output_shift, activation_min, activation_max)
+    return _empty_nchw(input.shape[0], weight.shape[3], ho, wo, input.device)
+
+
+register_family(OpFamily(FAMILY, ("quantized_conv2d", "quantized_depthwise_conv2d"), doc=__doc__))

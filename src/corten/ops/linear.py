@@ -1,0 +1,78 @@
+"""``quantized_linear``: CMSIS-NN's ``arm_fully_connected_s8`` / ``_per_channel_s8``.
+
+Weights are ``[out_features, in_features]`` int8 (row-major, as CMSIS-NN reads them).  There is
+no bias argument: the compiler folds it into ``kernel_sum``, computed ahead of time exactly as
+CMSIS-NN's ``arm_vector_sum_s8`` fills the context buffer of the Helium path::
+
+    kernel_sum[o] = bias[o] + input_offset * sum_k weight[o, k]      (weight offset 0)
+
+so that ``acc[o] = kernel_sum[o] + sum_k x[k] * weight[o, k]`` equals
+``bias[o] + sum_k (x[k] + input_offset) * weight[o, k]``.  The op holds no state and does no
+first-inference work.  ``output_multiplier``/``output_shift`` have one entry (per-tensor weights)
+or one per output feature (per-channel weights).
+"""
+from __future__ import annotations
+
+import torch
+
+from corten.fixed_point import clamp_activation, requantize
+from corten.ops import checks
+from corten.ops.registry import OpFamily, register_family
+
+FAMILY = "linear"
+
+
+def kernel_sum(weight: torch.Tensor, bias: torch.Tensor | None, input_offset: int) -> torch.Tensor:
+    """``arm_vector_sum_s8`` with ``rhs_offset = 0``: int32 ``bias + input_offset * rowsum(weight)``."""
+    s = weight.to(torch.int64).sum(dim=1) * input_offset
+    if bias is not None:
+        s = s + bias.to(torch.int64)
+    return s.to(torch.int32)
+
+
+def _check(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
+           activation_min, activation_max):
+    op = "quantized_linear"
+    checks.dtype(op, "input", input, torch.int8)
+    checks.dtype(op, "weight", weight, torch.int8)
+    checks.ndim(op, "weight", weight, 2)
+    if input.dim() < 1 or input.shape[-1] != weight.shape[1]:
+        checks.fail(op, "input", f"last dimension of shape {tuple(input.shape)} must equal in_features {weight.shape[1]}")
+    checks.dtype(op, "kernel_sum", kernel_sum, torch.int32)
+    checks.shape(op, "kernel_sum", kernel_sum, (weight.shape[0],))
+    checks.input_offset(op, "input_offset", input_offset)
+    checks.output_offset(op, "output_offset", output_offset)
+    checks.multipliers(op, output_multiplier, output_shift, weight.shape[0])
+    checks.activation(op, activation_min, activation_max)
+
+
+@torch.library.custom_op("corten::quantized_linear", mutates_args=())
+def quantized_linear(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    kernel_sum: torch.Tensor,
+    input_offset: int,
+    output_offset: int,
+    output_multiplier: torch.Tensor,
+    output_shift: torch.Tensor,
+    activation_min: int,
+    activation_max: int,
+) -> torch.Tensor:
+    _check(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
+           activation_min, activation_max)
+    # Exact in float64: |x * w| <= 2**14 and in_features < 2**39 keep all partial sums < 2**53.
+    dots = (input.to(torch.float64) @ weight.to(torch.float64).T).to(torch.int64)
+    acc = dots + kernel_sum.to(torch.int64)
+    out = requantize(acc, output_multiplier.to(torch.int64), output_shift.to(torch.int64)) + output_offset
+    return clamp_activation(out, activation_min, activation_max)
+
+
+@quantized_linear.register_fake
+def _(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
+      activation_min, activation_max):
+    _check(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
+           activation_min, activation_max)
+    return input.new_empty((*input.shape[:-1], weight.shape[0]))
+
+
+register_family(OpFamily(FAMILY, ("quantized_linear",), doc=__doc__))

@@ -1,0 +1,109 @@
+"""Pooling: ``quantized_avg_pool2d`` (``arm_avgpool_s8``) and ``quantized_max_pool2d``
+(``arm_max_pool_s8``).
+
+Both keep the input's quantization parameters (the quantizer shares them), so there is no
+requantization: the kernels work on the raw int8 values.  Windows count only the elements inside
+the input (padding is excluded, as CMSIS-NN does), and the average rounds the C way::
+
+    avg = (sum > 0 ? sum + count / 2 : sum - count / 2) / count      (C division truncates)
+
+A global average pool (MobileNetV2's ``adaptive_avg_pool2d(1)`` or ``mean`` over H, W) is this op
+with the kernel covering the whole input.  Layout: NCHW logical, channels_last memory.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from corten.fixed_point import clamp_activation
+from corten.ops import checks
+from corten.ops.registry import OpFamily, register_family
+
+FAMILY = "pool"
+
+
+def _check(op, input, kernel_size, stride, padding, activation_min, activation_max):
+    checks.dtype(op, "input", input, torch.int8)
+    checks.ndim(op, "input", input, 4)
+    kh, kw = checks.pair(op, "kernel_size", kernel_size, 1)
+    checks.pair(op, "stride", stride, 1)
+    ph, pw = checks.pair(op, "padding", padding, 0)
+    if ph >= kh or pw >= kw:
+        checks.fail(op, "padding", f"padding {list(padding)} must be smaller than the kernel {list(kernel_size)}")
+    checks.activation(op, activation_min, activation_max)
+    return (checks.out_size(op, input.shape[2], kh, stride[0], ph, 1),
+            checks.out_size(op, input.shape[3], kw, stride[1], pw, 1))
+
+
+def _window_view(x: torch.Tensor, kernel_size, stride, ho, wo) -> torch.Tensor:
+    n, _, _, c = x.shape
+    sn, sh, sw, sc = x.stride()
+    return x.as_strided((n, ho, wo, kernel_size[0], kernel_size[1], c),
+                        (sn, sh * stride[0], sw * stride[1], sh, sw, sc))
+
+
+def _nhwc_padded(input, padding, value, dtype):
+    x = input.permute(0, 2, 3, 1).to(dtype)
+    if padding[0] or padding[1]:
+        x = F.pad(x, (0, 0, padding[1], padding[1], padding[0], padding[0]), value=value)
+    return x.contiguous()
+
+
+def _empty(input, ho, wo):
+    return torch.empty((input.shape[0], input.shape[1], ho, wo), dtype=torch.int8,
+                       device=input.device).contiguous(memory_format=torch.channels_last)
+
+
+def rounded_average(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """CMSIS-NN's ``sum > 0 ? (sum + count/2) / count : (sum - count/2) / count`` (truncating)."""
+    half = count // 2
+    return torch.div(torch.where(total > 0, total + half, total - half), count, rounding_mode="trunc")
+
+
+@torch.library.custom_op("corten::quantized_avg_pool2d", mutates_args=())
+def quantized_avg_pool2d(
+    input: torch.Tensor,
+    kernel_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    activation_min: int,
+    activation_max: int,
+) -> torch.Tensor:
+    ho, wo = _check("quantized_avg_pool2d", input, kernel_size, stride, padding, activation_min, activation_max)
+    x = _nhwc_padded(input, padding, 0, torch.int64)
+    total = _window_view(x, kernel_size, stride, ho, wo).sum(dim=(3, 4))
+    ones = torch.ones((1, input.shape[2], input.shape[3], 1), dtype=torch.int64)
+    ones = F.pad(ones, (0, 0, padding[1], padding[1], padding[0], padding[0])).contiguous()
+    count = _window_view(ones, kernel_size, stride, ho, wo).sum(dim=(3, 4))
+    out = rounded_average(total, count)
+    return clamp_activation(out, activation_min, activation_max).permute(0, 3, 1, 2)
+
+
+@quantized_avg_pool2d.register_fake
+def _(input, kernel_size, stride, padding, activation_min, activation_max):
+    ho, wo = _check("quantized_avg_pool2d", input, kernel_size, stride, padding, activation_min, activation_max)
+    return _empty(input, ho, wo)
+
+
+@torch.library.custom_op("corten::quantized_max_pool2d", mutates_args=())
+def quantized_max_pool2d(
+    input: torch.Tensor,
+    kernel_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    activation_min: int,
+    activation_max: int,
+) -> torch.Tensor:
+    ho, wo = _check("quantized_max_pool2d", input, kernel_size, stride, padding, activation_min, activation_max)
+    x = _nhwc_padded(input, padding, -129, torch.int16)  # below every int8: padding never wins
+    out = _window_view(x, kernel_size, stride, ho, wo).amax(dim=(3, 4))
+    return clamp_activation(out, activation_min, activation_max).permute(0, 3, 1, 2)
+
+
+@quantized_max_pool2d.register_fake
+def _(input, kernel_size, stride, padding, activation_min, activation_max):
+    ho, wo = _check("quantized_max_pool2d", input, kernel_size, stride, padding, activation_min, activation_max)
+    return _empty(input, ho, wo)
+
+
+register_family(OpFamily(FAMILY, ("quantized_avg_pool2d", "quantized_max_pool2d"), doc=__doc__))

@@ -1,0 +1,65 @@
+"""The one registry of Corten op families.
+
+An op family is one module in :mod:`corten.ops` that owns everything about a group of related ops:
+their ``torch.library`` schema, fake kernel and bit-exact reference kernel, and - as the later
+pipeline stages grow - the lowering rule that produces them, their scratch-memory needs per ISA
+and their C emission.  Stages never list ops themselves: they ask this registry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+NAMESPACE = "corten"
+_FAMILIES: dict[str, "OpFamily"] = {}
+
+
+@dataclass
+class OpFamily:
+    """What one op-family module contributes.  Hooks not yet provided stay ``None``."""
+
+    name: str
+    ops: tuple[str, ...]  # op names in the ``corten`` namespace
+    doc: str = ""
+    # Hooks used by later stages (lowering, memory plan, C codegen); keyed by op name where
+    # a family has several ops.
+    hooks: dict[str, Any] = field(default_factory=dict)
+
+    def hook(self, key: str) -> Callable | None:
+        return self.hooks.get(key)
+
+
+def register_family(family: OpFamily) -> OpFamily:
+    if family.name in _FAMILIES:
+        raise ValueError(f"op family {family.name!r} registered twice")
+    _FAMILIES[family.name] = family
+    return family
+
+
+def families() -> dict[str, OpFamily]:
+    return dict(_FAMILIES)
+
+
+def family_of(op_name: str) -> OpFamily:
+    for fam in _FAMILIES.values():
+        if op_name in fam.ops:
+            return fam
+    raise KeyError(f"no Corten op family defines {op_name!r}")
+
+
+def all_op_names() -> list[str]:
+    return [name for fam in _FAMILIES.values() for name in fam.ops]
+
+
+def op(name: str) -> torch._ops.OpOverload:
+    """``op("quantized_conv2d")`` -> ``torch.ops.corten.quantized_conv2d.default``."""
+    return getattr(getattr(torch.ops, NAMESPACE), name).default
+
+
+def op_name_of(target: Any) -> str | None:
+    """The Corten op name of an FX node target, or None when it is not a Corten op."""
+    if isinstance(target, torch._ops.OpOverload) and target.namespace == NAMESPACE:
+        return target._schema.name.split("::", 1)[1]
+    return None
