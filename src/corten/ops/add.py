@@ -79,4 +79,4 @@ def _(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_off
     return torch.empty_like(input1, memory_format=_layout(input1))
 
 
-register_family(OpFamily(FAMILY, ("quantized_add",), doc=__doc__))
+family = register_family(OpFamily(FAMILY, ("quantized_add",), doc=__doc__))

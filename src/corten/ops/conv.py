@@ -213,4 +213,4 @@ def _(input, weight, bias, stride, padding, dilation, depth_multiplier, input_of
     return _empty_nchw(input.shape[0], weight.shape[3], ho, wo, input.device)
 
 
-register_family(OpFamily(FAMILY, ("quantized_conv2d", "quantized_depthwise_conv2d"), doc=__doc__))
+family = register_family(OpFamily(FAMILY, ("quantized_conv2d", "quantized_depthwise_conv2d"), doc=__doc__))

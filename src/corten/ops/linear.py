@@ -75,4 +75,4 @@ def _(input, weight, kernel_sum, input_offset, output_offset, output_multiplier,
     return input.new_empty((*input.shape[:-1], weight.shape[0]))
 
 
-register_family(OpFamily(FAMILY, ("quantized_linear",), doc=__doc__))
+family = register_family(OpFamily(FAMILY, ("quantized_linear",), doc=__doc__))

@@ -106,4 +106,4 @@ def _(input, kernel_size, stride, padding, activation_min, activation_max):
     return _empty(input, ho, wo)
 
 
-register_family(OpFamily(FAMILY, ("quantized_avg_pool2d", "quantized_max_pool2d"), doc=__doc__))
+family = register_family(OpFamily(FAMILY, ("quantized_avg_pool2d", "quantized_max_pool2d"), doc=__doc__))

@@ -54,4 +54,4 @@ def _(input, scale, zero_point):
     return torch.empty_like(input, dtype=torch.float32)
 
 
-register_family(OpFamily(FAMILY, ("quantize_per_tensor", "dequantize_per_tensor"), doc=__doc__))
+family = register_family(OpFamily(FAMILY, ("quantize_per_tensor", "dequantize_per_tensor"), doc=__doc__))

@@ -25,10 +25,23 @@ class OpFamily:
     doc: str = ""
     # Hooks used by later stages (lowering, memory plan, C codegen); keyed by op name where
     # a family has several ops.
-    hooks: dict[str, Any] = field(default_factory=dict)
+    hooks: dict[tuple[str, str], Callable] = field(default_factory=dict)
 
-    def hook(self, key: str) -> Callable | None:
-        return self.hooks.get(key)
+    def provides(self, kind: str, *op_names: str) -> Callable:
+        """Decorator: register ``fn`` as this family's ``kind`` hook (``"lower"``,
+        ``"scratch_bytes"``, ``"emit_c"``, ...) for the given ops (all the family's ops if none)."""
+
+        def deco(fn: Callable) -> Callable:
+            for name in op_names or self.ops:
+                if name not in self.ops:
+                    raise ValueError(f"family {self.name!r} has no op {name!r}")
+                self.hooks[(kind, name)] = fn
+            return fn
+
+        return deco
+
+    def hook(self, kind: str, op_name: str) -> Callable | None:
+        return self.hooks.get((kind, op_name))
 
 
 def register_family(family: OpFamily) -> OpFamily:
@@ -47,6 +60,11 @@ def family_of(op_name: str) -> OpFamily:
         if op_name in fam.ops:
             return fam
     raise KeyError(f"no Corten op family defines {op_name!r}")
+
+
+def hook_for(op_name: str, kind: str) -> Callable | None:
+    """The ``kind`` hook of the family that defines ``op_name`` (None when it provides none)."""
+    return family_of(op_name).hook(kind, op_name)
 
 
 def all_op_names() -> list[str]:
