@@ -64,11 +64,18 @@ def multipliers(op: str, mult: torch.Tensor, shift: torch.Tensor, channels: int 
         fail(op, "output_shift", f"length {shift.numel()} differs from output_multiplier's {mult.numel()}")
     if channels is not None and mult.numel() not in (1, channels):
         fail(op, "output_multiplier", f"length {mult.numel()}: expected 1 or {channels} (one per output channel)")
-    if mult.device.type != "meta" and mult.numel():
+    if _has_values(mult) and mult.numel():
         scalar_multiplier(op, "output_multiplier", int(mult.min()))
         scalar_multiplier(op, "output_multiplier", int(mult.max()))
         in_range(op, "output_shift", int(shift.min()), SHIFT_MIN, SHIFT_MAX)
         in_range(op, "output_shift", int(shift.max()), SHIFT_MIN, SHIFT_MAX)
+
+
+def _has_values(t: torch.Tensor) -> bool:
+    """False for meta and fake tensors (shape-only tracing, e.g. ``torch.export``): no values to check."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type != "meta" and not is_fake(t)
 
 
 def scalar_multiplier(op: str, arg: str, m: int) -> None:
