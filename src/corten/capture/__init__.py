@@ -1,0 +1,116 @@
+"""Capture an eval-mode nn.Module as an ATen graph with ``torch.export`` (batch 1, static shapes).
+
+* :func:`capture` -> ``torch.export.ExportedProgram`` (the training-IR export: ops such as
+  ``aten.conv2d.default``, ``aten.batch_norm.default``, ``aten.linear.default``; parameters are
+  lifted to placeholders in ``ep.graph``).
+* :func:`capture_module` -> ``torch.fx.GraphModule`` = ``capture(...).module()`` with the
+  parameters as ``get_attr`` nodes and torch's ``_guards_fn`` input-guard call removed, the form
+  the ATen passes (:mod:`corten.aten_passes`) and the quantizer work on.
+
+Anything Corten cannot compile is refused up front with a :class:`CaptureError` that says what to
+change: a model (or submodule) in training mode, example inputs that are not a tuple of float32
+tensors, a batch size other than 1, or ``torch.export`` failing on the model.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["CaptureError", "capture", "capture_module", "remove_guards_fn", "GUARDS_FN_NAME"]
+
+GUARDS_FN_NAME = "_guards_fn"  # submodule torch.export's .module() adds to check input shapes
+
+
+class CaptureError(ValueError):
+    """The model or its example inputs cannot be captured; the message says what to change."""
+
+
+def _check_model(model: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise CaptureError(f"capture expects a torch.nn.Module, got {type(model).__name__}")
+    training = [name or type(model).__name__ for name, m in model.named_modules() if m.training]
+    if training:
+        shown = ", ".join(training[:3]) + (f" and {len(training) - 3} more" if len(training) > 3 else "")
+        raise CaptureError(
+            f"{type(model).__name__} is in training mode ({shown}); call model.eval() before "
+            "capturing: Corten compiles inference graphs (BatchNorm running statistics, no dropout)")
+
+
+def _check_inputs(example_inputs: object) -> None:
+    if not isinstance(example_inputs, tuple):
+        raise CaptureError(
+            f"example_inputs must be a tuple of float32 tensors, got {type(example_inputs).__name__}; "
+            "wrap a single tensor as (x,)")
+    if not example_inputs:
+        raise CaptureError("example_inputs is an empty tuple; pass one float32 tensor per model input")
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor):
+            raise CaptureError(f"example_inputs[{i}] is a {type(x).__name__}, not a tensor; "
+                               "pass a tuple of float32 tensors")
+        if x.dtype != torch.float32:
+            raise CaptureError(f"example_inputs[{i}] has dtype {x.dtype}; Corten quantizes float32 "
+                               "models: pass float32 tensors (x.float())")
+        if x.dim() == 0 or x.shape[0] != 1:
+            raise CaptureError(
+                f"example_inputs[{i}] has shape {tuple(x.shape)}: batch size must be 1 "
+                "(shape [1, ...]); take one sample, e.g. x[:1]")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def capture(model: nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> torch.export.ExportedProgram:
+    """Export ``model`` (eval mode) with ``torch.export.export`` on batch-1, static-shape inputs.
+
+    Raises :class:`CaptureError` for a model in training mode, inputs that are not a non-empty
+    tuple of float32 tensors with batch size 1, or when ``torch.export`` fails (the message names
+    the model class and the first line of torch's error; the original is chained as ``__cause__``).
+    """
+    _check_model(model)
+    _check_inputs(example_inputs)
+    try:
+        return torch.export.export(model, example_inputs)
+    except Exception as exc:  # torch raises many types (UserError, Unsupported, RuntimeError, ...)
+        raise CaptureError(
+            f"torch.export could not capture {type(model).__name__}: {type(exc).__name__}: "
+            f"{_first_line(exc)}. Make forward() traceable (no data-dependent Python control flow, "
+            "no unsupported ops) and check it runs on the example inputs") from exc
+
+
+def remove_guards_fn(gm: torch.fx.GraphModule) -> bool:
+    """Remove the input-guard call ``ExportedProgram.module()`` inserts (torch >= 2.9).
+
+    On torch 2.13 it appears right after the placeholders as
+    ``%_guards_fn = call_module[target=_guards_fn](args=(*inputs,))`` with no users, backed by a
+    ``torch.export._unlift.GuardsFn`` submodule marked impure (so dead-code elimination keeps it).
+    It only re-checks input shapes; Corten's graphs are static, so the node and the submodule are
+    dropped to leave passes a graph of pure ATen ops.  Returns True when something was removed.
+    """
+    removed = False
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target == GUARDS_FN_NAME:
+            if node.users:
+                raise CaptureError(f"{GUARDS_FN_NAME} node {node.name} has users {list(node.users)}; "
+                                   "cannot remove it")
+            gm.graph.erase_node(node)
+            removed = True
+    if hasattr(gm, GUARDS_FN_NAME):
+        delattr(gm, GUARDS_FN_NAME)
+        removed = True
+    if removed:
+        gm.graph.lint()
+        gm.recompile()
+    return removed
+
+
+def capture_module(model: nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> torch.fx.GraphModule:
+    """``capture(model, example_inputs).module()`` without the ``_guards_fn`` call.
+
+    Parameters and buffers become ``get_attr`` nodes (e.g. ``features.0.0.weight``).  Calling the
+    result takes the same positional inputs as ``model`` and returns the same (pytree) outputs.
+    """
+    gm = capture(model, example_inputs).module()
+    remove_guards_fn(gm)
+    return gm
