@@ -80,3 +80,12 @@ def _(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_off
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_add",), doc=__doc__))
+
+
+# ----------------------------------------------------------------------------- scratch memory
+@family.provides("scratch_bytes", "quantized_add")
+def _add_scratch(node, target) -> int:
+    """``arm_elementwise_add_s8`` takes no context buffer.  It is purely elementwise (each output
+    byte depends only on the input bytes at the same index), so the memory planner may write its
+    output over an input that dies at the add."""
+    return 0

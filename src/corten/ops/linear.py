@@ -76,3 +76,21 @@ def _(input, weight, kernel_sum, input_offset, output_offset, output_multiplier,
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_linear",), doc=__doc__))
+
+
+# ----------------------------------------------------------------------------- scratch memory
+def cmsis_fully_connected_buffer_bytes(isa: str, out_features: int) -> int:
+    """``arm_fully_connected_s8_get_buffer_size``: the int32 kernel-sum vector the Helium kernel
+    reads through ``ctx.buf`` (MVE), nothing on plain/DSP cores."""
+    if isa not in ("plain", "dsp", "mve"):
+        raise ValueError(f"isa must be 'plain', 'dsp' or 'mve', got {isa!r}")
+    return 4 * out_features if isa == "mve" else 0
+
+
+@family.provides("scratch_bytes", "quantized_linear")
+def _linear_scratch(node, target) -> int:
+    """No arena scratch on any ISA: the only buffer CMSIS-NN asks for
+    (:func:`cmsis_fully_connected_buffer_bytes`, MVE) is the kernel-sum vector, which Corten
+    precomputes as the constant ``kernel_sum`` argument; the C code points ``ctx.buf`` at that
+    flash array (counted in the plan's constant bytes) instead of filling RAM at run time."""
+    return 0

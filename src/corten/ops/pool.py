@@ -107,3 +107,23 @@ def _(input, kernel_size, stride, padding, activation_min, activation_max):
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_avg_pool2d", "quantized_max_pool2d"), doc=__doc__))
+
+
+# ----------------------------------------------------------------------------- scratch memory
+def avgpool_scratch_bytes(isa: str, channels: int) -> int:
+    """``arm_avgpool_s8_get_buffer_size``: one int32 sum per channel on DSP cores, none on plain
+    (scalar loop) or MVE (sums kept in vector registers)."""
+    if isa not in ("plain", "dsp", "mve"):
+        raise ValueError(f"isa must be 'plain', 'dsp' or 'mve', got {isa!r}")
+    return 4 * channels if isa == "dsp" else 0
+
+
+@family.provides("scratch_bytes", "quantized_avg_pool2d")
+def _avgpool_scratch(node, target) -> int:
+    return avgpool_scratch_bytes(target.isa, int(node.args[0].meta["val"].shape[1]))
+
+
+@family.provides("scratch_bytes", "quantized_max_pool2d")
+def _maxpool_scratch(node, target) -> int:
+    """``arm_max_pool_s8`` has no buffer."""
+    return 0
