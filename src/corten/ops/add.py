@@ -61,7 +61,7 @@ def quantized_add(
            input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max)
     a = requantize((input1.to(torch.int64) + input1_offset) << left_shift, input1_multiplier, input1_shift)
     b = requantize((input2.to(torch.int64) + input2_offset) << left_shift, input2_multiplier, input2_shift)
-    out = requantize(wrap_int32_t(a + b), output_multiplier, output_shift) + output_offset
+    out = wrap_int32_t(requantize(wrap_int32_t(a + b), output_multiplier, output_shift) + output_offset)
     return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=_layout(input1))
 
 
@@ -80,6 +80,29 @@ def _(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_off
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_add",), doc=__doc__))
+
+
+# ----------------------------------------------------------------------------- lowering
+from corten.lowering.match import LoweringError, Match  # noqa: E402
+from corten.lowering.qparams import add_params  # noqa: E402
+from corten.ops.registry import lowers  # noqa: E402
+
+
+@lowers(torch.ops.aten.add.Tensor)
+def lower_add(m: Match):
+    """``aten.add.Tensor`` of two int8 tensors of one shape -> ``quantized_add``."""
+    if len(m.inputs) != 2:
+        raise LoweringError("add of a tensor and a constant/scalar is not supported yet")
+    if m.node.kwargs.get("alpha", 1) != 1:
+        raise LoweringError("add with alpha != 1 is not supported")
+    a, b = m.inputs
+    if tuple(a.node.meta["val"].shape) != tuple(b.node.meta["val"].shape):
+        raise LoweringError("add with broadcasting is not supported yet (operands must have one shape)")
+    p = add_params(a.qparams.scale, b.qparams.scale, m.output.scale)
+    act_min, act_max = m.activation_bounds
+    return m.call("quantized_add", a.node, b.node, a.qparams.offset, p.input1_multiplier, p.input1_shift,
+                  b.qparams.offset, p.input2_multiplier, p.input2_shift, p.left_shift, m.output.zero_point,
+                  p.output_multiplier, p.output_shift, act_min, act_max)
 
 
 # ----------------------------------------------------------------------------- scratch memory

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from corten.fixed_point import clamp_activation, requantize
+from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
 from corten.ops.registry import OpFamily, register_family
 
@@ -79,8 +79,9 @@ def _finish(acc: torch.Tensor, bias, output_multiplier, output_shift, output_off
             activation_min, activation_max) -> torch.Tensor:
     """int64 NHWC accumulators -> int8 NCHW (channels_last) output."""
     if bias is not None:
-        acc = acc + bias.to(torch.int64)
-    out = requantize(acc, output_multiplier.to(torch.int64), output_shift.to(torch.int64)) + output_offset
+        acc = wrap_int32_t(acc + bias.to(torch.int64))  # the C accumulator is int32 and wraps
+    out = requantize(acc, output_multiplier.to(torch.int64), output_shift.to(torch.int64))
+    out = wrap_int32_t(out + output_offset)  # int32 addition in C: wraps before the clamp
     return clamp_activation(out, activation_min, activation_max).permute(0, 3, 1, 2)
 
 
@@ -214,6 +215,60 @@ def _(input, weight, bias, stride, padding, dilation, depth_multiplier, input_of
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_conv2d", "quantized_depthwise_conv2d"), doc=__doc__))
+
+
+# ----------------------------------------------------------------------------- lowering
+from corten.lowering.match import LoweringError, Match  # noqa: E402
+from corten.lowering.qparams import per_channel_multipliers  # noqa: E402
+from corten.ops.registry import lowers  # noqa: E402
+
+
+def _conv_args(node):
+    """``aten.conv2d(input, weight, bias, stride, padding, dilation, groups)`` with defaults."""
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    defaults = (None, None, None, [1, 1], [0, 0], [1, 1], 1)
+    vals = list(node.args) + [node.kwargs.get(n, d) for n, d in zip(names[len(node.args):], defaults[len(node.args):])]
+    return dict(zip(names, vals))
+
+
+def _pair(v):
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return [int(v[0]), int(v[-1])]
+
+
+@lowers(torch.ops.aten.conv2d.default)
+def lower_conv2d(m: Match):
+    """``aten.conv2d`` with groups 1 -> ``quantized_conv2d``; groups == C_in -> depthwise."""
+    a = _conv_args(m.node)
+    if isinstance(a["padding"], str):
+        raise LoweringError(f"string padding {a['padding']!r} is not supported; give explicit padding")
+    x = m.inputs[0]
+    weight, w_scales, axis = m.quantized_constant(a["weight"])
+    if axis not in (None, 0):
+        raise LoweringError(f"weights quantized along axis {axis}; expected per-output-channel (axis 0)")
+    c_out, c_in_per_group, kh, kw = weight.shape
+    c_in = m.node.args[0].meta["val"].shape[1]
+    groups = int(a["groups"])
+    bias = None
+    if a["bias"] is not None:
+        bias, _, _ = m.quantized_constant(a["bias"])
+        bias = bias.to(torch.int32)
+    mult, shift = per_channel_multipliers(x.qparams.scale, w_scales, m.output.scale)
+    if mult.numel() == 1 and c_out > 1:
+        mult, shift = mult.expand(c_out).clone(), shift.expand(c_out).clone()
+    act_min, act_max = m.activation_bounds
+    stride, padding, dilation = _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"])
+    common_tail = (x.qparams.offset, m.output.zero_point, m.add_constant(mult, "multiplier"),
+                   m.add_constant(shift, "shift"), act_min, act_max)
+    bias_node = m.add_constant(bias, "bias") if bias is not None else None
+    if groups == 1:
+        w = m.add_constant(weight.permute(0, 2, 3, 1).contiguous().to(torch.int8), "weight")  # OHWI
+        return m.call("quantized_conv2d", x.node, w, bias_node, stride, padding, dilation, *common_tail)
+    if groups == c_in and c_in_per_group == 1:
+        w = m.add_constant(weight.permute(1, 2, 3, 0).contiguous().to(torch.int8), "weight")  # [1, kH, kW, C_out]
+        return m.call("quantized_depthwise_conv2d", x.node, w, bias_node, stride, padding, dilation,
+                      c_out // c_in, *common_tail)
+    raise LoweringError(f"grouped convolution (groups={groups}, {c_in} input channels) is not supported yet")
 
 
 # ----------------------------------------------------------------------------- scratch memory

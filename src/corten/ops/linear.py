@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from corten.fixed_point import clamp_activation, requantize
+from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
 from corten.ops.registry import OpFamily, register_family
 
@@ -62,8 +62,9 @@ def quantized_linear(
            activation_min, activation_max)
     # Exact in float64: |x * w| <= 2**14 and in_features < 2**39 keep all partial sums < 2**53.
     dots = (input.to(torch.float64) @ weight.to(torch.float64).T).to(torch.int64)
-    acc = dots + kernel_sum.to(torch.int64)
-    out = requantize(acc, output_multiplier.to(torch.int64), output_shift.to(torch.int64)) + output_offset
+    acc = wrap_int32_t(dots + kernel_sum.to(torch.int64))  # the C accumulator is int32 and wraps
+    out = requantize(acc, output_multiplier.to(torch.int64), output_shift.to(torch.int64))
+    out = wrap_int32_t(out + output_offset)  # int32 addition in C: wraps before the clamp
     return clamp_activation(out, activation_min, activation_max)
 
 
@@ -76,6 +77,30 @@ def _(input, weight, kernel_sum, input_offset, output_offset, output_multiplier,
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_linear",), doc=__doc__))
+
+
+# ----------------------------------------------------------------------------- lowering
+from corten.lowering.match import LoweringError, Match  # noqa: E402
+from corten.lowering.qparams import per_channel_multipliers  # noqa: E402
+from corten.ops.registry import lowers  # noqa: E402
+
+
+@lowers(torch.ops.aten.linear.default)
+def lower_linear(m: Match):
+    """``aten.linear`` (kept whole by export: no addmm/permute) -> ``quantized_linear``."""
+    x = m.inputs[0]
+    weight, w_scales, axis = m.quantized_constant(m.node.args[1])
+    if axis not in (None, 0):
+        raise LoweringError(f"weights quantized along axis {axis}; expected per-output-feature (axis 0)")
+    bias_arg = m.node.args[2] if len(m.node.args) > 2 else m.node.kwargs.get("bias")
+    bias = m.quantized_constant(bias_arg)[0].to(torch.int32) if bias_arg is not None else None
+    mult, shift = per_channel_multipliers(x.qparams.scale, w_scales, m.output.scale)
+    weight = weight.to(torch.int8).contiguous()
+    ksum = kernel_sum(weight, bias, x.qparams.offset)
+    act_min, act_max = m.activation_bounds
+    return m.call("quantized_linear", x.node, m.add_constant(weight, "weight"), m.add_constant(ksum, "kernel_sum"),
+                  x.qparams.offset, m.output.zero_point, m.add_constant(mult, "multiplier"),
+                  m.add_constant(shift, "shift"), act_min, act_max)
 
 
 # ----------------------------------------------------------------------------- scratch memory

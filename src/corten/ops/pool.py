@@ -109,6 +109,92 @@ def _(input, kernel_size, stride, padding, activation_min, activation_max):
 family = register_family(OpFamily(FAMILY, ("quantized_avg_pool2d", "quantized_max_pool2d"), doc=__doc__))
 
 
+# ----------------------------------------------------------------------------- lowering
+from corten.lowering.match import LoweringError, Match  # noqa: E402
+from corten.ops.registry import lowers  # noqa: E402
+
+_aten = torch.ops.aten
+
+
+def _same_qparams(m: Match) -> None:
+    if m.inputs[0].qparams != m.output:
+        raise LoweringError("pooling needs the same input and output quantization (CMSIS-NN pooling does "
+                            "not requantize); CortenQuantizer shares them, another quantizer may not")
+
+
+def _ints(v, n=2):
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return [int(x) for x in (v * n if len(v) == 1 else v)]
+
+
+@lowers(_aten.avg_pool2d.default)
+def lower_avg_pool2d(m: Match):
+    _same_qparams(m)
+    args = list(m.node.args) + [None] * 7
+    kernel = _ints(args[1])
+    stride = _ints(args[2]) if args[2] else kernel
+    padding = _ints(args[3] if args[3] is not None else 0)
+    ceil_mode = bool(args[4] or m.node.kwargs.get("ceil_mode", False))
+    include_pad = args[5] if args[5] is not None else m.node.kwargs.get("count_include_pad", True)
+    divisor = args[6] if args[6] is not None else m.node.kwargs.get("divisor_override")
+    if ceil_mode:
+        raise LoweringError("avg_pool2d with ceil_mode=True is not supported; use ceil_mode=False")
+    if divisor is not None:
+        raise LoweringError("avg_pool2d with divisor_override is not supported")
+    if any(padding) and include_pad:
+        raise LoweringError("avg_pool2d with padding must use count_include_pad=False (CMSIS-NN averages the "
+                            "elements inside the input only)")
+    lo, hi = m.activation_bounds
+    return m.call("quantized_avg_pool2d", m.inputs[0].node, kernel, stride, padding, lo, hi)
+
+
+def _global_pool(m: Match, h: int, w: int, oh: int, ow: int):
+    if h % oh or w % ow:
+        raise LoweringError(f"adaptive pooling {h}x{w} -> {oh}x{ow} is not a uniform pool")
+    kernel = [h // oh, w // ow]
+    lo, hi = m.activation_bounds
+    return m.call("quantized_avg_pool2d", m.inputs[0].node, kernel, kernel, [0, 0], lo, hi)
+
+
+@lowers(_aten.adaptive_avg_pool2d.default)
+def lower_adaptive_avg_pool2d(m: Match):
+    _same_qparams(m)
+    _, _, h, w = m.node.args[0].meta["val"].shape
+    oh, ow = _ints(m.node.args[1])
+    return _global_pool(m, h, w, oh, ow)
+
+
+@lowers(_aten.mean.dim)
+def lower_mean(m: Match):
+    """``mean`` over H and W of an NCHW tensor -> global average pool (+ reshape without keepdim)."""
+    _same_qparams(m)
+    val = m.node.args[0].meta["val"]
+    dims = sorted(d % val.dim() for d in _ints(m.node.args[1], 1))
+    keepdim = (m.node.args[2] if len(m.node.args) > 2 else m.node.kwargs.get("keepdim", False))
+    if val.dim() != 4 or dims != [2, 3]:
+        raise LoweringError(f"mean over dims {dims} of a {val.dim()}-D tensor is not supported (only H and W of NCHW)")
+    pooled = _global_pool(m, val.shape[2], val.shape[3], 1, 1)
+    if keepdim:
+        return pooled
+    return m.call_aten(_aten.reshape.default, pooled, [val.shape[0], val.shape[1]])
+
+
+@lowers(_aten.max_pool2d.default)
+def lower_max_pool2d(m: Match):
+    _same_qparams(m)
+    args = list(m.node.args) + [None] * 6
+    kernel = _ints(args[1])
+    stride = _ints(args[2]) if args[2] else kernel
+    padding = _ints(args[3] if args[3] is not None else 0)
+    dilation = _ints(args[4] if args[4] is not None else 1)
+    if dilation != [1, 1]:
+        raise LoweringError("max_pool2d with dilation is not supported")
+    if args[5]:
+        raise LoweringError("max_pool2d with ceil_mode=True is not supported; use ceil_mode=False")
+    lo, hi = m.activation_bounds
+    return m.call("quantized_max_pool2d", m.inputs[0].node, kernel, stride, padding, lo, hi)
+
+
 # ----------------------------------------------------------------------------- scratch memory
 def avgpool_scratch_bytes(isa: str, channels: int) -> int:
     """``arm_avgpool_s8_get_buffer_size``: one int32 sum per channel on DSP cores, none on plain

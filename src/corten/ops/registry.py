@@ -51,6 +51,32 @@ def register_family(family: OpFamily) -> OpFamily:
     return family
 
 
+_LOWERINGS: dict[Any, Callable] = {}
+
+
+def lowers(*aten_targets: Any) -> Callable:
+    """Decorator for a lowering rule: ``fn(match) -> torch.fx.Node`` replaces a quantized ATen op
+    (``torch.ops.aten.conv2d.default``, ...) by Corten ops.  The rule lives in the op family module
+    of the ops it produces; :mod:`corten.lowering` finds it here."""
+
+    def deco(fn: Callable) -> Callable:
+        for t in aten_targets:
+            if t in _LOWERINGS:
+                raise ValueError(f"two lowering rules for {t}")
+            _LOWERINGS[t] = fn
+        return fn
+
+    return deco
+
+
+def lowering_rule(aten_target: Any) -> Callable | None:
+    return _LOWERINGS.get(aten_target)
+
+
+def lowered_aten_ops() -> list[Any]:
+    return list(_LOWERINGS)
+
+
 def families() -> dict[str, OpFamily]:
     return dict(_FAMILIES)
 

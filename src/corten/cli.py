@@ -1,0 +1,133 @@
+"""The ``corten`` command line: ``corten models``, ``corten compile``, ``corten run``."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+import warnings
+from pathlib import Path
+
+STAGE_FILES = {"exported": "01_exported.txt", "bn_fused": "02_bn_fused.txt",
+               "quantized": "03_quantized.txt", "lowered": "04_lowered.txt"}
+
+
+class CliError(Exception):
+    pass
+
+
+def load_model_spec(spec: str):
+    """A zoo name, or ``path/to/file.py:factory`` where ``factory()`` returns ``(model, example_inputs)``."""
+    from corten.zoo import MODELS, get_model
+
+    if spec in MODELS:
+        return (*get_model(spec), spec)
+    if ":" not in spec:
+        raise CliError(f"unknown model {spec!r}: give a zoo name ({', '.join(MODELS)}; see `corten models`) "
+                       "or path/to/file.py:factory")
+    path_s, func = spec.rsplit(":", 1)
+    path = Path(path_s)
+    if not path.is_file():
+        raise CliError(f"{path}: no such file (MODEL is path/to/file.py:factory)")
+    mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.path.insert(0, str(path.parent.resolve()))
+    try:
+        mod_spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    factory = getattr(module, func, None)
+    if not callable(factory):
+        raise CliError(f"{path}: has no function {func!r} (it must return (model, example_inputs))")
+    result = factory()
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise CliError(f"{path}:{func}() must return (model, example_inputs), got {type(result).__name__}")
+    model, example_inputs = result
+    if not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    return model, example_inputs, path.stem
+
+
+def cmd_models(args) -> int:
+    from corten.zoo import list_models
+
+    rows = list_models()
+    w = max(len(n) for n, _ in rows)
+    for name, desc in rows:
+        print(f"{name:<{w}}  {desc}")
+    return 0
+
+
+def cmd_compile(args) -> int:
+    import torch
+
+    from corten.compiler import compile as corten_compile, default_calibration
+
+    model, example_inputs, default_name = load_model_spec(args.model)
+    name = args.name or default_name.replace("-", "_").replace(".", "_")
+    calibration = default_calibration(example_inputs, args.calib, args.seed)
+    t0 = time.perf_counter()
+    torch.set_num_threads(max(1, args.threads)) if args.threads else None
+    prog = corten_compile(model, example_inputs, target=args.target, calibration=calibration, seed=args.seed,
+                          name=name, progress=True)
+    elapsed = time.perf_counter() - t0
+    out = Path(args.out)
+    prog.save(out)
+    graphs = out / "graphs"
+    graphs.mkdir(parents=True, exist_ok=True)
+    for stage, fname in STAGE_FILES.items():
+        (graphs / fname).write_text(prog.stages.get(stage, ""))
+    report = [f"Corten program {name!r} for {prog.target.name} ({prog.target.isa})",
+              f"compiled from {args.model} with {args.calib} calibration samples, seed {args.seed}", "",
+              prog.operator_table()]
+    extra = getattr(prog, "memory_report", None)
+    if callable(extra):
+        report += ["", extra()]
+    text = "\n".join(report) + "\n"
+    (out / "report.txt").write_text(text)
+    print(text, end="")
+    t = prog.info.get("timings_s", {})
+    print(f"compiled in {elapsed:.2f} s (capture {t.get('capture', 0):.2f} s, quantize+calibrate "
+          f"{t.get('quantize', 0):.2f} s, lower {t.get('lower', 0):.2f} s); wrote {out}/ "
+          f"(manifest.json, program.pt2, report.txt, graphs/)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from corten.targets import TARGETS
+
+    p = argparse.ArgumentParser(prog="corten", description="Compile PyTorch models to int8 C for Arm Cortex-M")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("models", help="list the built-in zoo models").set_defaults(func=cmd_models)
+    c = sub.add_parser("compile", help="compile a model to a Corten program")
+    c.add_argument("model", help="zoo name (see `corten models`) or path/to/file.py:factory")
+    c.add_argument("--target", default="cortex-m55", choices=list(TARGETS))
+    c.add_argument("--out", required=True, help="output directory")
+    c.add_argument("--calib", type=int, default=8, help="number of random calibration samples (default 8)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--name", default=None, help="C identifier for the program (default: from MODEL)")
+    c.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    c.set_defaults(func=cmd_compile)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.filterwarnings("ignore")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"corten: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # user-facing errors from the pipeline carry their own explanation
+        from corten.capture import CaptureError
+        from corten.program import UnsupportedOpsError
+
+        if isinstance(e, (CaptureError, UnsupportedOpsError, ValueError, FileNotFoundError)):
+            print(f"corten: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""``corten.compile``: nn.Module + example inputs -> a fully lowered int8 :class:`~corten.program.Program`.
+
+    capture (torch.export) -> ATen passes (inside the quantizer's transform_for_annotation)
+    -> prepare_pt2e + calibration + convert_pt2e -> re-export -> CortenPassManager -> re-export
+"""
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from typing import Callable, Iterable
+
+import torch
+
+from corten.capture import capture, remove_guards_fn
+from corten.lowering import CortenPassManager, unlowered_nodes
+from corten.program import Program, UnsupportedOpsError
+from corten.quantizer import CortenQuantizer
+from corten.targets import get_target
+
+
+def unguarded_module(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
+    """``ep.module()`` without torch's ``_guards_fn`` input check (static shapes here)."""
+    gm = ep.module()
+    remove_guards_fn(gm)
+    return gm
+
+
+def graph_text(gm_or_ep) -> str:
+    gm = getattr(gm_or_ep, "graph_module", gm_or_ep)
+    return gm.print_readable(print_output=False, include_stride=False, include_device=False)
+
+
+def default_calibration(example_inputs: tuple[torch.Tensor, ...], n: int = 8, seed: int = 0) -> list[tuple]:
+    """``n`` standard-normal samples shaped like ``example_inputs`` (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randn(x.shape, generator=g, dtype=x.dtype) for x in example_inputs) for _ in range(n)]
+
+
+def _progress_printer(enabled: bool | Callable[[str], None]) -> Callable[[str], None]:
+    if callable(enabled):
+        return enabled
+    if enabled:
+        return lambda msg: print(msg, file=sys.stderr, flush=True)
+    return lambda msg: None
+
+
+def _calibrate(prepared: torch.fx.GraphModule, samples: Iterable[tuple], say: Callable[[str], None]) -> int:
+    samples = list(samples)
+    n = len(samples)
+    if n == 0:
+        raise ValueError("calibration is empty: pass at least one input tuple (or None for random samples)")
+    width = 30
+    for i, sample in enumerate(samples, 1):
+        if isinstance(sample, torch.Tensor):
+            sample = (sample,)
+        prepared(*sample)
+        done = int(width * i / n)
+        say(f"\r  calibrating [{'#' * done}{'.' * (width - done)}] {i}/{n}" + ("\n" if i == n else ""))
+    return n
+
+
+def compile(
+    model: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    target: str = "cortex-m55",
+    calibration: Iterable[tuple] | None = None,
+    seed: int = 0,
+    *,
+    name: str = "model",
+    allow_unlowered: bool = False,
+    progress: bool | Callable[[str], None] = False,
+) -> Program:
+    """Compile ``model`` to a Corten int8 program for ``target``.
+
+    ``calibration``: an iterable of input tuples; None means 8 random samples shaped like the
+    example inputs (seeded by ``seed``).  A model with ops Corten cannot lower raises
+    :class:`UnsupportedOpsError` (naming each op, its count and source location) unless
+    ``allow_unlowered=True``, which returns a partly lowered program whose ``unlowered_ops()``
+    lists them.
+    """
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    tgt = get_target(target)
+    say = _progress_printer(progress)
+    stages: dict[str, str] = {}
+    timings: dict[str, float] = {}
+    torch.manual_seed(seed)
+
+    t0 = time.perf_counter()
+    say(f"corten: capturing {type(model).__name__} with torch.export")
+    exported = capture(model, tuple(example_inputs))
+    stages["exported"] = graph_text(exported)
+    gm = unguarded_module(exported)
+    timings["capture"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    quantizer = CortenQuantizer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = prepare_pt2e(gm, quantizer)
+    stages["bn_fused"] = quantizer.transformed_graph_text or ""
+    samples = default_calibration(example_inputs, 8, seed) if calibration is None else calibration
+    say("corten: calibrating")
+    with torch.no_grad():
+        n_calib = _calibrate(prepared, samples, say)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        converted = convert_pt2e(prepared)
+    timings["quantize"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    say("corten: lowering to Corten ops")
+    quantized = torch.export.export(converted, tuple(example_inputs))
+    stages["quantized"] = graph_text(quantized)
+    pm = CortenPassManager()
+    lowered = pm(unguarded_module(quantized))
+    unlowered = unlowered_nodes(lowered, pm.refusals)
+    if unlowered and not allow_unlowered:
+        raise UnsupportedOpsError(type(model).__name__, unlowered)
+    program_ep = torch.export.export(lowered, tuple(example_inputs))
+    stages["lowered"] = graph_text(program_ep)
+    timings["lower"] = time.perf_counter() - t0
+
+    return Program(program_ep, tgt, name=name, stages=stages, unlowered=unlowered,
+                   info={"calibration_samples": n_calib, "seed": seed, "timings_s": timings})

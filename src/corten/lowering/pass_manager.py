@@ -1,0 +1,188 @@
+"""``CortenPassManager``: a PT2E-converted (quantized) graph -> a fully lowered Corten program.
+
+Passes, in order (each a small class with a ``__call__(gm) -> gm``):
+
+1. :class:`LowerInputQuantizePass`  ``placeholder -> quantize_per_tensor`` becomes ``corten.quantize_per_tensor``.
+2. :class:`LowerComputeOpsPass`     every quantized ATen op with a lowering rule (found through the op
+   registry) becomes Corten ops; its q/dq neighbours fold into the op's qparams, a following
+   activation into activation_min/max, and multipliers, shifts and kernel sums are computed here.
+3. :class:`LowerOutputDequantizePass`  the ``dequantize_per_tensor`` feeding a program output becomes
+   ``corten.dequantize_per_tensor``.
+4. :class:`RemoveDeadCodePass`      the float nodes the lowering bypassed, and unused constants, go.
+
+What is left that is neither a Corten op nor a shape-only ``aten.reshape`` is *unlowered*: it is
+reported by :func:`unlowered_nodes` with its source location.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.fx import GraphModule, Node
+
+from corten.lowering.match import (
+    ACTIVATIONS, DQ_PER_CHANNEL, DQ_PER_TENSOR, Q_PER_TENSOR, Int8Value, LoweringError, Match,
+    qparams_of, source_location,
+)
+from corten.ops.registry import lowering_rule, op_name_of
+
+aten = torch.ops.aten
+SHAPE_ONLY = {aten.reshape.default}
+
+
+class LowerInputQuantizePass:
+    def __call__(self, gm: GraphModule) -> GraphModule:
+        from corten.ops.registry import op as corten_op
+
+        for node in list(gm.graph.nodes):
+            if node.target in Q_PER_TENSOR and node.args[0].op == "placeholder":
+                q = qparams_of(node)
+                with gm.graph.inserting_before(node):
+                    new = gm.graph.call_function(corten_op("quantize_per_tensor"), (node.args[0], q.scale, q.zero_point))
+                new.meta.update(node.meta)
+                node.replace_all_uses_with(new)
+                gm.graph.erase_node(node)
+        return gm
+
+
+def _output_chain(node: Node) -> tuple[Node | None, Node | None]:
+    """(fused activation or None, final quantize) after ``node``, or (None, None) when absent."""
+    users = list(node.users)
+    if len(users) != 1:
+        return None, None
+    nxt, act = users[0], None
+    if nxt.target in ACTIVATIONS:
+        act = nxt
+        users = list(act.users)
+        if len(users) != 1:
+            return None, None
+        nxt = users[0]
+    if nxt.target in Q_PER_TENSOR:
+        return act, nxt
+    return None, None
+
+
+def build_match(gm: GraphModule, node: Node) -> Match | None:
+    """The quantized pattern around ``node``, or None when ``node`` was not quantized."""
+    inputs = []
+    for a in node.args:
+        if isinstance(a, Node) and a.target in DQ_PER_TENSOR and a.args[0].op != "get_attr":
+            inputs.append(Int8Value(a.args[0], qparams_of(a)))
+    if not inputs:
+        return None
+    act, out_q = _output_chain(node)
+    if out_q is None:
+        return None
+    return Match(gm, node, inputs, out_q, qparams_of(out_q), act)
+
+
+class LowerComputeOpsPass:
+    def __init__(self) -> None:
+        self.refusals: dict[str, str] = {}  # node name -> why its rule refused it
+
+    def __call__(self, gm: GraphModule) -> GraphModule:
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function":
+                continue
+            rule = lowering_rule(node.target)
+            if rule is None:
+                continue
+            match = build_match(gm, node)
+            if match is None:
+                self.refusals[node.name] = "its inputs/outputs are not quantized by CortenQuantizer"
+                continue
+            try:
+                result = rule(match)
+            except LoweringError as e:
+                self.refusals[node.name] = str(e)
+                for n in reversed(match.new_nodes):
+                    if not n.users:
+                        gm.graph.erase_node(n)
+                continue
+            match.out_q.replace_all_uses_with(result)
+        return gm
+
+
+class LowerOutputDequantizePass:
+    def __call__(self, gm: GraphModule) -> GraphModule:
+        from corten.ops.registry import op as corten_op
+
+        out = gm.graph.output_node()
+        for node in list(out.all_input_nodes):
+            if node.target in DQ_PER_TENSOR:
+                q = qparams_of(node)
+                with gm.graph.inserting_before(node):
+                    new = gm.graph.call_function(corten_op("dequantize_per_tensor"), (node.args[0], q.scale, q.zero_point))
+                new.meta.update(node.meta)
+                node.replace_all_uses_with(new)
+                gm.graph.erase_node(node)
+        return gm
+
+
+class RemoveDeadCodePass:
+    def __call__(self, gm: GraphModule) -> GraphModule:
+        gm.graph.eliminate_dead_code()
+        used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+        for name, _ in list(gm.named_buffers()) + list(gm.named_parameters()):
+            if name not in used and "." not in name:
+                delattr(gm, name)
+        gm.delete_all_unused_submodules()
+        gm.recompile()
+        return gm
+
+
+@dataclass
+class UnloweredNode:
+    name: str
+    op: str
+    location: str
+    reason: str = ""
+
+    def __str__(self) -> str:
+        why = f" ({self.reason})" if self.reason else ""
+        return f"{self.op} [{self.name}] at {self.location}{why}"
+
+
+def is_lowered(node: Node) -> bool:
+    if node.op != "call_function":
+        return True
+    return op_name_of(node.target) is not None or node.target in SHAPE_ONLY
+
+
+def op_display_name(target) -> str:
+    name = getattr(target, "__name__", str(target))
+    ns = getattr(target, "namespace", None)
+    return f"{ns}.{name}" if ns else name
+
+
+def unlowered_nodes(gm_or_graph, refusals: dict[str, str] | None = None) -> list[UnloweredNode]:
+    graph = getattr(gm_or_graph, "graph", gm_or_graph)
+    refusals = refusals or {}
+    out = []
+    for n in graph.nodes:
+        if is_lowered(n):
+            continue
+        if n.target in DQ_PER_TENSOR or n.target in Q_PER_TENSOR or n.target in DQ_PER_CHANNEL:
+            continue  # the q/dq around a float op are reported through that op
+        out.append(UnloweredNode(n.name, op_display_name(n.target), source_location(n), refusals.get(n.name, "")))
+    return out
+
+
+class CortenPassManager:
+    """Runs the lowering passes; ``refusals`` keeps why rules declined nodes."""
+
+    def __init__(self) -> None:
+        self.compute = LowerComputeOpsPass()
+        self.passes = [LowerInputQuantizePass(), self.compute, LowerOutputDequantizePass(), RemoveDeadCodePass()]
+
+    @property
+    def refusals(self) -> dict[str, str]:
+        return self.compute.refusals
+
+    def __call__(self, gm: GraphModule) -> GraphModule:
+        import corten.ops  # noqa: F401  (registers the lowering rules)
+
+        for p in self.passes:
+            gm = p(gm)
+        gm.graph.lint()
+        return gm

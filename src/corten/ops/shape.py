@@ -1,0 +1,42 @@
+"""Shape-only ops: they move no arithmetic, so they lower to ``aten.reshape`` on the int8 tensor
+(or vanish, for identity-like ops).  They need the same quantization on both sides, which
+CortenQuantizer's shared specs give them.
+
+In C a reshape is free (an alias of its input's bytes) except when an NHWC tensor with H*W > 1
+and C > 1 is flattened: NCHW order then differs from the bytes, and the generator emits a copy.
+"""
+from __future__ import annotations
+
+import torch
+
+from corten.lowering.match import LoweringError, Match
+from corten.ops.registry import OpFamily, lowers, register_family
+
+aten = torch.ops.aten
+
+family = register_family(OpFamily("shape", (), doc=__doc__))
+
+
+def _check_shared(m: Match) -> None:
+    if m.inputs[0].qparams != m.output:
+        raise LoweringError("a shape-only op must keep its input's quantization parameters")
+
+
+@lowers(aten.flatten.using_ints, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+        aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default)
+def lower_reshape(m: Match):
+    _check_shared(m)
+    shape = list(m.node.meta["val"].shape)
+    if list(m.inputs[0].node.meta["val"].shape) == shape:
+        return m.inputs[0].node
+    return m.call_aten(aten.reshape.default, m.inputs[0].node, shape)
+
+
+@lowers(aten.dropout.default, aten.clone.default, aten.alias.default, aten.contiguous.default,
+        aten.detach.default)
+def lower_identity(m: Match):
+    """Eval-mode dropout, clone and friends are no-ops on the int8 tensor: they vanish."""
+    _check_shared(m)
+    if m.node.target == aten.dropout.default and len(m.node.args) > 2 and m.node.args[2]:
+        raise LoweringError("dropout in training mode; call model.eval() before compiling")
+    return m.inputs[0].node

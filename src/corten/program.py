@@ -1,0 +1,242 @@
+"""The compiled int8 program: a lowered ``ExportedProgram`` of Corten ops plus what surrounds it.
+
+A :class:`Program` runs itself with the reference kernels (:meth:`Program.run`), reports its
+operators, saves to / loads from a directory (``manifest.json`` + ``program.pt2``), and is what
+the memory planner and the C generator consume.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import corten.ops  # noqa: F401  (the corten:: ops must exist to load a saved program)
+from corten.lowering.pass_manager import UnloweredNode, is_lowered, op_display_name, unlowered_nodes
+from corten.ops.registry import op_name_of
+from corten.targets import Target, get_target
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PROGRAM_FILE = "program.pt2"
+
+
+class UnsupportedOpsError(ValueError):
+    """The model has operators Corten cannot lower; the message lists them with their sources."""
+
+    def __init__(self, model_name: str, nodes: list[UnloweredNode]):
+        self.nodes = nodes
+        counts = collections.Counter(n.op for n in nodes)
+        lines = [f"Corten cannot lower {len(nodes)} operator(s) of {model_name} to int8 CMSIS-NN ops:"]
+        for op, count in counts.most_common():
+            lines.append(f"  {op} x{count}")
+            for n in [n for n in nodes if n.op == op][:5]:
+                why = f" -- {n.reason}" if n.reason else ""
+                lines.append(f"      {n.name} at {n.location}{why}")
+        lines.append(
+            "Workarounds: replace the operator with a supported one (conv2d/depthwise, linear, add, "
+            "avg/max pool, mean over H,W, relu/relu6/hardtanh/clamp after those, flatten/reshape), "
+            "move it outside the compiled model (pre/post-processing), or pass allow_unlowered=True "
+            "to corten.compile to get a partly lowered program for inspection (it cannot be emitted as C).")
+        super().__init__("\n".join(lines))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A program input or output: its float shape and int8 quantization."""
+
+    shape: tuple[int, ...]
+    scale: float
+    zero_point: int
+
+    def to_json(self) -> dict:
+        return {"shape": list(self.shape), "scale": self.scale, "zero_point": self.zero_point}
+
+    @staticmethod
+    def from_json(d: dict) -> "TensorSpec":
+        return TensorSpec(tuple(d["shape"]), float(d["scale"]), int(d["zero_point"]))
+
+
+def _io_specs(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    q_op, dq_op = torch.ops.corten.quantize_per_tensor.default, torch.ops.corten.dequantize_per_tensor.default
+    user_inputs = set(ep.graph_signature.user_inputs)
+    inputs, outputs = [], []
+    for node in ep.graph.nodes:
+        if node.op == "placeholder" and node.name in user_inputs:
+            qs = [u for u in node.users if u.target == q_op]
+            if len(qs) == 1:
+                inputs.append(TensorSpec(tuple(node.meta["val"].shape), float(qs[0].args[1]), int(qs[0].args[2])))
+            else:
+                inputs.append(TensorSpec(tuple(node.meta["val"].shape), 0.0, 0))
+    for node in ep.graph.output_node().args[0]:
+        if isinstance(node, torch.fx.Node) and node.target == dq_op:
+            outputs.append(TensorSpec(tuple(node.meta["val"].shape), float(node.args[1]), int(node.args[2])))
+        else:
+            outputs.append(TensorSpec(tuple(node.meta["val"].shape), 0.0, 0))
+    return inputs, outputs
+
+
+@dataclass
+class Program:
+    ep: torch.export.ExportedProgram
+    target: Target
+    name: str = "model"
+    stages: dict[str, str] = field(default_factory=dict)
+    unlowered: list[UnloweredNode] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    last_c_run: Any = None
+
+    def __post_init__(self) -> None:
+        self._module = None
+        self._int8_module = None
+        self._memory = None
+        self.inputs, self.outputs = _io_specs(self.ep)
+        if self.unlowered is None:
+            self.unlowered = unlowered_nodes(self.ep.graph)
+
+    # ------------------------------------------------------------------ inspection
+    def op_counts(self) -> dict[str, int]:
+        """Lowered op name (no namespace) -> count, in first-appearance order."""
+        counts: dict[str, int] = {}
+        for node in self.ep.graph.nodes:
+            name = op_name_of(node.target) if node.op == "call_function" else None
+            if name is not None:
+                counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    def unlowered_ops(self) -> list[UnloweredNode]:
+        """The float compute ops left (empty when fully lowered), each with its source location."""
+        return list(self.unlowered)
+
+    def operator_table(self) -> str:
+        """The operator table: op, count, lowered or not, with totals."""
+        rows: dict[tuple[str, str], int] = {}
+        for node in self.ep.graph.nodes:
+            if node.op != "call_function":
+                continue
+            name = op_name_of(node.target)
+            if name is not None:
+                key = (f"corten.{name}", "lowered")
+            elif is_lowered(node):
+                key = (op_display_name(node.target), "view (no kernel)")
+            else:
+                key = (op_display_name(node.target), "NOT LOWERED")
+            rows[key] = rows.get(key, 0) + 1
+        w = max([len(k[0]) for k in rows] + [8])
+        line = f"+-{'-' * w}-+-------+------------------+"
+        out = [line, f"| {'operator':<{w}} | count | status           |", line]
+        for (op, status), count in rows.items():
+            out.append(f"| {op:<{w}} | {count:>5} | {status:<16} |")
+        out.append(line)
+        lowered = sum(c for (_, s), c in rows.items() if s == "lowered")
+        views = sum(c for (_, s), c in rows.items() if s.startswith("view"))
+        missing = sum(c for (_, s), c in rows.items() if s == "NOT LOWERED")
+        out.append(f"| {'total':<{w}} | {lowered + views + missing:>5} | {f'{missing} not lowered':<16} |")
+        out.append(line)
+        out.append(f"{lowered} Corten op(s), {views} view(s), {missing} unlowered op(s); target {self.target.name} "
+                   f"({self.target.isa})")
+        return "\n".join(out)
+
+    # ------------------------------------------------------------------ running
+    def module(self) -> torch.fx.GraphModule:
+        if self._module is None:
+            from corten.capture import remove_guards_fn
+
+            self._module = self.ep.module()
+            remove_guards_fn(self._module)
+        return self._module
+
+    def _check_inputs(self, inputs: tuple) -> None:
+        if len(inputs) != len(self.inputs):
+            raise ValueError(f"{self.name}: expected {len(self.inputs)} input(s), got {len(inputs)}")
+        for i, (x, spec) in enumerate(zip(inputs, self.inputs)):
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != spec.shape or x.dtype != torch.float32:
+                got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{self.name}: input {i} must be a float32 tensor of shape {spec.shape}, got {got}")
+
+    def run(self, *inputs: torch.Tensor):
+        """Float outputs computed by the int8 program with the reference kernels."""
+        self._check_inputs(inputs)
+        with torch.no_grad():
+            out = self.module()(*inputs)
+        return out[0] if isinstance(out, (tuple, list)) and len(out) == 1 else out
+
+    def int8_module(self) -> torch.fx.GraphModule:
+        """A copy of the program whose outputs are the int8 tensors before each final dequantize."""
+        if self._int8_module is None:
+            import copy
+
+            gm = copy.deepcopy(self.module())
+            out = gm.graph.output_node()
+            dq = torch.ops.corten.dequantize_per_tensor.default
+            new = [a.args[0] if isinstance(a, torch.fx.Node) and a.target == dq else a for a in out.args[0]]
+            out.args = (tuple(new),)
+            gm.graph.eliminate_dead_code()
+            gm.recompile()
+            self._int8_module = gm
+        return self._int8_module
+
+    def run_int8(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        """The int8 output tensors (NHWC bytes for 4-D) the C library must reproduce byte for byte."""
+        self._check_inputs(inputs)
+        with torch.no_grad():
+            out = self.int8_module()(*inputs)
+        return list(out)
+
+    def quantize_inputs(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        """The int8 program inputs, as the program's quantize computes them."""
+        self._check_inputs(inputs)
+        return [torch.ops.corten.quantize_per_tensor(x, s.scale, s.zero_point) for x, s in zip(inputs, self.inputs)]
+
+    # ------------------------------------------------------------------ persistence
+    def manifest(self) -> dict:
+        return {
+            "format": "corten-program",
+            "format_version": FORMAT_VERSION,
+            "corten_version": __import__("corten").__version__,
+            "torch_version": torch.__version__,
+            "name": self.name,
+            "target": self.target.name,
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+            "op_counts": self.op_counts(),
+            "unlowered": [str(n) for n in self.unlowered],
+            "info": self.info,
+            "program_file": PROGRAM_FILE,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``manifest.json`` and ``program.pt2`` (constants inside) into directory ``path``."""
+        d = Path(path)
+        d.mkdir(parents=True, exist_ok=True)
+        torch.export.save(self.ep, d / PROGRAM_FILE)
+        man = self.manifest()
+        man["program_sha256"] = hashlib.sha256((d / PROGRAM_FILE).read_bytes()).hexdigest()
+        (d / MANIFEST).write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
+        return d
+
+
+def load(path: str | Path) -> Program:
+    """Load a program saved by :meth:`Program.save` or by ``corten compile ... --out DIR``."""
+    p = Path(path)
+    man_path = p / MANIFEST if p.is_dir() else p
+    if not man_path.exists():
+        raise FileNotFoundError(f"{p}: no {MANIFEST} here; expected a directory written by Program.save "
+                                "or `corten compile --out DIR`")
+    man = json.loads(man_path.read_text())
+    if man.get("format") != "corten-program":
+        raise ValueError(f"{man_path}: not a Corten program manifest")
+    if man.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{man_path}: format version {man.get('format_version')} is not {FORMAT_VERSION}; "
+                         "recompile the model with this Corten")
+    prog_file = man_path.parent / man.get("program_file", PROGRAM_FILE)
+    data = prog_file.read_bytes()
+    if man.get("program_sha256") and hashlib.sha256(data).hexdigest() != man["program_sha256"]:
+        raise ValueError(f"{prog_file}: contents do not match the manifest's sha256 (file changed or corrupt)")
+    ep = torch.export.load(prog_file)
+    prog = Program(ep, get_target(man["target"]), name=man["name"], info=man.get("info", {}))
+    return prog

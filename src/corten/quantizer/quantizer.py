@@ -1,0 +1,217 @@
+"""``CortenQuantizer``: the TFLite int8 scheme that CMSIS-NN implements, as a torchao PT2E quantizer.
+
+* activations: int8 per-tensor asymmetric, range [-128, 127] (HistogramObserver in PTQ,
+  moving-average min/max fake-quant in QAT);
+* weights: int8 per-output-channel symmetric, range [-127, 127];
+* bias: int32 with the derived scale ``input_scale * weight_scale[c]``.
+
+Patterns are annotated on whole ops as they come out of ``torch.export`` (``aten.linear`` stays
+whole: no addmm/permute decomposition), with the activation that follows a conv/linear/add fused
+into it (the activation node carries the output quantization, so there is no quantize between the
+op and its activation).  Pooling and shape-only ops share their input's quantization parameters,
+as CMSIS-NN's pooling kernels do not requantize.
+
+``transform_for_annotation`` runs Corten's ATen pass manager (BatchNorm folding, no-op removal)
+before observers are placed.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Callable, Iterable
+
+import torch
+from torch.fx import GraphModule, Node
+from torchao.quantization.pt2e.fake_quantize import FusedMovingAvgObsFakeQuantize
+from torchao.quantization.pt2e.observer import (
+    HistogramObserver,
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+    PerChannelMinMaxObserver,
+)
+from torchao.quantization.pt2e.quantizer import (
+    DerivedQuantizationSpec,
+    QuantizationAnnotation,
+    QuantizationSpec,
+    Quantizer,
+    SharedQuantizationSpec,
+)
+
+aten = torch.ops.aten
+
+CONV_OPS = {aten.conv2d.default, aten.conv1d.default, aten.conv2d.padding, aten.conv1d.padding}
+LINEAR_OPS = {aten.linear.default}
+ADD_OPS = {aten.add.Tensor, aten.add_.Tensor}
+ACTIVATION_OPS = {
+    aten.relu.default, aten.relu_.default, aten.relu6.default,
+    aten.hardtanh.default, aten.hardtanh_.default, aten.clamp.default, aten.clamp_.default,
+}
+# Training-mode BatchNorm that QAT keeps between a conv and its activation.
+QAT_BATCH_NORM_OPS = {aten.batch_norm.default, aten._native_batch_norm_legit.default,
+                      aten._native_batch_norm_legit_no_training.default}
+POOL_OPS = {
+    aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default, aten.max_pool2d.default,
+    aten.max_pool2d_with_indices.default, aten.mean.dim,
+}
+PASSTHROUGH_OPS = {
+    aten.flatten.using_ints, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+    aten.permute.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+    aten.unsqueeze.default, aten.dropout.default, aten.clone.default, aten.alias.default,
+    aten.contiguous.default, aten.detach.default,
+}
+
+INT8_MIN, INT8_MAX = -128, 127
+
+
+# ----------------------------------------------------------------------------- specs
+def activation_qspec(is_qat: bool) -> QuantizationSpec:
+    if is_qat:
+        ctr = FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAverageMinMaxObserver, eps=2**-12)
+    else:
+        ctr = HistogramObserver.with_args(eps=2**-12)
+    return QuantizationSpec(dtype=torch.int8, quant_min=INT8_MIN, quant_max=INT8_MAX,
+                            qscheme=torch.per_tensor_affine, observer_or_fake_quant_ctr=ctr)
+
+
+def weight_qspec(is_qat: bool, ch_axis: int = 0) -> QuantizationSpec:
+    if is_qat:
+        ctr = FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAveragePerChannelMinMaxObserver, eps=2**-12)
+    else:
+        ctr = PerChannelMinMaxObserver.with_args(eps=2**-12)
+    return QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=INT8_MAX,
+                            qscheme=torch.per_channel_symmetric, ch_axis=ch_axis, observer_or_fake_quant_ctr=ctr)
+
+
+def _derive_bias_qparams(obs_or_fqs) -> tuple[torch.Tensor, torch.Tensor]:
+    act, weight = obs_or_fqs
+    act_scale, _ = act.calculate_qparams()
+    w_scale, _ = weight.calculate_qparams()
+    scale = (act_scale * w_scale).to(torch.float32)
+    return scale, torch.zeros_like(scale, dtype=torch.int32)
+
+
+def bias_qspec(input_act: Node, weight: Node, node: Node) -> DerivedQuantizationSpec:
+    return DerivedQuantizationSpec(
+        derived_from=[(input_act, node), (weight, node)], derive_qparams_fn=_derive_bias_qparams,
+        dtype=torch.int32, quant_min=-(2**31) + 1, quant_max=2**31 - 1,
+        qscheme=torch.per_channel_symmetric, ch_axis=0,
+    )
+
+
+# ----------------------------------------------------------------------------- helpers
+def _annotated(node: Node) -> bool:
+    ann = node.meta.get("quantization_annotation")
+    return ann is not None and ann._annotated
+
+
+def _mark(node: Node, input_qspec_map=None, output_qspec=None) -> None:
+    node.meta["quantization_annotation"] = QuantizationAnnotation(
+        input_qspec_map=input_qspec_map or {}, output_qspec=output_qspec, _annotated=True)
+
+
+def _single_user(node: Node) -> Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _is_fusable_activation(node: Node) -> bool:
+    if node.target not in ACTIVATION_OPS:
+        return False
+    if node.target in (aten.clamp.default, aten.clamp_.default):
+        # clamp(x, min, max) with constant bounds; tensor bounds are not an activation
+        return all(not isinstance(a, Node) for a in node.args[1:])
+    return True
+
+
+def _fused_tail(node: Node, allow_bn: bool = False) -> list[Node]:
+    """``node`` followed by the nodes fused into it: an optional (QAT) BatchNorm and one activation."""
+    chain = [node]
+    nxt = _single_user(node)
+    if allow_bn and nxt is not None and nxt.target in QAT_BATCH_NORM_OPS:
+        chain.append(nxt)
+        getitem = _single_user(nxt)
+        if nxt.target != aten.batch_norm.default and getitem is not None and getitem.target == operator.getitem:
+            chain.append(getitem)
+        nxt = _single_user(chain[-1])
+    if nxt is not None and _is_fusable_activation(nxt) and not _annotated(nxt):
+        chain.append(nxt)
+    return chain
+
+
+# ----------------------------------------------------------------------------- the quantizer
+class CortenQuantizer(Quantizer):
+    """PT2E quantizer for Corten (CMSIS-NN int8).  ``is_qat`` selects fake-quant modules."""
+
+    def __init__(self, is_qat: bool = False, aten_passes: bool = True):
+        super().__init__()
+        self.is_qat = is_qat
+        self.aten_passes = aten_passes
+        self.transformed_graph_text: str | None = None  # the graph after the ATen passes, for reports
+
+    # -- torchao Quantizer API
+    def transform_for_annotation(self, model: GraphModule) -> GraphModule:
+        if not self.aten_passes:
+            return model
+        from corten.aten_passes import AtenPassManager
+
+        model = AtenPassManager()(model)
+        self.transformed_graph_text = model.print_readable(print_output=False, include_stride=False,
+                                                           include_device=False)
+        return model
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        act = activation_qspec(self.is_qat)
+        for node in model.graph.nodes:
+            if node.op != "call_function" or _annotated(node):
+                continue
+            if node.target in CONV_OPS or node.target in LINEAR_OPS:
+                self._annotate_weighted(node, act)
+            elif node.target in ADD_OPS:
+                self._annotate_add(node, act)
+        # Shared-qparam ops last, so that their producers are already annotated.
+        for node in model.graph.nodes:
+            if node.op != "call_function" or _annotated(node):
+                continue
+            if node.target in POOL_OPS or node.target in PASSTHROUGH_OPS:
+                self._annotate_shared(node, act)
+        return model
+
+    def validate(self, model: GraphModule) -> None:
+        pass
+
+    # -- patterns
+    def _annotate_weighted(self, node: Node, act: QuantizationSpec) -> None:
+        x, w = node.args[0], node.args[1]
+        bias = node.args[2] if len(node.args) > 2 else None
+        if not isinstance(x, Node) or not isinstance(w, Node):
+            return
+        inputs = {x: act, w: weight_qspec(self.is_qat, 0)}
+        if isinstance(bias, Node):
+            inputs[bias] = bias_qspec(x, w, node)
+        chain = _fused_tail(node, allow_bn=self.is_qat)
+        if len(chain) == 1:
+            _mark(node, inputs, act)
+            return
+        _mark(node, inputs, None)
+        for mid in chain[1:-1]:
+            _mark(mid)
+        _mark(chain[-1], None, act)
+
+    def _annotate_add(self, node: Node, act: QuantizationSpec) -> None:
+        a, b = node.args[0], node.args[1]
+        if not (isinstance(a, Node) and isinstance(b, Node)) or node.kwargs.get("alpha", 1) != 1:
+            return
+        chain = _fused_tail(node)
+        _mark(node, {a: act, b: act}, act if len(chain) == 1 else None)
+        if len(chain) > 1:
+            _mark(chain[-1], None, act)
+
+    def _annotate_shared(self, node: Node, act: QuantizationSpec) -> None:
+        x = node.args[0]
+        if not isinstance(x, Node):
+            return
+        _mark(node, {x: act}, SharedQuantizationSpec((x, node)))
+
+
+def quantizable_ops() -> Iterable[Callable]:
+    """Every ATen op the quantizer annotates (the lowering covers the same set)."""
+    return CONV_OPS | LINEAR_OPS | ADD_OPS | ACTIVATION_OPS | POOL_OPS | PASSTHROUGH_OPS
