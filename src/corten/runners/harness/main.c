@@ -1,0 +1,104 @@
+/* Corten generic harness: runs one inference of a generated model library.
+ *
+ * Build-time configuration (all required):
+ *   CORTEN_MODEL_HEADER  quoted header name, e.g. "\"net.h\""
+ *   CORTEN_RUN           entry point: int CORTEN_RUN(const int8_t *in, int8_t *out, uint8_t *arena)
+ *   CORTEN_INPUT_BYTES   input size in bytes
+ *   CORTEN_OUTPUT_BYTES  output size in bytes
+ *   CORTEN_ARENA_BYTES   scratch arena size in bytes (16-byte aligned static array)
+ *
+ * Usage: harness [input.bin [output.bin]] (defaults: input.bin, output.bin in the cwd;
+ * on the boards the files are opened through semihosting relative to QEMU's cwd).
+ *
+ * Prints one line "CORTEN_RESULT status=<s> elapsed=<n> unit=<ns|ticks>" where elapsed
+ * covers the CORTEN_RUN call alone, and exits with 0 when the model returned 0,
+ * 1 when it returned non-zero, 2 on an I/O error.
+ */
+#include <stdint.h>
+#include <stdio.h>
+
+#include CORTEN_MODEL_HEADER
+#include "corten_timer.h"
+
+#if !defined(CORTEN_RUN) || !defined(CORTEN_INPUT_BYTES) || !defined(CORTEN_OUTPUT_BYTES) || \
+    !defined(CORTEN_ARENA_BYTES)
+#error "define CORTEN_RUN, CORTEN_INPUT_BYTES, CORTEN_OUTPUT_BYTES and CORTEN_ARENA_BYTES"
+#endif
+
+#define CORTEN_NONZERO(n) ((n) > 0 ? (n) : 1)
+
+static int8_t corten_input[CORTEN_NONZERO(CORTEN_INPUT_BYTES)];
+static int8_t corten_output[CORTEN_NONZERO(CORTEN_OUTPUT_BYTES)];
+static uint8_t corten_arena[CORTEN_NONZERO(CORTEN_ARENA_BYTES)] __attribute__((aligned(16)));
+
+/* Decimal formatting of a uint64 without relying on printf's %llu support. */
+static const char *format_u64(uint64_t value, char *buf, unsigned size)
+{
+    char *p = buf + size - 1;
+    *p = '\0';
+    do {
+        *--p = (char)('0' + (int)(value % 10u));
+        value /= 10u;
+    } while (value != 0u && p > buf);
+    return p;
+}
+
+static int read_input(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    size_t got;
+    if (f == NULL) {
+        printf("CORTEN_ERROR cannot open input file %s\n", path);
+        return 0;
+    }
+    got = fread(corten_input, 1, (size_t)CORTEN_INPUT_BYTES, f);
+    fclose(f);
+    if (got != (size_t)CORTEN_INPUT_BYTES) {
+        printf("CORTEN_ERROR input file %s has %lu bytes, expected %lu\n", path, (unsigned long)got,
+               (unsigned long)CORTEN_INPUT_BYTES);
+        return 0;
+    }
+    return 1;
+}
+
+static int write_output(const char *path)
+{
+    FILE *f = fopen(path, "wb");
+    size_t put;
+    if (f == NULL) {
+        printf("CORTEN_ERROR cannot create output file %s\n", path);
+        return 0;
+    }
+    put = fwrite(corten_output, 1, (size_t)CORTEN_OUTPUT_BYTES, f);
+    if (fclose(f) != 0 || put != (size_t)CORTEN_OUTPUT_BYTES) {
+        printf("CORTEN_ERROR short write to output file %s\n", path);
+        return 0;
+    }
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *input_path = argc > 1 ? argv[1] : "input.bin";
+    const char *output_path = argc > 2 ? argv[2] : "output.bin";
+    char digits[24];
+    uint64_t start;
+    uint64_t stop;
+    int status;
+
+    if (!read_input(input_path)) {
+        return 2;
+    }
+    corten_timer_init();
+    start = corten_timer_now();
+    status = CORTEN_RUN(corten_input, corten_output, corten_arena);
+    stop = corten_timer_now();
+
+    if (status == 0 && !write_output(output_path)) {
+        return 2;
+    }
+    printf("CORTEN_RESULT status=%d elapsed=%s unit=%s\n", status,
+           format_u64(stop - start, digits, (unsigned)sizeof digits), CORTEN_TIMER_UNIT);
+    fflush(stdout);
+    return status == 0 ? 0 : 1;
+}

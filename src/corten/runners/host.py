@@ -1,0 +1,115 @@
+"""Build a model library with the host C compiler and run it natively."""
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .common import (
+    HARNESS_DIR,
+    HARNESS_MAIN,
+    INPUT_FILE,
+    OUTPUT_FILE,
+    WARNING_FLAGS,
+    CRunError,
+    CRunResult,
+    CRunTimeout,
+    Progress,
+    compile_and_link,
+    complete_defines,
+    define_flags,
+    include_flags,
+    parse_harness_report,
+    prepare_workdir,
+    print_progress,
+    read_output,
+    tail,
+)
+
+HOST_CC = "gcc"
+HOST_TIMER = HARNESS_DIR / "timer_host.c"
+HOST_BINARY = "corten_host_harness"
+
+
+def host_build_command(
+    sources: Sequence[Path],
+    include_dirs: Sequence[Path],
+    defines: Mapping[str, str],
+    binary: Path,
+    cflags: Sequence[str] = ("-O2",),
+    cc: str = HOST_CC,
+) -> list[str]:
+    """The gcc command line that builds the host harness executable."""
+    return [
+        cc,
+        *WARNING_FLAGS,
+        *cflags,
+        *include_flags([*include_dirs, HARNESS_DIR]),
+        *define_flags(defines),
+        *(str(s) for s in sources),
+        str(HARNESS_MAIN),
+        str(HOST_TIMER),
+        "-o",
+        str(binary),
+    ]
+
+
+def run_on_host(
+    sources: list[Path],
+    include_dirs: list[Path],
+    defines: dict[str, str],
+    input_bytes: bytes,
+    output_size: int,
+    workdir: Path,
+    cflags: Sequence[str] = ("-O2",),
+    *,
+    timeout_s: float = 600.0,
+    check: bool = True,
+    progress: Progress | None = print_progress,
+) -> CRunResult:
+    """Compile sources + the harness with the host gcc (-std=c99 -Wall -Wextra -Werror) and run it.
+
+    ``wall_s`` is the wall-clock time of the inference call alone, measured by the harness with
+    clock_gettime(CLOCK_MONOTONIC). With ``check`` a non-zero model status raises CRunError;
+    otherwise it is returned in ``status`` (with empty ``output``).
+    """
+    where = "host"
+    workdir = prepare_workdir(Path(workdir), input_bytes)
+    full_defines = complete_defines(defines, len(input_bytes), output_size)
+    binary = workdir / HOST_BINARY
+    if progress:
+        progress(f"building host harness in {workdir}")
+    build_log = compile_and_link(
+        host_build_command(sources, include_dirs, full_defines, binary, cflags), where
+    )
+    if progress:
+        progress(f"running host harness {binary}")
+    try:
+        proc = subprocess.run(
+            [str(binary), INPUT_FILE, OUTPUT_FILE],
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise CRunTimeout(f"{where}: harness {binary} did not finish within {timeout_s} s") from None
+    log = build_log + proc.stdout + proc.stderr
+    report = parse_harness_report(proc.stdout)
+    if report is None:
+        raise CRunError(
+            f"{where}: harness {binary} exited with code {proc.returncode} without a result "
+            f"(crash or I/O error):\n{tail(log)}"
+        )
+    if report.status != 0:
+        if check:
+            raise CRunError(
+                f"{where}: model {full_defines['CORTEN_RUN']} returned status {report.status}\n"
+                f"{tail(log)}"
+            )
+        return CRunResult(b"", report.status, report.elapsed * 1e-9, None, log, where)
+    output = read_output(workdir, output_size, where)
+    return CRunResult(output, 0, report.elapsed * 1e-9, None, log, where)
+
