@@ -38,6 +38,7 @@ from .common import (
     HARNESS_MAIN,
     RUNNERS_DIR,
     WARNING_FLAGS,
+    CBuildError,
     CRunError,
     CRunnerError,
     CRunResult,
@@ -192,6 +193,17 @@ def arm_build_command(
     ]
 
 
+def memory_hint(board: Board) -> str:
+    """Explains a linker region overflow with the board's memory map."""
+    regions = "; ".join(
+        f"{r.name} 0x{r.origin:08x} {r.size // 1024} KiB: {r.holds}" for r in board.memory
+    )
+    return (
+        f"the program does not fit the memory of {board.describe()} ({regions}); "
+        "reduce the arena/weights or pick a board with more memory"
+    )
+
+
 def qemu_command(board: Board, elf: Path) -> list[str]:
     """qemu-system-arm command line: semihosting on the host filesystem, no UART, icount."""
     return [
@@ -242,9 +254,14 @@ def run_on_qemu(
     elf = workdir / ELF_NAME
     if progress:
         progress(f"building {where} in {workdir}")
-    build_log = compile_and_link(
-        arm_build_command(sources, include_dirs, full_defines, board, elf, cflags), where
-    )
+    try:
+        build_log = compile_and_link(
+            arm_build_command(sources, include_dirs, full_defines, board, elf, cflags), where
+        )
+    except CBuildError as exc:
+        if "overflowed" in str(exc) or "will not fit" in str(exc) or "RAM overflow" in str(exc):
+            raise CBuildError(f"{exc}\n{memory_hint(board)}") from None
+        raise
     if progress:
         progress(f"running {where} (timeout {timeout_s:g} s)")
     command = qemu_command(board, elf)
