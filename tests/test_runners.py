@@ -144,22 +144,37 @@ int spin_run(const int8_t *input, int8_t *output, uint8_t *arena)
 """
 
 
+def run_spin(target: str, directory: Path, extra_defines: dict[str, str]) -> int:
+    (directory / "spin.h").write_text(
+        "#include <stdint.h>\nint spin_run(const int8_t *input, int8_t *output, uint8_t *arena);\n"
+    )
+    (directory / "spin.c").write_text(SPIN_SOURCE)
+    defines = harness_defines("spin.h", "spin_run", 1, 1, 16) | {"SPIN_N": str(SPIN_N)}
+    result = run_on_qemu(
+        [directory / "spin.c"], [directory], defines | extra_defines, b"\x05", 1, target,
+        directory / "run", timeout_s=60, progress=QUIET,
+    )
+    assert result.output == b"\x06"
+    return result.instructions
+
+
 @needs_qemu
 @pytest.mark.parametrize("target", TARGETS)
 def test_instruction_count_matches_known_loop(target, tmp_path):
-    (tmp_path / "spin.h").write_text(
-        "#include <stdint.h>\nint spin_run(const int8_t *input, int8_t *output, uint8_t *arena);\n"
-    )
-    (tmp_path / "spin.c").write_text(SPIN_SOURCE)
-    defines = harness_defines("spin.h", "spin_run", 1, 1, 16) | {"SPIN_N": str(SPIN_N)}
-    result = run_on_qemu(
-        [tmp_path / "spin.c"], [tmp_path], defines, b"\x05", 1, target, tmp_path / "run",
-        timeout_s=60, progress=QUIET,
-    )
-    assert result.output == b"\x06"
-    loop = 2 * SPIN_N
+    instructions = run_spin(target, tmp_path, {})
     # one tick of quantisation (<= 40 instructions) + call and timer-read overhead
-    assert loop <= result.instructions <= loop + 120, result.instructions
+    assert 2 * SPIN_N <= instructions <= 2 * SPIN_N + 120, instructions
+
+
+@needs_qemu
+@pytest.mark.parametrize("target", TARGETS)
+def test_instruction_count_across_systick_wraps(target, tmp_path):
+    reload = 0x3FF  # wrap every 1024 ticks: the 200k-instruction loop wraps 4-6 times
+    instructions = run_spin(target, tmp_path, {"CORTEN_SYSTICK_RELOAD": hex(reload)})
+    wraps = 2 * SPIN_N / BOARDS[target].instructions_per_tick / (reload + 1)
+    assert wraps > 4
+    # each wrap adds the few instructions of the SysTick handler
+    assert 2 * SPIN_N <= instructions <= 2 * SPIN_N + 120 + 10 * (wraps + 1), instructions
 
 
 # ---------------------------------------------------------------------------------------------
