@@ -1,0 +1,22 @@
+"""ATen-level graph passes run on the captured model before quantization.
+
+The default pipeline (:class:`AtenPassManager`) removes inference no-ops (dropout, clone, ...),
+folds BatchNorm into the conv / linear producing its input when that is exact, and rewrites every
+other BatchNorm as a depthwise 1x1 conv, so the quantizer never sees a BatchNorm.
+
+Each pass is a ``torch.fx.passes.infra.pass_base.PassBase``: ``pass_(gm) -> PassResult(gm, modified)``.
+"""
+from corten.aten_passes.batch_norm import BatchNormMatch, batch_norms, is_batch_norm, match_batch_norm
+from corten.aten_passes.batch_norm_to_depthwise import BatchNormToDepthwiseConvPass
+from corten.aten_passes.fuse_batch_norm import (FuseBatchNormIntoConvPass, FuseBatchNormIntoLinearPass,
+                                                fold_scale_into_conv_weight)
+from corten.aten_passes.graph_utils import AtenPassError
+from corten.aten_passes.pass_manager import AtenPassManager, default_passes
+from corten.aten_passes.remove_noops import RemoveNoOpsPass, is_noop
+
+__all__ = [
+    "AtenPassManager", "AtenPassError", "default_passes",
+    "FuseBatchNormIntoConvPass", "FuseBatchNormIntoLinearPass", "BatchNormToDepthwiseConvPass",
+    "RemoveNoOpsPass", "BatchNormMatch", "batch_norms", "is_batch_norm", "match_batch_norm",
+    "is_noop", "fold_scale_into_conv_weight",
+]
