@@ -34,6 +34,7 @@ QUIET = None  # progress sink for tests
 TINY_IN = 64
 TINY_OUT = TINY_IN + 4
 TINY_ARENA = 64 * 1024
+TINY_ARENA_ALIGN = 64
 TABLE_SIZE = 4096
 
 
@@ -64,6 +65,9 @@ int tiny_run(const int8_t *input, int8_t *output, uint8_t *arena)
     int32_t dot = 0;
     uint32_t udot;
     int i;
+    if (((uintptr_t)arena % {TINY_ARENA_ALIGN}u) != 0u) {{
+        return -2; /* the harness must honour CORTEN_ARENA_ALIGN */
+    }}
     for (i = 0; i < {TINY_IN}; ++i) {{
         arena[(i * 1021) % {TINY_ARENA}] = (uint8_t)(int8_t)(input[i] + 1);
     }}
@@ -99,7 +103,7 @@ def tiny_input() -> bytes:
 
 
 def tiny_defines() -> dict[str, str]:
-    return harness_defines("tiny.h", "tiny_run", TINY_IN, TINY_OUT, TINY_ARENA)
+    return harness_defines("tiny.h", "tiny_run", TINY_IN, TINY_OUT, TINY_ARENA, TINY_ARENA_ALIGN)
 
 
 def test_tiny_on_host(tiny_lib, tiny_input, tmp_path):

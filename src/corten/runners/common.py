@@ -87,15 +87,23 @@ def quote_header(header: str) -> str:
 
 
 def harness_defines(
-    header: str, run_function: str, input_bytes: int, output_bytes: int, arena_bytes: int
+    header: str,
+    run_function: str,
+    input_bytes: int,
+    output_bytes: int,
+    arena_bytes: int,
+    arena_align: int = 16,
 ) -> dict[str, str]:
     """The preprocessor defines the generic harness needs for one model library."""
+    if arena_align <= 0 or arena_align & (arena_align - 1):
+        raise ValueError(f"arena alignment must be a power of two, got {arena_align}")
     return {
         "CORTEN_MODEL_HEADER": quote_header(header),
         "CORTEN_RUN": run_function,
         "CORTEN_INPUT_BYTES": str(int(input_bytes)),
         "CORTEN_OUTPUT_BYTES": str(int(output_bytes)),
         "CORTEN_ARENA_BYTES": str(int(arena_bytes)),
+        "CORTEN_ARENA_ALIGN": str(int(arena_align)),
     }
 
 

@@ -5,7 +5,9 @@
  *   CORTEN_RUN           entry point: int CORTEN_RUN(const int8_t *in, int8_t *out, uint8_t *arena)
  *   CORTEN_INPUT_BYTES   input size in bytes
  *   CORTEN_OUTPUT_BYTES  output size in bytes
- *   CORTEN_ARENA_BYTES   scratch arena size in bytes (16-byte aligned static array)
+ *   CORTEN_ARENA_BYTES   scratch arena size in bytes (static array)
+ * Optional:
+ *   CORTEN_ARENA_ALIGN   arena alignment in bytes (default 16)
  *
  * Usage: harness [input.bin [output.bin]] (defaults: input.bin, output.bin in the cwd;
  * on the boards the files are opened through semihosting relative to QEMU's cwd).
@@ -25,11 +27,15 @@
 #error "define CORTEN_RUN, CORTEN_INPUT_BYTES, CORTEN_OUTPUT_BYTES and CORTEN_ARENA_BYTES"
 #endif
 
+#ifndef CORTEN_ARENA_ALIGN
+#define CORTEN_ARENA_ALIGN 16
+#endif
+
 #define CORTEN_NONZERO(n) ((n) > 0 ? (n) : 1)
 
 static int8_t corten_input[CORTEN_NONZERO(CORTEN_INPUT_BYTES)];
 static int8_t corten_output[CORTEN_NONZERO(CORTEN_OUTPUT_BYTES)];
-static uint8_t corten_arena[CORTEN_NONZERO(CORTEN_ARENA_BYTES)] __attribute__((aligned(16)));
+static uint8_t corten_arena[CORTEN_NONZERO(CORTEN_ARENA_BYTES)] __attribute__((aligned(CORTEN_ARENA_ALIGN)));
 
 /* Decimal formatting of a uint64 without relying on printf's %llu support. */
 static const char *format_u64(uint64_t value, char *buf, unsigned size)
