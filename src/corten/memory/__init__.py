@@ -1,0 +1,12 @@
+"""Static memory planning: where every int8 activation and kernel scratch buffer lives in RAM.
+
+Entry point: :func:`plan_memory` (``ExportedProgram`` + target -> :class:`MemoryPlan`); then
+:func:`check_budget`.  :func:`reshape_is_alias` tells the C generator which reshapes are free.
+"""
+from corten.memory.budget import BudgetError, check_budget
+from corten.memory.plan import ALIGNMENT, MemoryPlan, TensorAlloc, plan_memory
+from corten.memory.program import MemoryPlanError, constant_tensor
+from corten.memory.views import reshape_is_alias
+
+__all__ = ["ALIGNMENT", "BudgetError", "MemoryPlan", "MemoryPlanError", "TensorAlloc", "check_budget",
+           "constant_tensor", "plan_memory", "reshape_is_alias"]

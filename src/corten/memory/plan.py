@@ -1,0 +1,255 @@
+"""Corten's static memory plan: one arena, every int8 activation and kernel scratch at a fixed offset.
+
+Model (what the C generator implements):
+
+* **Steps.**  The C code runs the program's nodes in graph order.  A *step* is a node that does
+  work in C: a Corten compute op, or a reshape that needs a copy (see :mod:`corten.memory.views`).
+  Quantize/dequantize run in the caller; aliasing reshapes cost nothing.
+* **Regions.**  The int8 program input (the output of a ``quantize_per_tensor``) lives in the
+  caller's input buffer (region ``"input"``, ``index`` = user-input number), the int8 tensor fed to
+  a ``dequantize_per_tensor`` program output lives in the caller's output buffer (region
+  ``"output"``, ``index`` = output number), everything else in the arena (region ``"arena"``).
+  Offsets in ``"input"``/``"output"`` are from the start of that caller buffer (always 0).
+* **A program output that other ops also read** stays in the caller's output buffer: that
+  buffer exists for the whole run, so later steps read it there and the arena saves its bytes.
+  The caller's buffers are assumed distinct from each other and from the arena.  When one set of
+  bytes would have to be in two caller buffers (an output that *is* the program input, possibly
+  through reshape aliases, or one tensor returned as two outputs) it stays in the first, and
+  ``MemoryPlan.copies`` lists ``(tensor, output index)`` pairs the C code copies once all steps
+  have run.
+* **Lifetimes.**  A tensor is live from the step that writes it to the last step that reads it
+  or any reshape alias of it, inclusive.  Scratch (``ctx.buf``) is live during its step only.
+* **In place.**  ``quantized_add`` is elementwise, so its output may take the bytes of an input
+  that dies at that add (``in_place=True``).  No other op writes over its input.
+* **Lower bound.**  ``max over steps of (arena tensors live at the step + its scratch)`` with every
+  input and output of the step counted separately, i.e. without in-place sharing: no plan without
+  in-place can go below it, and with in-place the arena may.
+* **Alignment.**  Every arena offset is a multiple of ``alignment`` (16: safe for Helium 128-bit
+  and DSP word accesses); sizes are rounded up to it for packing.
+* ``constant_bytes``: every constant tensor the program reads (weights, biases, multipliers,
+  shifts, kernel sums): the flash the model's data needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch.export import ExportedProgram
+
+from corten.memory.placement import Buffer, align_up, pack
+from corten.memory.program import MemoryPlanError, ProgramTensors, analyse
+from corten.ops.registry import hook_for
+from corten.targets import Target, get_target
+
+ALIGNMENT = 16
+REGIONS = ("arena", "input", "output")
+
+
+@dataclass(frozen=True)
+class TensorAlloc:
+    region: str  # "arena" | "input" | "output"
+    offset: int  # bytes from the start of the region (arena, or caller buffer ``index``)
+    nbytes: int
+    index: int = 0  # caller buffer number for "input" / "output" (user input / output position)
+
+
+@dataclass
+class MemoryPlan:
+    arena_bytes: int
+    lower_bound_bytes: int
+    constant_bytes: int
+    alignment: int
+    peak_step: int  # step with the most live bytes (the lower bound's step); -1 if no steps
+    peak_node: str
+    tensors: dict[str, TensorAlloc]  # every int8 activation node (reshape aliases included)
+    scratch: dict[str, TensorAlloc]  # step node -> its scratch buffer (steps needing none are absent)
+    steps: list[int]  # per step: live arena tensor bytes + scratch, counted without in-place sharing
+    step_nodes: list[str] = field(default_factory=list)  # node name of each step
+    step_ops: list[str] = field(default_factory=list)  # Corten op name (or "reshape_copy") of each step
+    lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # tensor -> (first, last) step
+    in_place: dict[str, str] = field(default_factory=dict)  # add node -> the input whose bytes it reuses
+    copies: list[tuple[str, int]] = field(default_factory=list)  # (tensor, output index) copied at the end
+    target: str = ""
+    isa: str = ""
+    strategy: str = ""  # the packing order that won (see corten.memory.placement)
+
+    @property
+    def ratio(self) -> float:
+        """arena / lower bound (below 1.0 thanks to in-place adds)."""
+        return self.arena_bytes / self.lower_bound_bytes if self.lower_bound_bytes else 1.0
+
+    def region_bytes(self, region: str) -> int:
+        """Total bytes of the caller buffers of ``region`` ("input" or "output")."""
+        sizes: dict[int, int] = {}
+        for a in self.tensors.values():
+            if a.region == region:
+                sizes[a.index] = max(sizes.get(a.index, 0), a.nbytes)
+        return sum(sizes.values())
+
+    def live_tensors(self, step: int) -> list[str]:
+        """Arena tensors live at ``step`` (reshape aliases listed under the tensor they alias)."""
+        return [name for name, (first, last) in self.lifetimes.items()
+                if first <= step <= last and self.tensors[name].region == "arena"]
+
+    def peak_description(self) -> str:
+        if self.peak_step < 0:
+            return "no steps"
+        live = ", ".join(f"{n} ({self.tensors[n].nbytes:,} B)" for n in self.live_tensors(self.peak_step))
+        scratch = self.scratch.get(self.peak_node)
+        extra = f"; scratch {scratch.nbytes:,} B" if scratch else ""
+        return (f"peak at step {self.peak_step} '{self.peak_node}' ({self.step_ops[self.peak_step]}): "
+                f"{self.steps[self.peak_step]:,} B live: {live or 'nothing'}{extra}")
+
+    def summary(self) -> dict:
+        return {
+            "target": self.target,
+            "isa": self.isa,
+            "arena_bytes": self.arena_bytes,
+            "lower_bound_bytes": self.lower_bound_bytes,
+            "ratio": round(self.ratio, 4),
+            "constant_bytes": self.constant_bytes,
+            "input_bytes": self.region_bytes("input"),
+            "output_bytes": self.region_bytes("output"),
+            "alignment": self.alignment,
+            "peak_step": self.peak_step,
+            "peak_node": self.peak_node,
+            "num_steps": len(self.steps),
+            "num_tensors": len(self.tensors),
+            "max_scratch_bytes": max((a.nbytes for a in self.scratch.values()), default=0),
+            "in_place_adds": len(self.in_place),
+            "strategy": self.strategy,
+        }
+
+    def report(self) -> str:
+        lines = [
+            f"Corten memory plan ({self.target or '?'}, isa {self.isa or '?'})",
+            f"  arena              {self.arena_bytes:>12,} B",
+            f"  lower bound        {self.lower_bound_bytes:>12,} B   (arena / lower bound = {self.ratio:.4f})",
+            f"  constant (flash)   {self.constant_bytes:>12,} B",
+            f"  caller input       {self.region_bytes('input'):>12,} B   output {self.region_bytes('output'):,} B",
+            f"  alignment          {self.alignment:>12} B   steps {len(self.steps)}, in-place adds "
+            f"{len(self.in_place)}, packing order '{self.strategy}'",
+        ]
+        if self.copies:
+            lines.append("  output copies      " + ", ".join(f"{t} -> output {k}" for t, k in self.copies))
+        if self.peak_step < 0:
+            lines.append("  no steps: nothing runs in the arena")
+            return "\n".join(lines)
+        lines.append(f"  peak: step {self.peak_step} '{self.peak_node}' ({self.step_ops[self.peak_step]}), "
+                     f"{self.steps[self.peak_step]:,} B live")
+        lines.append(f"    {'tensor':<40} {'offset':>10} {'bytes':>10}  lifetime")
+        for name in self.live_tensors(self.peak_step):
+            a = self.tensors[name]
+            first, last = self.lifetimes[name]
+            lines.append(f"    {name:<40} {a.offset:>10,} {a.nbytes:>10,}  steps {first}..{last}")
+        scratch = self.scratch.get(self.peak_node)
+        if scratch:
+            lines.append(f"    {'(scratch)':<40} {scratch.offset:>10,} {scratch.nbytes:>10,}  "
+                         f"step {self.peak_step}")
+        return "\n".join(lines)
+
+
+def _resolve_target(target: Target | str) -> Target:
+    return get_target(target) if isinstance(target, str) else target
+
+
+def step_scratch_bytes(prog: ProgramTensors, target: Target) -> list[int]:
+    """Scratch bytes of each step, from the op families' ``scratch_bytes`` hooks."""
+    sizes = []
+    for node, op_name in zip(prog.steps, prog.op_names):
+        if op_name == "reshape_copy":
+            sizes.append(0)
+            continue
+        hook = hook_for(op_name, "scratch_bytes")
+        if hook is None:
+            raise MemoryPlanError(f"memory plan: op {op_name!r} (node {node.name!r}) has no 'scratch_bytes' "
+                                  "hook; its family must register one with @family.provides('scratch_bytes', "
+                                  f"{op_name!r}) (return 0 when the CMSIS-NN kernel takes no buffer)")
+        n = int(hook(node, target))
+        if n < 0:
+            raise MemoryPlanError(f"memory plan: scratch_bytes of {node.name!r} ({op_name}) is negative: {n}")
+        sizes.append(n)
+    return sizes
+
+
+def live_bytes_per_step(prog: ProgramTensors, scratch: list[int]) -> list[int]:
+    """Arena bytes live at each step without in-place sharing (the lower bound's terms)."""
+    arena = [c for c in prog.classes.values() if c.region == "arena"]
+    return [sum(c.nbytes for c in arena if c.first <= s <= c.last) + scratch[s] for s in range(len(prog.steps))]
+
+
+def in_place_merges(prog: ProgramTensors) -> dict[str, str]:
+    """``{add root: input root}`` for each ``quantized_add`` that can write over an input which
+    dies at the add (same size, in the arena, written by an earlier step)."""
+    merges: dict[str, str] = {}
+    for s, (node, op_name) in enumerate(zip(prog.steps, prog.op_names)):
+        if op_name != "quantized_add":
+            continue
+        out = prog.classes[prog.class_of[node.name]]
+        if out.region != "arena":
+            continue
+        for arg in node.args[:2]:
+            cls = prog.classes[prog.class_of[arg.name]]
+            if cls.region == "arena" and cls.last == s and cls.first < s and cls.nbytes == out.nbytes:
+                merges[out.root] = cls.root
+                break
+    return merges
+
+
+def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = True,
+                alignment: int = ALIGNMENT) -> MemoryPlan:
+    """Plan every int8 activation and scratch buffer of the lowered program ``ep`` for ``target``."""
+    target = _resolve_target(target)
+    prog = analyse(ep)
+    scratch_sizes = step_scratch_bytes(prog, target)
+    live = live_bytes_per_step(prog, scratch_sizes)
+
+    merges = in_place_merges(prog) if in_place else {}
+
+    def owner(root: str) -> str:  # the storage class whose bytes ``root`` finally uses
+        while root in merges:
+            root = merges[root]
+        return root
+
+    spans: dict[str, list[int]] = {}  # owner -> [first, last, size]
+    for cls in prog.classes.values():
+        if cls.region != "arena":
+            continue
+        span = spans.setdefault(owner(cls.root), [cls.first, cls.last, 0])
+        span[0], span[1] = min(span[0], cls.first), max(span[1], cls.last)
+        span[2] = max(span[2], cls.nbytes)
+    buffers = [Buffer(key, align_up(size, alignment), first, last) for key, (first, last, size) in spans.items()]
+    buffers += [Buffer(f"scratch:{prog.steps[s].name}", align_up(n, alignment), s, s)
+                for s, n in enumerate(scratch_sizes) if n > 0]
+    offsets, strategy = pack(buffers)
+    arena_bytes = max((offsets[b.key] + b.size for b in buffers), default=0)
+
+    tensors: dict[str, TensorAlloc] = {}
+    lifetimes: dict[str, tuple[int, int]] = {}
+    for name, root in prog.class_of.items():
+        cls = prog.classes[root]
+        offset = offsets[owner(root)] if cls.region == "arena" else 0
+        tensors[name] = TensorAlloc(cls.region, offset, prog.nbytes[name], cls.index)
+        lifetimes[name] = (cls.first, cls.last)
+    scratch = {prog.steps[s].name: TensorAlloc("arena", offsets[f"scratch:{prog.steps[s].name}"], n)
+               for s, n in enumerate(scratch_sizes) if n > 0}
+
+    peak = max(range(len(live)), key=lambda s: (live[s], -s)) if live else -1
+    return MemoryPlan(
+        arena_bytes=arena_bytes,
+        lower_bound_bytes=max(live, default=0),
+        constant_bytes=prog.constant_bytes,
+        alignment=alignment,
+        peak_step=peak,
+        peak_node=prog.steps[peak].name if peak >= 0 else "",
+        tensors=tensors,
+        scratch=scratch,
+        steps=live,
+        step_nodes=[n.name for n in prog.steps],
+        step_ops=list(prog.op_names),
+        lifetimes=lifetimes,
+        in_place={add: src for add, src in merges.items()},
+        copies=list(prog.copies),
+        target=target.name,
+        isa=target.isa,
+        strategy=strategy,
+    )
