@@ -1,0 +1,143 @@
+"""What an op family's ``emit_c`` hook gets: :class:`EmitContext`, one per graph node.
+
+A hook ``fn(ctx: EmitContext) -> str`` returns the C statement(s) running one node inside the
+generated ``<name>_run`` function.  The context hides the memory plan and the constant tables:
+
+* :meth:`EmitContext.arg` - the node's arguments by schema name (tensors are ``fx.Node``);
+* :meth:`EmitContext.buffer` / :meth:`EmitContext.out` - C expressions of the int8 buffers
+  (``(act + 1024)``, ``input``, ``output``) the planner assigned;
+* :meth:`EmitContext.const` - the name of the ``const`` C array holding a constant argument
+  (:meth:`EmitContext.derived_const` for arrays the hook computes, e.g. expanded multipliers);
+* :meth:`EmitContext.scratch` - the planned scratch buffer (expression, bytes) for CMSIS-NN;
+* :meth:`EmitContext.call` - a kernel call wrapped in the generated error check.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from corten.codegen.emitter import _Generator
+
+KERNEL_FLAVOURS = ("portable", "cmsis-nn")
+
+
+class CodegenError(ValueError):
+    """The program cannot be emitted as C; the message names the node and what to do."""
+
+
+def c_identifier(text: str) -> str:
+    """A valid C identifier derived from ``text`` (graph node names are already close to one)."""
+    ident = re.sub(r"[^0-9A-Za-z_]", "_", text)
+    if not ident or ident[0].isdigit():
+        ident = "_" + ident
+    return ident
+
+
+def c_int(v: int) -> str:
+    """A C integer literal that is valid for every int32 value (INT32_MIN has no literal)."""
+    v = int(v)
+    if v == -(2**31):
+        return "(-2147483647 - 1)"
+    return str(v)
+
+
+def nhwc(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    """NCHW logical shape -> (n, h, w, c); lower ranks are treated as [N, 1, 1, C]."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) == 4:
+        n, c, h, w = shape
+        return n, h, w, c
+    raise CodegenError(f"expected a 4-D activation, got shape {shape}")
+
+
+@dataclass
+class EmitContext:
+    """Emission context of one node (see the module docstring)."""
+
+    node: torch.fx.Node
+    op_name: str
+    kernels: str  # "portable" | "cmsis-nn"
+    target: Any  # corten.targets.Target
+    _gen: "_Generator"
+
+    # ------------------------------------------------------------------ arguments
+    def arg(self, name: str) -> Any:
+        """The node's argument ``name`` (schema order), positional or keyword."""
+        schema = self.node.target._schema
+        for i, a in enumerate(schema.arguments):
+            if a.name == name:
+                if i < len(self.node.args):
+                    return self.node.args[i]
+                if name in self.node.kwargs:
+                    return self.node.kwargs[name]
+                if a.has_default_value():
+                    return a.default_value
+                break
+        raise CodegenError(f"node {self.node.name!r} ({self.op_name}) has no argument {name!r}")
+
+    def shape(self, node: torch.fx.Node | None = None) -> tuple[int, ...]:
+        """Logical (torch) shape of ``node`` (default: this node's output)."""
+        return tuple(int(d) for d in (node or self.node).meta["val"].shape)
+
+    def nhwc(self, node: torch.fx.Node | None = None) -> tuple[int, int, int, int]:
+        return nhwc(self.shape(node))
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """Value of the constant tensor argument ``name``."""
+        return self._gen.constant_value(self.arg(name))
+
+    def fail(self, msg: str) -> None:
+        raise CodegenError(f"{self.op_name} node {self.node.name!r}: {msg}")
+
+    # ------------------------------------------------------------------ buffers
+    def buffer(self, node: torch.fx.Node) -> str:
+        """C expression (``int8_t *`` or ``const int8_t *``) of an activation tensor's bytes."""
+        return self._gen.buffer_expr(node)
+
+    def input(self, name: str) -> str:
+        return self.buffer(self.arg(name))
+
+    def out(self) -> str:
+        """C expression of this node's output buffer (``int8_t *``)."""
+        expr = self._gen.buffer_expr(self.node)
+        if expr.startswith("(input"):
+            self.fail("the memory plan puts this op's output in the caller's input buffer")
+        return expr
+
+    def scratch(self) -> tuple[str, int]:
+        """``(void * expression, bytes)`` of the planned scratch buffer; ``("NULL", 0)`` if none."""
+        return self._gen.scratch_expr(self.node)
+
+    # ------------------------------------------------------------------ constants
+    def const(self, name: str, dtype: torch.dtype | None = None) -> str:
+        """C array name of the constant argument ``name`` (None arguments give ``NULL``)."""
+        value = self.arg(name)
+        if value is None:
+            return "NULL"
+        return self._gen.constant_array(value, dtype)
+
+    def derived_const(self, suffix: str, tensor: torch.Tensor) -> str:
+        """Register an extra constant array (named after this node and ``suffix``); returns its name."""
+        return self._gen.derived_array(f"{self.node.name}_{suffix}", tensor)
+
+    # ------------------------------------------------------------------ statements
+    def call(self, expr: str) -> str:
+        """A kernel call returning 0 on success, wrapped in the generated error check."""
+        return f"if ({expr} != 0) {{\n    return {self._gen.macro}_ERROR_KERNEL;\n}}"
+
+    def block(self, *statements: str) -> str:
+        """Statements inside a ``{ }`` block (so local parameter structs do not clash)."""
+        body = "\n".join(statements)
+        return "{\n" + "\n".join(("    " + line) if line else line for line in body.split("\n")) + "\n}"
+
+    @staticmethod
+    def dims(name: str, ctype: str, n: int, h: int, w: int, c: int) -> str:
+        return f"const {ctype} {name} = {{{n}, {h}, {w}, {c}}};"
+
+    @staticmethod
+    def int_(v: int) -> str:
+        return c_int(v)

@@ -1,0 +1,483 @@
+"""``emit_c``: a lowered int8 program + its memory plan -> a self-contained C library.
+
+The generator walks the graph in order and asks each node's op family for its C statements
+(``corten.ops.hook_for(op_name, "emit_c")``, see :mod:`corten.codegen.context`).  Reshapes are
+handled here: nothing when they alias their input's bytes, an NHWC <-> NCHW copy otherwise.
+
+Written files (``<name>`` is the library name)::
+
+    <name>.h            public API, sizes, shapes, quantization, program hash, error codes
+    <name>.c            <name>_run: the fixed sequence of kernel calls
+    <name>_constants.h  declarations of the constant arrays (internal)
+    <name>_constants.c  weights, biases, multipliers, shifts, kernel sums (aligned const arrays)
+    corten_*.h, <family>.c   the portable kernels the model uses (only those)
+    CMakeLists.txt, Makefile  static library lib<name>.a for the host or a Cortex-M target
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from corten.codegen import build_files
+from corten.codegen.context import KERNEL_FLAVOURS, CodegenError, EmitContext, c_identifier, c_int, nhwc
+from corten.ops.registry import family_of, hook_for, op_name_of
+
+KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
+KERNEL_HEADERS = ("corten_fixed_point.h", "corten_internal.h", "corten_kernels.h")
+RESHAPE = torch.ops.aten.reshape.default
+QUANTIZE, DEQUANTIZE = "quantize_per_tensor", "dequantize_per_tensor"
+CONST_ALIGN = 16
+HASH_CHARS = 16
+
+
+@dataclass(frozen=True)
+class EmittedLibrary:
+    """What :func:`emit_c` wrote, and the facts a caller needs to run it."""
+
+    name: str
+    out_dir: Path
+    header: Path
+    source: Path
+    constants: Path
+    kernel_files: tuple[Path, ...]  # copied portable kernel sources and headers
+    cmake: Path
+    makefile: Path
+    kernels: str
+    input_shape: tuple[int, ...]  # logical torch shape (NCHW for 4-D); bytes are NHWC
+    input_scale: float
+    input_zero_point: int
+    output_shape: tuple[int, ...]
+    output_scale: float
+    output_zero_point: int
+    input_bytes: int
+    output_bytes: int
+    arena_bytes: int
+    arena_align: int
+    constant_bytes: int
+    program_hash: str
+
+    @property
+    def sources(self) -> list[Path]:
+        """The C files to compile (the CMSIS-NN sources are not included for kernels="cmsis-nn")."""
+        return [self.source, self.constants] + [p for p in self.kernel_files if p.suffix == ".c"]
+
+    @property
+    def include_dirs(self) -> list[Path]:
+        return [self.out_dir]
+
+    @property
+    def run_symbol(self) -> str:
+        return f"{self.name}_run"
+
+
+@dataclass
+class _Array:
+    cname: str
+    tensor: torch.Tensor  # contiguous, int8 or int32
+
+    @property
+    def ctype(self) -> str:
+        return {torch.int8: "int8_t", torch.int32: "int32_t"}[self.tensor.dtype]
+
+
+@dataclass
+class _Generator:
+    ep: torch.export.ExportedProgram
+    plan: Any
+    name: str
+    target: Any
+    kernels: str
+    arrays: dict[str, _Array] = field(default_factory=dict)  # key -> array, in first-use order
+    families: set[str] = field(default_factory=set)
+    uses_layout: bool = False
+
+    def __post_init__(self):
+        self.macro = self.name.upper()
+        sig = self.ep.graph_signature
+        self._const_keys = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
+                            **sig.inputs_to_lifted_tensor_constants}
+
+    # ------------------------------------------------------------------ constants
+    def constant_value(self, node: torch.fx.Node) -> torch.Tensor:
+        if not isinstance(node, torch.fx.Node) or node.op != "placeholder" or node.name not in self._const_keys:
+            raise CodegenError(f"{node!r} is not a lifted constant of the program (a constant tensor argument "
+                               "must be a parameter, buffer or lifted constant placeholder)")
+        key = self._const_keys[node.name]
+        if key in self.ep.constants:
+            return self.ep.constants[key]
+        return self.ep.state_dict[key]
+
+    def _add_array(self, key: str, tensor: torch.Tensor) -> str:
+        if key in self.arrays:
+            return self.arrays[key].cname
+        if tensor.dtype not in (torch.int8, torch.int32):
+            raise CodegenError(f"constant {key!r} has dtype {tensor.dtype}; only int8 and int32 constants "
+                               "can be emitted (was the program lowered by Corten?)")
+        cname = f"{self.name}_{c_identifier(key)}"
+        self.arrays[key] = _Array(cname, tensor.detach().contiguous().cpu())
+        return cname
+
+    def constant_array(self, node: torch.fx.Node, dtype: torch.dtype | None = None) -> str:
+        tensor = self.constant_value(node)
+        if dtype is not None and tensor.dtype != dtype:
+            raise CodegenError(f"constant {node.name!r} has dtype {tensor.dtype}, expected {dtype}")
+        return self._add_array(node.name, tensor)
+
+    def derived_array(self, key: str, tensor: torch.Tensor) -> str:
+        return self._add_array(key, tensor)
+
+    # ------------------------------------------------------------------ memory
+    def alloc(self, node: torch.fx.Node):
+        cur = node
+        while cur.name not in self.plan.tensors:
+            if cur.op == "call_function" and cur.target == RESHAPE and _reshape_is_alias(cur):
+                cur = cur.args[0]
+                continue
+            raise CodegenError(f"the memory plan has no buffer for tensor {node.name!r}; plan the same "
+                               "program that is emitted")
+        return self.plan.tensors[cur.name]
+
+    def buffer_expr(self, node: torch.fx.Node) -> str:
+        a = self.alloc(node)
+        base = {"arena": "act", "input": "input", "output": "output"}.get(a.region)
+        if base is None:
+            raise CodegenError(f"tensor {node.name!r} has unknown region {a.region!r} in the memory plan")
+        return f"({base} + {int(a.offset)})" if a.offset else f"({base})"
+
+    def scratch_expr(self, node: torch.fx.Node) -> tuple[str, int]:
+        a = getattr(self.plan, "scratch", {}).get(node.name)
+        if a is None or int(a.nbytes) == 0:
+            return "NULL", 0
+        if a.region != "arena":
+            raise CodegenError(f"scratch of {node.name!r} is in region {a.region!r}; scratch must be in the arena")
+        return f"(void *)(act + {int(a.offset)})", int(a.nbytes)
+
+    # ------------------------------------------------------------------ program walk
+    def io_nodes(self):
+        quants = [n for n in self.ep.graph.nodes if n.op == "call_function" and op_name_of(n.target) == QUANTIZE]
+        deqs = [n for n in self.ep.graph.nodes if n.op == "call_function" and op_name_of(n.target) == DEQUANTIZE]
+        if len(quants) != 1 or len(deqs) != 1:
+            raise CodegenError(f"the C library supports one input and one output; the program has {len(quants)} "
+                               f"quantize and {len(deqs)} dequantize nodes")
+        return quants[0], deqs[0]
+
+    def statements(self) -> tuple[list[str], list[str]]:
+        """(C statements of <name>_run, canonical op descriptions for the program hash)."""
+        stmts, ops = [], []
+        index = 0
+        for node in self.ep.graph.nodes:
+            if node.op != "call_function":
+                continue
+            name = op_name_of(node.target)
+            if name in (QUANTIZE, DEQUANTIZE):
+                continue
+            if node.target == RESHAPE:
+                if _reshape_is_alias(node):
+                    ops.append(f"reshape_alias {self._shape(node.args[0])} -> {self._shape(node)}")
+                    continue
+                index += 1
+                stmts.append(self._comment(index, "reshape (layout copy)", node, [node.args[0]]) + "\n" +
+                             self._reshape_copy(node))
+                ops.append(f"reshape_copy {self._shape(node.args[0])} -> {self._shape(node)}")
+                continue
+            if name is None:
+                raise CodegenError(f"node {node.name!r} ({node.target}) is not a Corten op; only lowered programs "
+                                   "(Corten ops and aten.reshape) can be emitted as C")
+            hook = hook_for(name, "emit_c")
+            if hook is None:
+                raise CodegenError(f"op {name} (node {node.name!r}) has no C emission hook")
+            ctx = EmitContext(node, name, self.kernels, self.target, self)
+            index += 1
+            inputs = [a for a in node.args if isinstance(a, torch.fx.Node) and a.op != "placeholder"]
+            stmts.append(self._comment(index, name, node, inputs) + "\n" + hook(ctx))
+            self.families.add(family_of(name).name)
+            ops.append(self._describe(node, name))
+        return stmts, ops
+
+    def _shape(self, node) -> list[int]:
+        return [int(d) for d in node.meta["val"].shape]
+
+    def _comment(self, index: int, what: str, node, inputs) -> str:
+        ins = ", ".join(f"{i.name} {self._layout(i)}" for i in inputs)
+        return f"/* {index}. {what}: node '{node.name}', {ins} -> {self._layout(node)} */"
+
+    def _layout(self, node) -> str:
+        shape = self._shape(node)
+        if len(shape) == 4:
+            n, h, w, c = nhwc(shape)
+            return f"[{n}, {h}, {w}, {c}] NHWC"
+        return str(shape)
+
+    def _describe(self, node, name) -> str:
+        parts = [name]
+        for a in node.args:
+            if isinstance(a, torch.fx.Node):
+                if a.op == "placeholder":
+                    t = self.constant_value(a)
+                    parts.append(f"const{tuple(t.shape)}:{hashlib.sha256(_bytes(t)).hexdigest()}")
+                else:
+                    parts.append(f"tensor{self._shape(a)}")
+            else:
+                parts.append(repr(a))
+        parts.append(f"-> {self._shape(node)}")
+        return " ".join(parts)
+
+    def _reshape_copy(self, node) -> str:
+        src = node.args[0]
+        in_shape, out_shape = self._shape(src), self._shape(node)
+        in_nhwc = len(in_shape) == 4 and not _storage_is_logical(in_shape)
+        out_nhwc = len(out_shape) == 4 and not _storage_is_logical(out_shape)
+        self.uses_layout = True
+        if in_nhwc and not out_nhwc:
+            n, h, w, c = nhwc(in_shape)
+            fn, dims = "corten_nhwc_to_nchw_s8", (n, h, w, c)
+        elif out_nhwc and not in_nhwc:
+            n, h, w, c = nhwc(out_shape)
+            fn, dims = "corten_nchw_to_nhwc_s8", (n, h, w, c)
+        else:
+            raise CodegenError(f"reshape node {node.name!r} {in_shape} -> {out_shape} permutes channels-last bytes "
+                               "on both sides; flatten to 2-D first")
+        out = self.buffer_expr(node)
+        return ("{\n"
+                f"    const corten_dims dims = {{{dims[0]}, {dims[1]}, {dims[2]}, {dims[3]}}};\n"
+                f"    if ({fn}(&dims, {self.buffer_expr(src)}, {out}) != 0) {{\n"
+                f"        return {self.macro}_ERROR_KERNEL;\n"
+                "    }\n}")
+
+
+def _reshape_is_alias(node: torch.fx.Node) -> bool:
+    from corten.memory.views import reshape_is_alias
+
+    return reshape_is_alias(node)
+
+
+def _storage_is_logical(shape) -> bool:
+    from corten.memory.views import storage_is_logical
+
+    return storage_is_logical(shape)
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().cpu().numpy().tobytes()
+
+
+# ----------------------------------------------------------------------------- file writers
+def _format_array(arr: _Array) -> str:
+    values = arr.tensor.reshape(-1).numpy().astype(np.int64)
+    per_line = 16 if arr.ctype == "int8_t" else 8
+    lines = []
+    for i in range(0, len(values), per_line):
+        lines.append("    " + ", ".join(c_int(v) for v in values[i:i + per_line].tolist()) + ",")
+    shape = "x".join(str(d) for d in arr.tensor.shape) or "scalar"
+    return (f"/* {shape} {arr.ctype} */\n"
+            f"const {arr.ctype} {arr.cname}[{max(1, len(values))}] CORTEN_CONST_ALIGNED = {{\n" +
+            ("\n".join(lines) if lines else "    0,") + "\n};\n")
+
+
+def _float_literal(v: float) -> str:
+    text = repr(float(v))
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return text + "f"
+
+
+def _shape_macro(shape: tuple[int, ...]) -> tuple[str, str]:
+    """(initializer text, order description) of an I/O shape: NHWC for 4-D tensors."""
+    if len(shape) == 4:
+        n, h, w, c = nhwc(shape)
+        return f"{{{n}, {h}, {w}, {c}}}", "NHWC (memory order)"
+    return "{" + ", ".join(str(d) for d in shape) + "}", "row-major"
+
+
+def _header(g: _Generator, lib: dict) -> str:
+    m = g.macro
+    in_shape, in_order = _shape_macro(lib["input_shape"])
+    out_shape, out_order = _shape_macro(lib["output_shape"])
+    guard = f"{m}_H"
+    return f"""/*
+ * {g.name}.h - int8 model library generated by Corten (kernels: {g.kernels}, target: {g.target.name}).
+ *
+ * Usage: quantize the float input with {m}_INPUT_SCALE / {m}_INPUT_ZERO_POINT
+ * (q = clamp(round(x / scale) + zero_point, -128, 127)), lay it out as {in_order},
+ * call {g.name}_run() with an arena of {m}_ARENA_BYTES bytes aligned to {m}_ARENA_ALIGN, then
+ * dequantize the output with {m}_OUTPUT_SCALE / {m}_OUTPUT_ZERO_POINT.
+ * The function uses no heap, no floating point and no mutable global state: it is reentrant
+ * as long as each concurrent call has its own arena.
+ *
+ * Generated file: do not edit.
+ */
+#ifndef {guard}
+#define {guard}
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {{
+#endif
+
+#define {m}_PROGRAM_HASH "{lib['program_hash']}"
+
+#define {m}_INPUT_BYTES {lib['input_bytes']}
+#define {m}_OUTPUT_BYTES {lib['output_bytes']}
+#define {m}_ARENA_BYTES {lib['arena_bytes']}
+#define {m}_ARENA_ALIGN {lib['arena_align']}
+#define {m}_CONSTANT_BYTES {lib['constant_bytes']}
+
+/* Input: shape {in_order} */
+#define {m}_INPUT_RANK {len(lib['input_shape'])}
+#define {m}_INPUT_SHAPE {in_shape}
+#define {m}_INPUT_SCALE {_float_literal(lib['input_scale'])}
+#define {m}_INPUT_ZERO_POINT {lib['input_zero_point']}
+
+/* Output: shape {out_order} */
+#define {m}_OUTPUT_RANK {len(lib['output_shape'])}
+#define {m}_OUTPUT_SHAPE {out_shape}
+#define {m}_OUTPUT_SCALE {_float_literal(lib['output_scale'])}
+#define {m}_OUTPUT_ZERO_POINT {lib['output_zero_point']}
+
+/* Return codes of {g.name}_run */
+#define {m}_OK 0
+#define {m}_ERROR_NULL_POINTER (-1)     /* input, output or arena is NULL */
+#define {m}_ERROR_ARENA_ALIGNMENT (-2)  /* arena is not aligned to {m}_ARENA_ALIGN bytes */
+#define {m}_ERROR_KERNEL (-3)           /* a kernel rejected its arguments (generator bug: report it) */
+
+/**
+ * Run the model: input holds {m}_INPUT_BYTES int8 values, output receives {m}_OUTPUT_BYTES,
+ * arena is {m}_ARENA_BYTES bytes of working memory aligned to {m}_ARENA_ALIGN.
+ * Returns {m}_OK or one of the {m}_ERROR_* codes.
+ */
+int {g.name}_run(const int8_t *input, int8_t *output, uint8_t *arena);
+
+#ifdef __cplusplus
+}}
+#endif
+
+#endif /* {guard} */
+"""
+
+
+def _source(g: _Generator, statements: list[str], arena_bytes: int) -> str:
+    m = g.macro
+    includes = [f'#include "{g.name}.h"', f'#include "{g.name}_constants.h"']
+    if g.kernels == "cmsis-nn":
+        includes.append('#include "arm_nnfunctions.h"')
+    if g.kernels == "portable" or g.uses_layout:
+        includes.append('#include "corten_kernels.h"')
+    body = "\n\n".join(statements)
+    body = "\n".join(("    " + line) if line else line for line in body.split("\n"))
+    if arena_bytes > 0:
+        prologue = (f"    int8_t *const act = (int8_t *)arena;\n"
+                    f"    (void)act;\n"
+                    f"    if (input == NULL || output == NULL || arena == NULL) {{\n"
+                    f"        return {m}_ERROR_NULL_POINTER;\n    }}\n"
+                    f"    if (((uintptr_t)arena % (uintptr_t){m}_ARENA_ALIGN) != 0u) {{\n"
+                    f"        return {m}_ERROR_ARENA_ALIGNMENT;\n    }}\n")
+    else:
+        prologue = (f"    (void)arena; /* this model needs no arena */\n"
+                    f"    if (input == NULL || output == NULL) {{\n"
+                    f"        return {m}_ERROR_NULL_POINTER;\n    }}\n")
+    return (f"/*\n * {g.name}.c - generated by Corten (kernels: {g.kernels}, target: {g.target.name}).\n"
+            f" * The fixed sequence of kernel calls of the model; buffers are offsets into the caller's\n"
+            f" * input, output and arena.  Generated file: do not edit.\n */\n"
+            "#include <stddef.h>\n#include <stdint.h>\n\n" + "\n".join(includes) + "\n\n"
+            f"int {g.name}_run(const int8_t *input, int8_t *output, uint8_t *arena)\n{{\n"
+            + prologue + "\n" + body + ("\n\n" if body else "") + f"    return {m}_OK;\n}}\n")
+
+
+def _constants_header(g: _Generator) -> str:
+    guard = f"{g.macro}_CONSTANTS_H"
+    decls = "\n".join(f"extern const {a.ctype} {a.cname}[{max(1, a.tensor.numel())}];" for a in g.arrays.values())
+    return (f"/* {g.name}_constants.h - constant arrays of {g.name} (internal; generated by Corten). */\n"
+            f"#ifndef {guard}\n#define {guard}\n\n#include <stdint.h>\n\n{decls}\n\n#endif /* {guard} */\n")
+
+
+def _constants_source(g: _Generator) -> str:
+    arrays = "\n".join(_format_array(a) for a in g.arrays.values())
+    return (f"/* {g.name}_constants.c - weights, biases, multipliers, shifts and kernel sums of {g.name}.\n"
+            " * Generated by Corten: do not edit. */\n"
+            f'#include "{g.name}_constants.h"\n\n'
+            "#if defined(__GNUC__) || defined(__clang__)\n"
+            f"#define CORTEN_CONST_ALIGNED __attribute__((aligned({CONST_ALIGN})))\n"
+            "#else\n#define CORTEN_CONST_ALIGNED\n#endif\n\n" + arrays)
+
+
+# ----------------------------------------------------------------------------- public entry point
+def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, name: str, target: Any,
+           kernels: str = "portable") -> EmittedLibrary:
+    """Write the C library of the lowered program ``ep`` planned by ``plan`` into ``out_dir``.
+
+    ``name`` becomes the file names and the ``<name>_run`` symbol (a C identifier); ``target`` is a
+    :class:`corten.targets.Target` (or its name); ``kernels`` is ``"portable"`` (Corten's C99
+    kernels, copied next to the model) or ``"cmsis-nn"`` (calls into a CMSIS-NN tree found at
+    build time through ``CMSIS_NN_PATH``).  Output is deterministic byte for byte.
+    """
+    from corten.targets import get_target
+
+    if kernels not in KERNEL_FLAVOURS:
+        raise CodegenError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
+    if c_identifier(name) != name:
+        raise CodegenError(f"library name {name!r} is not a C identifier; use e.g. {c_identifier(name)!r}")
+    if isinstance(target, str):
+        target = get_target(target)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    g = _Generator(ep, plan, name, target, kernels)
+    quant, dequant = g.io_nodes()
+    statements, op_lines = g.statements()
+    if not statements:
+        raise CodegenError("the program has no operator between its quantize and dequantize; nothing to emit")
+
+    hasher = hashlib.sha256()
+    for line in op_lines:
+        hasher.update(line.encode() + b"\n")
+    for key, arr in g.arrays.items():
+        hasher.update(f"{key} {arr.ctype} {tuple(arr.tensor.shape)}\n".encode())
+        hasher.update(_bytes(arr.tensor))
+    in_node, out_node = quant, dequant.args[0]
+    in_shape, out_shape = tuple(g._shape(in_node)), tuple(g._shape(out_node))
+    lib = dict(
+        input_shape=in_shape, input_scale=float(quant.args[1]), input_zero_point=int(quant.args[2]),
+        output_shape=out_shape, output_scale=float(dequant.args[1]), output_zero_point=int(dequant.args[2]),
+        input_bytes=int(np.prod(in_shape)), output_bytes=int(np.prod(out_shape)),
+        arena_bytes=int(plan.arena_bytes), arena_align=int(getattr(plan, "alignment", 16) or 16),
+        constant_bytes=sum(a.tensor.numel() * a.tensor.element_size() for a in g.arrays.values()),
+        program_hash=hasher.hexdigest()[:HASH_CHARS],
+    )
+
+    files: dict[str, str] = {
+        f"{name}.h": _header(g, lib),
+        f"{name}.c": _source(g, statements, lib["arena_bytes"]),
+        f"{name}_constants.h": _constants_header(g),
+        f"{name}_constants.c": _constants_source(g),
+    }
+    kernel_names: list[str] = []
+    if kernels == "portable" or g.uses_layout:
+        kernel_names += list(KERNEL_HEADERS)
+    if kernels == "portable":
+        kernel_names += [f"{fam}.c" for fam in sorted(g.families)]
+    if g.uses_layout:
+        kernel_names.append("layout.c")
+    for kname in kernel_names:
+        src = KERNELS_DIR / kname
+        if not src.exists():
+            raise CodegenError(f"no portable kernel file {kname} in {KERNELS_DIR} (op family without C kernels)")
+        files[kname] = src.read_text()
+    c_sources = [f for f in files if f.endswith(".c")]
+    files["Makefile"] = build_files.makefile(name, c_sources, kernels, target)
+    files["CMakeLists.txt"] = build_files.cmakelists(name, c_sources, kernels, target)
+    for fname, text in files.items():
+        path = out_dir / fname
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+
+    return EmittedLibrary(
+        name=name, out_dir=out_dir, header=out_dir / f"{name}.h", source=out_dir / f"{name}.c",
+        constants=out_dir / f"{name}_constants.c",
+        kernel_files=tuple(out_dir / k for k in kernel_names) + (out_dir / f"{name}_constants.h",),
+        cmake=out_dir / "CMakeLists.txt", makefile=out_dir / "Makefile", kernels=kernels, **lib)

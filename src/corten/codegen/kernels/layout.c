@@ -1,0 +1,51 @@
+/*
+ * layout.c - Corten portable layout copies between NHWC bytes and NCHW order, for a reshape
+ * (flatten/view) of a channels-last tensor that is not a byte-for-byte alias.
+ */
+#include <stddef.h>
+
+#include "corten_kernels.h"
+
+int corten_nhwc_to_nchw_s8(const corten_dims *dims, const int8_t *input, int8_t *output)
+{
+    int32_t b, y, x, c;
+    if (dims == NULL || input == NULL || output == NULL || input == output) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (b = 0; b < dims->n; b++) {
+        const size_t plane = (size_t)dims->h * dims->w;
+        const int8_t *in_batch = input + (size_t)b * plane * dims->c;
+        int8_t *out_batch = output + (size_t)b * plane * dims->c;
+        for (y = 0; y < dims->h; y++) {
+            for (x = 0; x < dims->w; x++) {
+                const size_t px = (size_t)y * dims->w + x;
+                for (c = 0; c < dims->c; c++) {
+                    out_batch[(size_t)c * plane + px] = in_batch[px * dims->c + c];
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}
+
+int corten_nchw_to_nhwc_s8(const corten_dims *dims, const int8_t *input, int8_t *output)
+{
+    int32_t b, y, x, c;
+    if (dims == NULL || input == NULL || output == NULL || input == output) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (b = 0; b < dims->n; b++) {
+        const size_t plane = (size_t)dims->h * dims->w;
+        const int8_t *in_batch = input + (size_t)b * plane * dims->c;
+        int8_t *out_batch = output + (size_t)b * plane * dims->c;
+        for (y = 0; y < dims->h; y++) {
+            for (x = 0; x < dims->w; x++) {
+                const size_t px = (size_t)y * dims->w + x;
+                for (c = 0; c < dims->c; c++) {
+                    out_batch[px * dims->c + c] = in_batch[(size_t)c * plane + px];
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}

@@ -1,0 +1,44 @@
+/*
+ * linear.c - Corten portable int8 fully connected layer (arm_fully_connected_s8 arithmetic).
+ *
+ * acc[o] = kernel_sum[o] + sum_k x[k] * w[o][k] (int32 wrap-around), where the compiler has folded
+ * bias + input_offset * rowsum(w) into kernel_sum; then requantize + output offset + clamp.
+ */
+#include <stddef.h>
+
+#include "corten_internal.h"
+#include "corten_kernels.h"
+
+int corten_linear_s8(const corten_linear_params *params, const corten_quant *quant, int32_t batches,
+                     int32_t in_features, int32_t out_features, const int8_t *input, const int8_t *weight,
+                     const int32_t *kernel_sum, int8_t *output)
+{
+    int32_t b, o, g;
+    if (params == NULL || quant == NULL || quant->multiplier == NULL || quant->shift == NULL || input == NULL ||
+        weight == NULL || kernel_sum == NULL || output == NULL || batches < 0 || in_features < 1 ||
+        out_features < 1) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (b = 0; b < batches; b++) {
+        const int8_t *x = input + (size_t)b * in_features;
+        int8_t *y = output + (size_t)b * out_features;
+        for (o = 0; o < out_features; o += 4) {
+            const int32_t group = (out_features - o) < 4 ? (out_features - o) : 4;
+            uint32_t acc[4] = {0u, 0u, 0u, 0u};
+            const int8_t *w = weight + (size_t)o * in_features;
+            if (group == 4) {
+                corten_dot4_offset_s8(x, w, in_features, in_features, 0, acc);
+            } else {
+                for (g = 0; g < group; g++) {
+                    acc[g] = (uint32_t)corten_dot_offset_s8(x, w + (size_t)g * in_features, in_features, 0);
+                }
+            }
+            for (g = 0; g < group; g++) {
+                const int32_t total = corten_u32_to_i32(acc[g] + (uint32_t)kernel_sum[o + g]);
+                y[o + g] = corten_finish(total, o + g, quant->multiplier, quant->shift, quant->per_channel,
+                                         params->output_offset, params->activation_min, params->activation_max);
+            }
+        }
+    }
+    return CORTEN_OK;
+}
