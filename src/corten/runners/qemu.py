@@ -6,6 +6,8 @@ Boards (QEMU 7.2 machine types; memory maps checked with ``info mtree``)::
     cortex-m3   mps2-an385  25 MHz      SSRAM1 0x00000000 4 MiB PSRAM 0x21000000 16 MiB SSRAM2/3 0x20000000 4 MiB
     cortex-m4   mps2-an386  25 MHz      SSRAM1 0x00000000 4 MiB PSRAM 0x21000000 16 MiB SSRAM2/3 0x20000000 4 MiB
     cortex-m7   mps2-an500  25 MHz      SSRAM1 0x00000000 4 MiB PSRAM 0x60000000 16 MiB SSRAM2/3 0x20000000 4 MiB
+    cortex-m33  mps2-an505  20 MHz      SSRAM1 0x10000000 4 MiB PSRAM 0x80000000 12 MiB PSRAM    0x80c00000 4 MiB
+                                        (Secure alias; reset VTOR_S = 0x10000000)
     cortex-m55  mps3-an547  32 MHz      vectors: ITCM 0x0 512 KiB; code+const: DDR 0x60000000 64 MiB;
                                         RAM: SRAM 2 0x21000000 4 MiB
 
@@ -15,9 +17,9 @@ QEMU runs with ``-icount shift=0``: the virtual clock advances exactly 1 ns per 
 instruction. The harness reads SysTick (core clock, extended to 64 bits by counting wraps in the
 SysTick exception) immediately before and after the ``<name>_run`` call, so
 
-    instructions = elapsed_ticks * 1e9 / core_clock_hz      (40 per tick at 25 MHz, 31.25 at 32 MHz)
+    instructions = elapsed_ticks * 1e9 / core_clock_hz      (50 per tick at 20 MHz, 40 at 25 MHz, 31.25 at 32 MHz)
 
-Error: the reading is quantised to one tick (at most 40 / 31.25 instructions either way) and
+Error: the reading is quantised to one tick (at most 50 / 40 / 31.25 instructions either way) and
 includes a fixed overhead of the timer read tails and the call itself (about 30 instructions;
 measured: a 2,000-instruction busy loop reads 2,040 on mps2 and 2,031 on mps3, and a
 200,000,000-instruction loop reads 200,000,040 / 200,000,031). SysTick wraps every 2^24 ticks
@@ -112,6 +114,16 @@ BOARDS: dict[str, Board] = {
         Board("cortex-m3", "mps2-an385", 25_000_000, _mps2_memory(0x21000000)),
         Board("cortex-m4", "mps2-an386", 25_000_000, _mps2_memory(0x21000000)),
         Board("cortex-m7", "mps2-an500", 25_000_000, _mps2_memory(0x60000000)),
+        Board(
+            "cortex-m33",
+            "mps2-an505",
+            20_000_000,
+            (
+                MemoryRegion("ZBT SSRAM1 (Secure alias)", 0x10000000, 4 * _MIB, "vector table, .text"),
+                MemoryRegion("PSRAM", 0x80000000, 12 * _MIB, ".rodata (weights), .data image"),
+                MemoryRegion("PSRAM", 0x80C00000, 4 * _MIB, ".data, .bss (arena), heap, stack"),
+            ),
+        ),
         Board(
             "cortex-m55",
             "mps3-an547",
