@@ -640,10 +640,16 @@ MV2_SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 
                 (6, 320, 1, 1)]
 
 
-def mobilenet_v2_specs():
-    specs = [("conv", 0, 32, 3, 2, 1)]
-    c_in = 32
+def mobilenet_v2_specs(width: float = 1.0, resolution: int = 224):
+    """MobileNetV2's op sequence (torchvision architecture) as Program specs."""
+    def ch(c):  # torchvision's _make_divisible(c * width, 8)
+        v = max(8, int(c * width + 4) // 8 * 8)
+        return v + 8 if v < 0.9 * c * width else v
+
+    specs = [("conv", 0, ch(32), 3, 2, 1)]
+    c_in = ch(32)
     for t, c, n, s in MV2_SETTINGS:
+        c = ch(c)
         for i in range(n):
             x = len(specs)
             stride = s if i == 0 else 1
@@ -654,8 +660,9 @@ def mobilenet_v2_specs():
             if stride == 1 and c_in == c:
                 specs.append(("add", len(specs), x))
             c_in = c
-    specs += [("conv", len(specs), 1280, 1, 1, 0), ("avgpool", len(specs) + 1, 7),
-              ("reshape", len(specs) + 2, (1, 1280)), ("linear", len(specs) + 3, 1000)]
+    last = ch(1280) if width > 1.0 else 1280
+    specs += [("conv", len(specs), last, 1, 1, 0), ("avgpool", len(specs) + 1, resolution // 32),
+              ("reshape", len(specs) + 2, (1, last)), ("linear", len(specs) + 3, 1000)]
     return specs
 
 
@@ -685,3 +692,20 @@ def test_mobilenet_v2_arena_within_lower_bound(mobilenet_v2, isa):
     print(f"\nMobileNetV2-224 on {target.name} ({isa}): arena {plan.arena_bytes:,} B, lower bound "
           f"{plan.lower_bound_bytes:,} B, ratio {plan.ratio:.4f}, constants {plan.constant_bytes:,} B, "
           f"order {plan.strategy}\n{plan.report()}")
+
+
+def test_small_mobilenet_v2_runs_bit_exact_on_its_plan():
+    """The whole MobileNetV2 chain (width 0.35, 64x64) executed on the planned bytes."""
+    program = Program((1, 3, 64, 64), mobilenet_v2_specs(0.35, 64))
+    ep, plan = check_program(program, "cortex-m4")
+    assert len(plan.in_place) == 10 and plan.arena_bytes <= plan.lower_bound_bytes
+
+
+def test_program_input_read_without_quantize_is_refused():
+    class Raw(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.corten.quantized_max_pool2d(x, [2, 2], [2, 2], [0, 0], -128, 127)
+
+    ep = torch.export.export(Raw(), (torch.zeros(1, 2, 4, 4, dtype=torch.int8),))
+    with pytest.raises(MemoryPlanError, match="reads program input 'x' directly"):
+        plan_memory(ep, "cortex-m0")

@@ -197,7 +197,12 @@ def in_place_merges(prog: ProgramTensors) -> dict[str, str]:
 
 def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = True,
                 alignment: int = ALIGNMENT) -> MemoryPlan:
-    """Plan every int8 activation and scratch buffer of the lowered program ``ep`` for ``target``."""
+    """Plan every int8 activation and scratch buffer of the lowered program ``ep`` for ``target``.
+
+    ``ep`` may also be a :class:`corten.program.Program` (its ``.ep`` is planned).  ``target`` is a
+    :class:`~corten.targets.Target` or a target name.  ``in_place=False`` turns off in-place adds
+    (for measurements)."""
+    ep = getattr(ep, "ep", ep)
     target = _resolve_target(target)
     prog = analyse(ep)
     scratch_sizes = step_scratch_bytes(prog, target)
@@ -247,7 +252,7 @@ def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = T
         step_nodes=[n.name for n in prog.steps],
         step_ops=list(prog.op_names),
         lifetimes=lifetimes,
-        in_place={add: src for add, src in merges.items()},
+        in_place=dict(merges),
         copies=list(prog.copies),
         target=target.name,
         isa=target.isa,

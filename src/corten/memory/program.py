@@ -103,11 +103,17 @@ def analyse(ep: ExportedProgram) -> ProgramTensors:
         if node.op != "call_function":
             raise MemoryPlanError(f"memory plan: node {node.name!r} is a {node.op!r} node; a lowered program "
                                   "has only placeholders, call_function nodes and the output")
+        name = op_name_of(node.target)
+        if name is None and node.target != RESHAPE:
+            _fail_unlowered(node)
         for arg in node.all_input_nodes:
             t = constant_tensor(ep, arg)
             if t is not None:
                 constants[arg.name] = t.numel() * t.element_size()
-        name = op_name_of(node.target)
+            elif arg.op == "placeholder" and name != QUANTIZE:
+                raise MemoryPlanError(f"memory plan: node {node.name!r} reads program input {arg.name!r} "
+                                      "directly; each program input must go through one "
+                                      "corten.quantize_per_tensor (see lowered_format)")
         if name == DEQUANTIZE:
             continue
         if name == QUANTIZE:
@@ -123,12 +129,10 @@ def analyse(ep: ExportedProgram) -> ProgramTensors:
                 class_of[node.name] = node.name
                 steps.append(node)
                 op_names.append("reshape_copy")
-        elif name is not None:
+        else:
             class_of[node.name] = node.name
             steps.append(node)
             op_names.append(name)
-        else:
-            _fail_unlowered(node)
         nbytes[node.name] = tensor_nbytes(node)
 
     step_of = {n.name: i for i, n in enumerate(steps)}
