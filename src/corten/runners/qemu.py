@@ -19,11 +19,13 @@ SysTick exception) immediately before and after the ``<name>_run`` call, so
 
     instructions = elapsed_ticks * 1e9 / core_clock_hz      (50 per tick at 20 MHz, 40 at 25 MHz, 31.25 at 32 MHz)
 
-Error: the reading is quantised to one tick (at most 50 / 40 / 31.25 instructions either way) and
-includes a fixed overhead of the timer read tails and the call itself (about 30 instructions;
-measured: a 2,000-instruction busy loop reads 2,040 on mps2 and 2,031 on mps3, and a
-200,000,000-instruction loop reads 200,000,040 / 200,000,031). SysTick wraps every 2^24 ticks
-(~0.67 G instructions); each wrap adds the ~10-instruction exception handler, < 2e-8 relative.
+Error: the reading is quantised to one tick (at most 50 / 40 / 31.25 instructions either way)
+and includes a fixed overhead of ~25 instructions (tail of the first timer read, the call
+sequence, head of the second read; counted from the M3 disassembly). Measured with a busy loop
+of exactly 2N instructions (N = 1000 and N = 1e8): the reading minus 2N is +40 on the 25 MHz
+boards, 0 on mps2-an505 (50-instruction ticks) and +31 on mps3-an547, i.e. the overhead rounded
+to whole ticks, independent of N. SysTick wraps every 2^24 ticks (0.5-0.84 G instructions);
+each wrap adds the ~5-instruction exception handler, < 1e-8 relative.
 The count is instructions, not cycles: QEMU models no pipeline, caches or memory wait states.
 """
 from __future__ import annotations
