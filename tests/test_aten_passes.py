@@ -329,8 +329,21 @@ class ProtectiveClone(nn.Module):
         return y + z
 
 
-def test_clone_protecting_a_value_from_an_in_place_op_is_kept():
-    module, inputs = _prepare(ProtectiveClone(), (1, 3, 4, 4))
+class CloneBeforeInPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        z = y.clone()  # keeps the negative values that relu_ below removes from y
+        y.relu_()
+        return y + z
+
+
+@pytest.mark.parametrize("make", [ProtectiveClone, CloneBeforeInPlace])
+def test_clone_protecting_a_value_from_an_in_place_op_is_kept(make):
+    module, inputs = _prepare(make(), (1, 3, 4, 4))
     gm = _run(module, inputs)
     assert _op_counts(gm)[aten.clone.default] == 1
     _assert_same_output(gm, module, inputs)

@@ -6,8 +6,8 @@ On torch 2.13 ``torch.export`` of an eval-mode model keeps ``nn.Dropout`` as
 is traced away, but ``aten.contiguous`` / ``aten.alias`` may appear in other graphs.  Each such node
 is removed and its users read its input instead.
 
-A copy (``clone``) is kept when a user writes to it in place (e.g. ``hardtanh_``) while its input is
-read elsewhere or is a graph input / parameter: there the copy protects the original value.
+A node is kept when an in-place op (e.g. ``hardtanh_``) writes to its output or to its input while
+the other one is still read: there the copy protects the original value.
 """
 from __future__ import annotations
 
@@ -48,11 +48,14 @@ def is_noop(node: Node) -> bool:
 
 
 def _copy_protects_input(node: Node) -> bool:
-    """True when removing ``node`` would let an in-place user overwrite a value still needed."""
-    if not any(is_mutating(user) for user in node.users):
-        return False
+    """True when removing ``node`` would let an in-place op change a value still needed: a user
+    writes to ``node``'s output while the input is read elsewhere (or is a graph input /
+    parameter), or another user of the input writes to it while ``node``'s output is still read."""
     source = node.args[0]
-    return source.op in ("placeholder", "get_attr") or len(source.users) > 1
+    if any(is_mutating(user) for user in node.users):
+        if source.op in ("placeholder", "get_attr") or len(source.users) > 1:
+            return True
+    return any(is_mutating(user) for user in source.users if user is not node)
 
 
 class RemoveNoOpsPass(PassBase):

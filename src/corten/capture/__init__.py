@@ -7,6 +7,20 @@
   parameters as ``get_attr`` nodes and torch's ``_guards_fn`` input-guard call removed, the form
   the ATen passes (:mod:`corten.aten_passes`) and the quantizer work on.
 
+What ``capture_module`` graphs look like on torch 2.13 (eval mode, e.g. MobileNetV2):
+
+* parameters / buffers: ``get_attr`` nodes named after the module path (``features.0.0.weight``);
+  ``num_batches_tracked`` buffers appear as ``get_attr`` nodes without users;
+* conv: ``aten.conv2d.default(x, w, b_or_None, stride, padding[, dilation[, groups]])`` (trailing
+  default arguments are omitted), ``aten.conv1d.default``, ``aten.conv_transpose2d.input``;
+* BatchNorm: ``aten.batch_norm.default(x, gamma, beta, mean, var, False, momentum, eps, False)``
+  (``_native_batch_norm_legit_no_training`` + ``getitem`` only after ``run_decompositions()``);
+* ``nn.ReLU6(inplace=True)``: ``aten.hardtanh_.default(x, 0.0, 6.0)`` (in place), residuals
+  ``aten.add.Tensor``;
+* ``adaptive_avg_pool2d(x, (1, 1))``: ``aten.adaptive_avg_pool2d.default(x, [1, 1])``;
+  ``torch.flatten(x, 1)``: ``aten.flatten.using_ints(x, 1)``;
+* ``nn.Dropout`` (eval): ``aten.dropout.default(x, p, False)``; ``nn.Linear``: ``aten.linear.default``.
+
 Anything Corten cannot compile is refused up front with a :class:`CaptureError` that says what to
 change: a model (or submodule) in training mode, example inputs that are not a tuple of float32
 tensors, a batch size other than 1, or ``torch.export`` failing on the model.
