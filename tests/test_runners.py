@@ -365,3 +365,46 @@ def test_timeout_kills_qemu_and_names_the_board(tmp_path):
     with pytest.raises(CRunTimeout, match=r"cortex-m7 on QEMU mps2-an500.*within 1 s"):
         run_on_qemu([tmp_path / "hang.c"], [tmp_path], defines, b"\x00", 1, "cortex-m7", tmp_path,
                     timeout_s=1, progress=QUIET)
+
+
+def build_helper_archive(directory: Path, cc: str, flags: list[str]) -> Path:
+    """A prebuilt static library providing helper_add(), as a CMSIS-NN archive would be."""
+    import subprocess
+
+    (directory / "helper.c").write_text(
+        "#include <stdint.h>\nint8_t helper_add(int8_t a, int8_t b);\n"
+        "int8_t helper_add(int8_t a, int8_t b) { return (int8_t)(a + b); }\n"
+    )
+    obj, archive = directory / "helper.o", directory / "libhelper.a"
+    subprocess.run([cc, *flags, "-c", str(directory / "helper.c"), "-o", str(obj)], check=True)
+    subprocess.run([cc.replace("gcc", "ar"), "rcs", str(archive), str(obj)], check=True)
+    return archive
+
+
+def write_archive_user(directory: Path) -> Path:
+    (directory / "user.h").write_text(
+        "#include <stdint.h>\nint user_run(const int8_t *input, int8_t *output, uint8_t *arena);\n"
+    )
+    (directory / "user.c").write_text(
+        '#include "user.h"\nint8_t helper_add(int8_t a, int8_t b);\n'
+        "int user_run(const int8_t *input, int8_t *output, uint8_t *arena)\n{\n"
+        "    (void)arena;\n    output[0] = helper_add(input[0], input[1]);\n    return 0;\n}\n"
+    )
+    return directory / "user.c"
+
+
+@pytest.mark.parametrize("where", ["host", "cortex-m3"])
+def test_prebuilt_archives_are_linked_after_the_sources(where, tmp_path):
+    if where != "host" and not HAVE_ARM_TOOLS:
+        pytest.skip("arm-none-eabi-gcc/qemu-system-arm missing")
+    user = write_archive_user(tmp_path)
+    defines = harness_defines("user.h", "user_run", 2, 1, 16)
+    if where == "host":
+        archive = build_helper_archive(tmp_path, "gcc", ["-O2"])
+        result = run_on_host([archive, user], [tmp_path], defines, b"\x05\x07", 1, tmp_path / "run",
+                             progress=QUIET)
+    else:
+        archive = build_helper_archive(tmp_path, "arm-none-eabi-gcc", ["-O2", "-mcpu=cortex-m3", "-mthumb"])
+        result = run_on_qemu([archive, user], [tmp_path], defines, b"\x05\x07", 1, where, tmp_path / "run",
+                             timeout_s=60, progress=QUIET)
+    assert result.output == b"\x0c"

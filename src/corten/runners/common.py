@@ -130,6 +130,19 @@ def complete_defines(
     return out
 
 
+LINK_INPUT_SUFFIXES = (".a", ".o", ".obj")
+
+
+def split_sources(sources: Iterable[Path]) -> tuple[list[str], list[str]]:
+    """(files to compile, prebuilt objects/archives); archives go last on the link line so that
+    the linker sees the model's and the harness's undefined symbols before it scans them."""
+    compile_units: list[str] = []
+    link_inputs: list[str] = []
+    for source in sources:
+        (link_inputs if Path(source).suffix in LINK_INPUT_SUFFIXES else compile_units).append(str(source))
+    return compile_units, link_inputs
+
+
 def define_flags(defines: Mapping[str, str]) -> list[str]:
     return [f"-D{name}={value}" for name, value in defines.items()]
 

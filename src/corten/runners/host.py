@@ -23,6 +23,7 @@ from .common import (
     prepare_workdir,
     print_progress,
     read_output,
+    split_sources,
     tail,
 )
 
@@ -40,15 +41,17 @@ def host_build_command(
     cc: str = HOST_CC,
 ) -> list[str]:
     """The gcc command line that builds the host harness executable."""
+    compile_units, link_inputs = split_sources(sources)
     return [
         cc,
         *WARNING_FLAGS,
         *cflags,
         *include_flags([*include_dirs, HARNESS_DIR]),
         *define_flags(defines),
-        *(str(s) for s in sources),
+        *compile_units,
         str(HARNESS_MAIN),
         str(HOST_TIMER),
+        *link_inputs,
         "-o",
         str(binary),
     ]

@@ -56,6 +56,7 @@ from .common import (
     prepare_workdir,
     print_progress,
     read_output,
+    split_sources,
     tail,
 )
 
@@ -182,6 +183,7 @@ def arm_build_command(
 ) -> list[str]:
     """The arm-none-eabi-gcc command line that builds the board harness ELF."""
     target = get_target(board.target)
+    compile_units, link_inputs = split_sources(sources)
     return [
         ARM_CC,
         *WARNING_FLAGS,
@@ -195,9 +197,10 @@ def arm_build_command(
         "-nostartfiles",  # Corten's startup.c replaces rdimon-crt0/crti/crtn
         *include_flags([*include_dirs, HARNESS_DIR]),
         *define_flags(defines),
-        *(str(s) for s in sources),
+        *compile_units,
         str(HARNESS_MAIN),
         *(str(s) for s in BOARD_SOURCES),
+        *link_inputs,
         f"-L{BOARDS_DIR}",
         f"-T{board.linker_script}",
         "-Wl,--gc-sections",
