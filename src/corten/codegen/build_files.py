@@ -1,7 +1,8 @@
 """The ``Makefile`` and ``CMakeLists.txt`` written next to a generated model library.
 
 Both build a static library ``lib<name>.a`` from the model's sources (and, for
-``kernels="cmsis-nn"``, every ``Source/*/*.c`` of the CMSIS-NN tree named by ``CMSIS_NN_PATH``).
+``kernels="cmsis-nn"``, every integer ``Source/*/*.c`` of the CMSIS-NN tree named by
+``CMSIS_NN_PATH``; the ``*_f16.c``/``*_f32.c`` float kernels are left out).
 The compiler and flags are overridable; the target's recommended CPU flags are given as a default
 ``CPU_FLAGS`` value that is only used when cross-compiling (``CC`` is an ``arm-none-eabi`` gcc).
 """
@@ -27,7 +28,8 @@ def makefile(name: str, sources: list[str], kernels: str, target) -> str:
 ifeq ($(strip $(CMSIS_NN_PATH)),)
 $(error CMSIS_NN_PATH is not set: run make CMSIS_NN_PATH=/path/to/CMSIS-NN)
 endif
-CMSIS_NN_SRCS := $(sort $(wildcard $(CMSIS_NN_PATH)/Source/*/*.c))
+# Integer kernels only: the float ones (*_f16.c, *_f32.c) need CMSIS-DSP's float types.
+CMSIS_NN_SRCS := $(sort $(filter-out %_f16.c %_f32.c,$(wildcard $(CMSIS_NN_PATH)/Source/*/*.c)))
 CPPFLAGS += -I$(CMSIS_NN_PATH)/Include
 OBJS += $(patsubst $(CMSIS_NN_PATH)/Source/%.c,$(BUILD)/cmsis-nn/%.o,$(CMSIS_NN_SRCS))
 
@@ -86,6 +88,8 @@ if(NOT CMSIS_NN_PATH OR NOT EXISTS "${{CMSIS_NN_PATH}}/Include/arm_nnfunctions.h
   message(FATAL_ERROR "Set CMSIS_NN_PATH to the root of a CMSIS-NN source tree (holding Include/ and Source/)")
 endif()
 file(GLOB CMSIS_NN_SOURCES "${{CMSIS_NN_PATH}}/Source/*/*.c")
+# Integer kernels only: the float ones (*_f16.c, *_f32.c) need CMSIS-DSP's float types.
+list(FILTER CMSIS_NN_SOURCES EXCLUDE REGEX "_f(16|32)\\.c$")
 list(SORT CMSIS_NN_SOURCES)
 target_sources({name} PRIVATE ${{CMSIS_NN_SOURCES}})
 target_include_directories({name} PUBLIC "${{CMSIS_NN_PATH}}/Include")

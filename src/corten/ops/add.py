@@ -112,3 +112,29 @@ def _add_scratch(node, target) -> int:
     byte depends only on the input bytes at the same index), so the memory planner may write its
     output over an input that dies at the add."""
     return 0
+
+
+# ----------------------------------------------------------------------------- C emission
+@family.provides("emit_c", "quantized_add")
+def _emit_add_c(ctx) -> str:
+    """One ``corten_add_s8`` (portable) or ``arm_elementwise_add_s8`` (CMSIS-NN) call; both are
+    safe when the planner puts the output over one of the inputs."""
+    a, b = ctx.arg("input1"), ctx.arg("input2")
+    if a.meta["val"].stride() != b.meta["val"].stride():
+        ctx.fail("the two inputs have different memory layouts; their bytes cannot be added elementwise")
+    size = 1
+    for d in ctx.shape(a):
+        size *= int(d)
+    names = ("input1_offset", "input1_multiplier", "input1_shift", "input2_offset", "input2_multiplier",
+             "input2_shift", "left_shift", "output_offset", "output_multiplier", "output_shift",
+             "activation_min", "activation_max")
+    v = {k: ctx.int_(int(ctx.arg(k))) for k in names}
+    x1, x2, out = ctx.input("input1"), ctx.input("input2"), ctx.out()
+    if ctx.kernels == "portable":
+        return ctx.block(
+            "const corten_add_params params = {" + ", ".join(v[k] for k in names) + "};",
+            ctx.call(f"corten_add_s8(&params, {x1}, {x2}, {out}, {size})"))
+    args = [x1, x2, v["input1_offset"], v["input1_multiplier"], v["input1_shift"], v["input2_offset"],
+            v["input2_multiplier"], v["input2_shift"], v["left_shift"], out, v["output_offset"],
+            v["output_multiplier"], v["output_shift"], v["activation_min"], v["activation_max"], str(size)]
+    return ctx.call("arm_elementwise_add_s8(" + ", ".join(args) + ")")

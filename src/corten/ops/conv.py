@@ -426,3 +426,69 @@ def _depthwise_scratch(node, target) -> int:
     _, ho, wo, _ = _nhwc(node)
     return depthwise_scratch_bytes(target.isa, _nhwc(inp), (int(kh), int(kw)), (ho, wo), int(c_out),
                                    stride, padding, dilation)
+
+
+# ----------------------------------------------------------------------------- C emission
+def _per_channel_const(ctx, arg: str, c_out: int) -> str:
+    """CMSIS-NN conv kernels take one multiplier/shift per output channel: expand per-tensor ones."""
+    t = ctx.tensor(arg)
+    if t.numel() == c_out:
+        return ctx.const(arg)
+    return ctx.derived_const(f"{arg}_per_channel", t.expand(c_out).contiguous())
+
+
+@family.provides("emit_c", "quantized_conv2d", "quantized_depthwise_conv2d")
+def _emit_conv_c(ctx) -> str:
+    """One ``corten_conv2d_s8`` / ``corten_depthwise_conv2d_s8`` call (portable) or one
+    ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8`` call (CMSIS-NN)."""
+    depthwise = ctx.op_name == "quantized_depthwise_conv2d"
+    n, h, w, c_in = ctx.nhwc(ctx.arg("input"))
+    _, ho, wo, c_out = ctx.nhwc()
+    weight = ctx.tensor("weight")
+    kh, kw = int(weight.shape[1]), int(weight.shape[2])
+    (sh, sw), (ph, pw), (dh, dw) = ctx.arg("stride"), ctx.arg("padding"), ctx.arg("dilation")
+    mult = int(ctx.arg("depth_multiplier")) if depthwise else 1
+    in_off, out_off = int(ctx.arg("input_offset")), int(ctx.arg("output_offset"))
+    act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
+    filt = (1, kh, kw, c_out) if depthwise else (c_out, kh, kw, c_in)
+    taps = kh * kw * (1 if depthwise else c_in)
+    if taps > 65792:
+        ctx.fail(f"a window of {taps} products may overflow the int32 accumulator")
+    x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight")
+    if ctx.kernels == "portable":
+        per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
+        fn = "corten_depthwise_conv2d_s8" if depthwise else "corten_conv2d_s8"
+        return ctx.block(
+            f"const corten_conv_params params = {{{sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {mult}, {in_off}, {out_off}, "
+            f"{act_min}, {act_max}}};",
+            f"const corten_quant quant = {{{ctx.const('output_multiplier')}, {ctx.const('output_shift')}, "
+            f"{per_channel}}};",
+            ctx.dims("input_dims", "corten_dims", n, h, w, c_in),
+            ctx.dims("filter_dims", "corten_dims", *filt),
+            ctx.dims("output_dims", "corten_dims", n, ho, wo, c_out),
+            ctx.call(f"{fn}(&params, &quant, &input_dims, {x}, &filter_dims, {wname}, {ctx.const('bias')}, "
+                     f"&output_dims, {out})"))
+    # CMSIS-NN: tiles are {w, h}; quantization is always per channel; bias always present.
+    mults = _per_channel_const(ctx, "output_multiplier", c_out)
+    shifts = _per_channel_const(ctx, "output_shift", c_out)
+    bias = ctx.const("bias") if ctx.arg("bias") is not None else \
+        ctx.derived_const("zero_bias", torch.zeros(c_out, dtype=torch.int32))
+    buf, size = ctx.scratch()
+    if depthwise:
+        params = (f"const cmsis_nn_dw_conv_params params = {{{in_off}, {out_off}, {mult}, {{{sw}, {sh}}}, "
+                  f"{{{pw}, {ph}}}, {{{dw}, {dh}}}, {{{act_min}, {act_max}}}}};")
+        fn = "arm_depthwise_conv_wrapper_s8"
+    else:
+        params = (f"const cmsis_nn_conv_params params = {{{in_off}, {out_off}, {{{sw}, {sh}}}, {{{pw}, {ph}}}, "
+                  f"{{{dw}, {dh}}}, {{{act_min}, {act_max}}}}};")
+        fn = "arm_convolve_wrapper_s8"
+    return ctx.block(
+        f"const cmsis_nn_context nn_ctx = {{{buf}, {size}}};",
+        params,
+        f"const cmsis_nn_per_channel_quant_params quant = {{(int32_t *){mults}, (int32_t *){shifts}}};",
+        ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c_in),
+        ctx.dims("filter_dims", "cmsis_nn_dims", *filt),
+        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
+        ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c_out),
+        ctx.call(f"{fn}(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {wname}, &bias_dims, {bias}, "
+                 f"&output_dims, {out})"))

@@ -119,3 +119,55 @@ def _linear_scratch(node, target) -> int:
     precomputes as the constant ``kernel_sum`` argument; the C code points ``ctx.buf`` at that
     flash array (counted in the plan's constant bytes) instead of filling RAM at run time."""
     return 0
+
+
+# ----------------------------------------------------------------------------- C emission
+@family.provides("emit_c", "quantized_linear")
+def _emit_linear_c(ctx) -> str:
+    """One ``corten_linear_s8`` call (portable) or ``arm_fully_connected[_per_channel]_s8`` (CMSIS-NN).
+
+    CMSIS-NN computes ``kernel_sum[o] + sum x*w`` on Helium (kernel sums read from ``ctx.buf``,
+    bias and input offset ignored) but ``bias[o] + sum (x + input_offset) * w`` on the other ISAs.
+    Passing the precomputed kernel sums as *both* ``ctx.buf`` and the bias, with input offset 0,
+    makes every ISA compute the same accumulator.
+    """
+    shape = ctx.shape(ctx.arg("input"))
+    weight = ctx.tensor("weight")
+    out_f, in_f = int(weight.shape[0]), int(weight.shape[1])
+    batches = 1
+    for d in shape[:-1]:
+        batches *= int(d)
+    val = ctx.arg("input").meta["val"]
+    if val.dim() == 4 and not val.is_contiguous():
+        ctx.fail("the input is a channels-last 4-D tensor; a linear layer needs its features contiguous "
+                 "(flatten the input first)")
+    out_off = int(ctx.arg("output_offset"))
+    act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
+    mult_t, shift_t = ctx.tensor("output_multiplier"), ctx.tensor("output_shift")
+    per_channel = mult_t.numel() > 1
+    x, out = ctx.input("input"), ctx.out()
+    w, ks = ctx.const("weight"), ctx.const("kernel_sum")
+    if ctx.kernels == "portable":
+        return ctx.block(
+            f"const corten_linear_params params = {{{out_off}, {act_min}, {act_max}}};",
+            f"const corten_quant quant = {{{ctx.const('output_multiplier')}, {ctx.const('output_shift')}, "
+            f"{int(per_channel)}}};",
+            ctx.call(f"corten_linear_s8(&params, &quant, {batches}, {in_f}, {out_f}, {x}, {w}, {ks}, {out})"))
+    if per_channel:
+        quant = (f"const cmsis_nn_per_channel_quant_params quant = {{(int32_t *){ctx.const('output_multiplier')}, "
+                 f"(int32_t *){ctx.const('output_shift')}}};")
+        fn = "arm_fully_connected_per_channel_s8"
+    else:
+        quant = (f"const cmsis_nn_per_tensor_quant_params quant = {{{ctx.int_(int(mult_t[0]))}, "
+                 f"{int(shift_t[0])}}};")
+        fn = "arm_fully_connected_s8"
+    return ctx.block(
+        f"const cmsis_nn_context nn_ctx = {{(void *){ks}, {4 * out_f}}};",
+        f"const cmsis_nn_fc_params params = {{0, 0, {out_off}, {{{act_min}, {act_max}}}}};",
+        quant,
+        ctx.dims("input_dims", "cmsis_nn_dims", batches, 1, 1, in_f),
+        ctx.dims("filter_dims", "cmsis_nn_dims", in_f, 1, 1, out_f),
+        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, out_f),
+        ctx.dims("output_dims", "cmsis_nn_dims", batches, 1, 1, out_f),
+        ctx.call(f"{fn}(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {w}, &bias_dims, {ks}, "
+                 f"&output_dims, {out})"))

@@ -213,3 +213,32 @@ def _avgpool_scratch(node, target) -> int:
 def _maxpool_scratch(node, target) -> int:
     """``arm_max_pool_s8`` has no buffer."""
     return 0
+
+
+# ----------------------------------------------------------------------------- C emission
+@family.provides("emit_c", "quantized_avg_pool2d", "quantized_max_pool2d")
+def _emit_pool_c(ctx) -> str:
+    """One ``corten_{avg,max}_pool2d_s8`` (portable) or ``arm_avgpool_s8`` / ``arm_max_pool_s8``
+    (CMSIS-NN, scratch from the plan) call."""
+    is_avg = ctx.op_name == "quantized_avg_pool2d"
+    n, h, w, c = ctx.nhwc(ctx.arg("input"))
+    _, ho, wo, _ = ctx.nhwc()
+    (kh, kw), (sh, sw), (ph, pw) = ctx.arg("kernel_size"), ctx.arg("stride"), ctx.arg("padding")
+    act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
+    x, out = ctx.input("input"), ctx.out()
+    if ctx.kernels == "portable":
+        fn = "corten_avg_pool2d_s8" if is_avg else "corten_max_pool2d_s8"
+        return ctx.block(
+            f"const corten_pool_params params = {{{kh}, {kw}, {sh}, {sw}, {ph}, {pw}, {act_min}, {act_max}}};",
+            ctx.dims("input_dims", "corten_dims", n, h, w, c),
+            ctx.dims("output_dims", "corten_dims", n, ho, wo, c),
+            ctx.call(f"{fn}(&params, &input_dims, {x}, &output_dims, {out})"))
+    buf, size = ctx.scratch()
+    fn = "arm_avgpool_s8" if is_avg else "arm_max_pool_s8"
+    return ctx.block(
+        f"const cmsis_nn_context nn_ctx = {{{buf}, {size}}};",
+        f"const cmsis_nn_pool_params params = {{{{{sw}, {sh}}}, {{{pw}, {ph}}}, {{{act_min}, {act_max}}}}};",
+        ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c),
+        ctx.dims("filter_dims", "cmsis_nn_dims", 1, kh, kw, 1),
+        ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c),
+        ctx.call(f"{fn}(&nn_ctx, &params, &input_dims, {x}, &filter_dims, &output_dims, {out})"))
