@@ -408,3 +408,31 @@ def test_prebuilt_archives_are_linked_after_the_sources(where, tmp_path):
         result = run_on_qemu([archive, user], [tmp_path], defines, b"\x05\x07", 1, where, tmp_path / "run",
                              timeout_s=60, progress=QUIET)
     assert result.output == b"\x0c"
+
+
+MVE_SOURCE = """#include "mve.h"
+#include <arm_mve.h>
+int mve_run(const int8_t *input, int8_t *output, uint8_t *arena)
+{
+    int8x16_t x = vldrbq_s8(input);
+    int8x16_t y = vqaddq_s8(x, vdupq_n_s8(100)); /* saturating add: needs the MVE unit */
+    (void)arena;
+    vstrbq_s8(output, y);
+    return 0;
+}
+"""
+
+
+@needs_qemu
+def test_helium_instructions_run_on_cortex_m55(tmp_path):
+    """startup.c must enable CP10/CP11 before MVE code runs (else a NOCP UsageFault)."""
+    (tmp_path / "mve.h").write_text(
+        "#include <stdint.h>\nint mve_run(const int8_t *input, int8_t *output, uint8_t *arena);\n"
+    )
+    (tmp_path / "mve.c").write_text(MVE_SOURCE)
+    x = np.arange(-128, 128, 16, dtype=np.int64).astype(np.int8)
+    defines = harness_defines("mve.h", "mve_run", 16, 16, 16)
+    result = run_on_qemu([tmp_path / "mve.c"], [tmp_path], defines, x.tobytes(), 16, "cortex-m55",
+                         tmp_path / "run", timeout_s=60, progress=QUIET)
+    assert result.output == np.clip(x.astype(np.int64) + 100, -128, 127).astype(np.int8).tobytes()
+    assert 0 < result.instructions < 100
