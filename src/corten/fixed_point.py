@@ -113,8 +113,11 @@ def requantize_scalar(val: int, multiplier: int, shift: int, single_rounding: bo
 
 # ----------------------------------------------------------------------------- vectorised forms
 def wrap_int32_t(x: torch.Tensor) -> torch.Tensor:
-    """Two's-complement wrap of an int64 tensor to the int32 range (kept in int64)."""
-    return ((x + 2**31) & 0xFFFFFFFF) - 2**31
+    """Two's-complement wrap of an int64 tensor to the int32 range (kept in int64).
+
+    torch's int64 -> int32 conversion keeps the low 32 bits (a C++ ``static_cast``), which is
+    exactly the wrap; two conversions are cheaper than the add/mask/subtract formulation."""
+    return x.to(torch.int32).to(torch.int64)
 
 
 def doubling_high_mult_no_sat(m1: torch.Tensor, m2: torch.Tensor | int) -> torch.Tensor:
@@ -135,12 +138,29 @@ def saturating_rounding_doubling_high_mul(m1: torch.Tensor, m2: torch.Tensor | i
 
 def divide_by_power_of_two(dividend: torch.Tensor, exponent: torch.Tensor | int) -> torch.Tensor:
     """Vectorised ``arm_nn_divide_by_power_of_two`` (exponent in [0, 31], scalar or per element)."""
+    return _divide_by_power_of_two_(dividend.to(torch.int64, copy=True), exponent)
+
+
+def _divide_by_power_of_two_(x: torch.Tensor, exponent: torch.Tensor | int) -> torch.Tensor:
+    """In-place form of :func:`divide_by_power_of_two` on an int64 tensor of int32 values.
+
+    The C code's ``floor + (remainder > threshold)`` with ties away from zero is, for ``e >= 1``,
+    ``floor((x + 2**(e-1) - [x < 0]) / 2**e)``: for ``x >= 0`` the carry comes exactly when the
+    remainder reaches ``2**(e-1)``, for ``x < 0`` only when it exceeds it.  ``e == 0`` is the
+    identity.  Fewer passes over the data than the C formulation, same integers.
+    """
+    if isinstance(exponent, int):
+        if exponent == 0:
+            return x
+        negative = x >> 63  # -1 where x < 0, else 0
+        x += (1 << exponent) >> 1
+        x += negative
+        return x.bitwise_right_shift_(exponent)
     exponent = torch.as_tensor(exponent, dtype=torch.int64)
-    mask = (torch.ones_like(exponent) << exponent) - 1
-    remainder = dividend & mask
-    result = dividend >> exponent
-    threshold = (mask >> 1) + (result < 0).to(torch.int64)
-    return result + (remainder > threshold).to(torch.int64)
+    negative = (x >> 63) & (exponent > 0).to(torch.int64).neg_()  # -1 where x < 0 and e >= 1
+    x += (torch.ones_like(exponent) << exponent) >> 1
+    x += negative
+    return x.bitwise_right_shift_(exponent)
 
 
 def requantize(
@@ -157,9 +177,16 @@ def requantize(
         total_shift = 31 - shift
         r = (val * multiplier) >> (total_shift - 1)
         return wrap_int32_t((r + 1) >> 1)
-    left = shift.clamp(min=0)
+    if bool((shift > 0).any()):  # val * (1 << LEFT_SHIFT(shift)) wraps in C
+        val = wrap_int32_t(val.to(torch.int64) << shift.clamp(min=0))
+    # arm_nn_doubling_high_mult_no_sat, in place on one fresh tensor: (val * m + 2**30) >> 31.
+    x = val.to(torch.int64) * multiplier  # |val * m| <= 2**62
+    x += 1 << 30
+    x.bitwise_right_shift_(31)
+    if bool((multiplier < 0).any()):  # only INT32_MIN * INT32_MIN leaves the int32 range
+        x = wrap_int32_t(x)
     right = (-shift).clamp(min=0)
-    return divide_by_power_of_two(doubling_high_mult_no_sat(wrap_int32_t(val << left), multiplier), right)
+    return _divide_by_power_of_two_(x, int(right) if right.dim() == 0 else right)
 
 
 def clamp_activation(x: torch.Tensor, activation_min: int, activation_max: int) -> torch.Tensor:
