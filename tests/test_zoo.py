@@ -13,6 +13,23 @@ def models():
     return {name: get_model(name) for name in MODELS}
 
 
+@pytest.fixture(scope="module")
+def forward_passes(models):
+    """One forward pass per model: ``(logits, features before pooling, every BN output)``."""
+    runs = {}
+    for name, (model, inputs) in models.items():
+        bn_outputs = []
+        hooks = [bn.register_forward_hook(lambda m, i, o: bn_outputs.append(o)) for bn in _bns(model)]
+        features = []
+        hooks.append(model.features.register_forward_hook(lambda m, i, o: features.append(o)))
+        with torch.no_grad():
+            logits = model(*inputs)
+        for h in hooks:
+            h.remove()
+        runs[name] = (logits, features[0], bn_outputs)
+    return runs
+
+
 def _convs(model):
     return [m for m in model.modules() if isinstance(m, nn.Conv2d)]
 
@@ -34,14 +51,13 @@ def test_unknown_model_is_refused_with_the_available_names():
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_model_builds_runs_in_eval_mode(models, name):
+def test_model_builds_runs_in_eval_mode(models, forward_passes, name):
     model, inputs = models[name]
     assert not any(m.training for m in model.modules())
     assert isinstance(inputs, tuple) and len(inputs) == 1
     x = inputs[0]
     assert x.dtype == torch.float32 and x.shape[0] == 1
-    with torch.no_grad():
-        y = model(*inputs)
+    y = forward_passes[name][0]
     assert y.shape == (1, 1000)
     assert torch.isfinite(y).all()
 
@@ -109,17 +125,12 @@ def test_batch_norm_statistics_are_non_trivial(models, name):
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_activations_stay_in_a_quantizable_range(models, name):
+def test_activations_stay_in_a_quantizable_range(forward_passes, name):
     """Running statistics match what the layers produce, so BN outputs are roughly N(beta, gamma^2)
     and the ReLU6 outputs use their range: neither dead nor saturated."""
-    model, inputs = models[name]
-    seen = []
-    hooks = [bn.register_forward_hook(lambda m, i, o: seen.append(o)) for bn in _bns(model)]
-    with torch.no_grad():
-        features = model.features(*inputs)
-    for h in hooks:
-        h.remove()
-    for out in seen:
+    _, features, bn_outputs = forward_passes[name]
+    assert len(bn_outputs) == 52
+    for out in bn_outputs:
         assert 0.2 < out.std() < 5.0
         assert out.abs().max() < 50
     active = ((features > 0) & (features < 6)).float().mean()
@@ -129,17 +140,13 @@ def test_activations_stay_in_a_quantizable_range(models, name):
 def test_same_seed_same_model_other_seed_other_model():
     torch.manual_seed(1)
     a, xa = get_model("mv2-0.35-96", seed=3)
-    torch.manual_seed(2)  # the global RNG must not matter
+    torch.manual_seed(2)  # the global RNG must not matter ...
+    rng_before = torch.get_rng_state()
     b, xb = get_model("mv2-0.35-96", seed=3)
+    assert torch.equal(rng_before, torch.get_rng_state())  # ... nor be changed
     c, xc = get_model("mv2-0.35-96", seed=4)
     state_a, state_b, state_c = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
     assert torch.equal(xa[0], xb[0])
     assert not torch.equal(state_a["features.0.0.weight"], state_c["features.0.0.weight"])
     assert not torch.equal(xa[0], xc[0])
-
-
-def test_get_model_leaves_global_rng_alone():
-    before = torch.get_rng_state()
-    get_model("mv2-0.35-96")
-    assert torch.equal(before, torch.get_rng_state())
