@@ -94,6 +94,20 @@ def test_mobilenet_v2_parameter_count_is_torchvision(models):
     assert sum(p.numel() for p in model.parameters()) == 3_504_872
 
 
+def test_mobilenet_v2_state_dict_keys_follow_torchvision(models):
+    """Same module nesting as torchvision, so its checkpoints would load into this model."""
+    state = models["mv2"][0].state_dict()
+    assert tuple(state["features.0.0.weight"].shape) == (32, 3, 3, 3)
+    assert tuple(state["features.1.conv.0.0.weight"].shape) == (32, 1, 3, 3)  # t=1: depthwise first
+    assert tuple(state["features.1.conv.1.weight"].shape) == (16, 32, 1, 1)  # then the projection
+    assert tuple(state["features.17.conv.0.0.weight"].shape) == (960, 160, 1, 1)  # expansion
+    assert tuple(state["features.17.conv.2.weight"].shape) == (320, 960, 1, 1)
+    assert "features.17.conv.3.running_var" in state
+    assert tuple(state["features.18.0.weight"].shape) == (1280, 320, 1, 1)
+    assert tuple(state["classifier.1.weight"].shape) == (1000, 1280)
+    assert len([k for k in state if k.endswith("num_batches_tracked")]) == 52
+
+
 def test_mobilenet_v2_035_channels(models):
     model, inputs = models["mv2-0.35-96"]
     assert inputs[0].shape == (1, 3, 96, 96)
