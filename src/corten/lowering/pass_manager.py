@@ -120,8 +120,11 @@ class LowerOutputDequantizePass:
 
 
 class RemoveDeadCodePass:
+    """Drops nodes nothing reads.  In-place activations (``relu_``, ``hardtanh_``) and dropout count
+    as removable too: once lowered, what they wrote to is itself dead."""
+
     def __call__(self, gm: GraphModule) -> GraphModule:
-        gm.graph.eliminate_dead_code()
+        gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output", "call_module"))
         used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
         for name, _ in list(gm.named_buffers()) + list(gm.named_parameters()):
             if name not in used and "." not in name:

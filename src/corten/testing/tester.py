@@ -1,0 +1,155 @@
+"""``Tester``: chained pipeline stages and the two checks every lowering rule gets.
+
+    Tester(model, example_inputs).quantize().export().lower()
+    tester.test_dialect(ops_before, ops_after, qtol=1)    # graph + numerics in Python
+    tester.test_implementation()                          # the C library on host and QEMU, byte for byte
+
+``test_dialect`` checks the op counts of the quantized graph before lowering (the keys given)
+and of the lowered program (exactly), and that the int8 program's outputs stay within ``qtol``
+output quantization steps of the PT2E-converted (fake-quantized) model; it returns a
+:class:`DialectReport` with the agreement observed against the float model as well.
+"""
+from __future__ import annotations
+
+import collections
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from corten.compiler import default_calibration, graph_text, unguarded_module
+from corten.lowering import CortenPassManager, unlowered_nodes
+from corten.lowering.pass_manager import op_display_name
+from corten.program import Program
+from corten.targets import get_target
+
+
+@dataclass
+class DialectReport:
+    ops_before: dict[str, int]
+    ops_after: dict[str, int]
+    max_steps_vs_quantized: float  # max |int8 program - fake-quantized model| in output steps
+    max_abs_vs_float: float
+    cosine_vs_float: float
+    top1_agreement: float | None
+    n_inputs: int
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        top1 = "n/a" if self.top1_agreement is None else f"{self.top1_agreement:.0%}"
+        return (f"int8 vs fake-quantized: max {self.max_steps_vs_quantized:g} step(s); int8 vs float: max abs err "
+                f"{self.max_abs_vs_float:.4g}, cosine {self.cosine_vs_float:.5f}, top-1 agreement {top1} "
+                f"over {self.n_inputs} input(s)")
+
+
+def count_ops(graph) -> dict[str, int]:
+    c: collections.Counter = collections.Counter()
+    for n in graph.nodes:
+        if n.op == "call_function":
+            c[op_display_name(n.target)] += 1
+    return dict(c)
+
+
+class Tester:
+    def __init__(self, model: torch.nn.Module, example_inputs: tuple, target: str = "cortex-m55",
+                 calibration=None, seed: int = 0):
+        self.model = model.eval()
+        self.example_inputs = tuple(example_inputs)
+        self.target = get_target(target)
+        self.seed = seed
+        self.calibration = calibration
+        self.converted: torch.fx.GraphModule | None = None
+        self.quantized_ep: torch.export.ExportedProgram | None = None
+        self.program: Program | None = None
+        self.pass_manager: CortenPassManager | None = None
+
+    # ------------------------------------------------------------------ stages
+    def quantize(self, calibration=None) -> "Tester":
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        from corten.capture import capture
+        from corten.quantizer import CortenQuantizer
+
+        gm = unguarded_module(capture(self.model, self.example_inputs))
+        samples = calibration or self.calibration or default_calibration(self.example_inputs, 8, self.seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prepared = prepare_pt2e(gm, CortenQuantizer())
+            with torch.no_grad():
+                for s in samples:
+                    prepared(*(s if isinstance(s, tuple) else (s,)))
+            self.converted = convert_pt2e(prepared)
+        return self
+
+    def export(self) -> "Tester":
+        if self.converted is None:
+            self.quantize()
+        self.quantized_ep = torch.export.export(self.converted, self.example_inputs)
+        return self
+
+    def lower(self) -> "Tester":
+        if self.quantized_ep is None:
+            self.export()
+        self.pass_manager = CortenPassManager()
+        lowered = self.pass_manager(unguarded_module(self.quantized_ep))
+        ep = torch.export.export(lowered, self.example_inputs)
+        self.program = Program(ep, self.target, name="tested",
+                               stages={"quantized": graph_text(self.quantized_ep), "lowered": graph_text(ep)},
+                               unlowered=unlowered_nodes(lowered, self.pass_manager.refusals))
+        return self
+
+    # ------------------------------------------------------------------ checks
+    def _inputs(self, n: int) -> list[tuple]:
+        g = torch.Generator().manual_seed(self.seed + 1000)
+        return [self.example_inputs] + [tuple(torch.randn(x.shape, generator=g) for x in self.example_inputs)
+                                        for _ in range(n - 1)]
+
+    def test_dialect(self, ops_before: dict[str, int], ops_after: dict[str, int], qtol: float = 1,
+                     inputs: list[tuple] | None = None, n_inputs: int = 4) -> DialectReport:
+        if self.program is None:
+            self.lower()
+        before = count_ops(self.quantized_ep.graph)
+        wrong = {k: (v, before.get(k, 0)) for k, v in ops_before.items() if before.get(k, 0) != v}
+        assert not wrong, f"ops before lowering (expected, got): {wrong}\nall: {before}"
+        after = self.program.op_counts()
+        assert after == dict(ops_after), f"ops after lowering: expected {dict(ops_after)}, got {after}"
+        assert not self.program.unlowered_ops(), f"unlowered: {[str(u) for u in self.program.unlowered_ops()]}"
+
+        inputs = inputs or self._inputs(n_inputs)
+        steps, abs_err, cosines, top1 = 0.0, 0.0, [], []
+        for inp in inputs:
+            with torch.no_grad():
+                got = _as_list(self.program.run(*inp))
+                fq = _as_list(self.converted(*inp))
+                ref = _as_list(self.model(*inp))
+            for g, q, r, spec in zip(got, fq, ref, self.program.outputs):
+                steps = max(steps, float(((g - q).abs() / spec.scale).max()))
+                abs_err = max(abs_err, float((g - r).abs().max()))
+                cosines.append(float(torch.nn.functional.cosine_similarity(g.flatten(), r.flatten(), dim=0)))
+                if g.dim() == 2 and g.shape[1] > 1:
+                    top1.append(float((g.argmax(1) == r.argmax(1)).float().mean()))
+        report = DialectReport(before, after, round(steps, 6), abs_err, sum(cosines) / len(cosines),
+                               (sum(top1) / len(top1)) if top1 else None, len(inputs))
+        assert steps <= qtol + 1e-6, f"int8 program differs from the fake-quantized model by {steps} steps > {qtol}"
+        return report
+
+    def test_implementation(self, on: tuple[str, ...] = ("host", "qemu"), kernels: str = "portable",
+                            inputs: list[tuple] | None = None, n_inputs: int = 2, targets=None) -> list:
+        """Emit C, run it on the host and/or QEMU, and assert byte equality with the reference."""
+        if self.program is None:
+            self.lower()
+        results = []
+        for inp in inputs or self._inputs(n_inputs):
+            expected = self.program.run_int8(*inp)
+            for where in on:
+                for tgt in (targets or [self.target.name]) if where == "qemu" else [None]:
+                    got = self.program.run_c(*inp, on=where, kernels=kernels, target=tgt, int8=True)
+                    for e, g in zip(expected, got):
+                        assert torch.equal(e, g), (f"C output on {where} {tgt or ''} differs from the reference in "
+                                                   f"{int((e != g).sum())} of {e.numel()} bytes")
+                    results.append((where, tgt, self.program.last_c_run))
+        return results
+
+
+def _as_list(x) -> list[torch.Tensor]:
+    return list(x) if isinstance(x, (tuple, list)) else [x]
