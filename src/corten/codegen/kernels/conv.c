@@ -19,10 +19,168 @@ static int corten_conv_args_ok(const corten_conv_params *p, const corten_quant *
         return 0;
     }
     if (p->stride_h < 1 || p->stride_w < 1 || p->dilation_h < 1 || p->dilation_w < 1 || p->pad_h < 0 ||
-        p->pad_w < 0 || f_dims->h < 1 || f_dims->w < 1 || in_dims->n != out_dims->n) {
+        p->pad_w < 0 || f_dims->h < 1 || f_dims->w < 1 || in_dims->n != out_dims->n ||
+        p->input_offset < -127 || p->input_offset > 128) {
         return 0;
     }
     return 1;
+}
+
+/* The in-input taps of one output pixel's window. */
+typedef struct {
+    int32_t iy0, ix0;           /* top-left input coordinate (may be negative: padding) */
+    int32_t ky_begin, ky_end;   /* valid filter rows [begin, end) */
+    int32_t kx_begin, kx_end;   /* valid filter columns [begin, end) */
+} corten_window;
+
+static void corten_window_at(const corten_conv_params *p, int32_t oy, int32_t ox, int32_t kh, int32_t kw,
+                             int32_t in_h, int32_t in_w, corten_window *win)
+{
+    win->iy0 = oy * p->stride_h - p->pad_h;
+    win->ix0 = ox * p->stride_w - p->pad_w;
+    win->ky_begin = corten_first_valid_tap(win->iy0, p->dilation_h);
+    win->ky_end = corten_end_valid_tap(win->iy0, p->dilation_h, kh, in_h);
+    win->kx_begin = corten_first_valid_tap(win->ix0, p->dilation_w);
+    win->kx_end = corten_end_valid_tap(win->ix0, p->dilation_w, kw, in_w);
+}
+
+/* acc[g] += sum over the window's valid taps of (x + input_offset) * w[oc + g], g < group. */
+static void corten_conv_window_acc(const corten_conv_params *p, const corten_window *win, const int8_t *in_batch,
+                                   int32_t in_w, int32_t c_in, const int8_t *w_oc, int32_t kw, int32_t filter_row,
+                                   int32_t group, uint32_t acc[4])
+{
+    /* With unit dilation along W the valid taps of a filter row are one contiguous run of
+     * (kx_end - kx_begin) * c_in bytes in both the input row and the filter. */
+    const int32_t contiguous = p->dilation_w == 1;
+    const int32_t run = contiguous ? (win->kx_end - win->kx_begin) * c_in : c_in;
+    const int32_t runs = win->kx_end > win->kx_begin ? (contiguous ? 1 : win->kx_end - win->kx_begin) : 0;
+    int32_t ky, r, g;
+    for (ky = win->ky_begin; ky < win->ky_end; ky++) {
+        const int32_t iy = win->iy0 + ky * p->dilation_h;
+        for (r = 0; r < runs; r++) {
+            const int32_t kx = win->kx_begin + r;
+            const int32_t ix = win->ix0 + kx * p->dilation_w;
+            const int8_t *x = in_batch + ((size_t)iy * in_w + ix) * c_in;
+            const int8_t *w = w_oc + ((size_t)ky * kw + kx) * c_in;
+            if (group == 4) {
+                corten_dot4_offset_s8(x, w, filter_row, run, p->input_offset, acc);
+            } else {
+                for (g = 0; g < group; g++) {
+                    acc[g] += (uint32_t)corten_dot_offset_s8(x, w + (size_t)g * filter_row, run, p->input_offset);
+                }
+            }
+        }
+    }
+}
+
+static void corten_conv_store(const corten_conv_params *p, const corten_quant *q, const int32_t *bias,
+                              const uint32_t acc[4], int32_t oc, int32_t group, int8_t *out_px)
+{
+    int32_t g;
+    for (g = 0; g < group; g++) {
+        const int32_t o = oc + g;
+        const uint32_t total = acc[g] + (bias != NULL ? (uint32_t)bias[o] : 0u);
+        out_px[o] = corten_finish(corten_u32_to_i32(total), o, q->multiplier, q->shift, q->per_channel,
+                                  p->output_offset, p->activation_min, p->activation_max);
+    }
+}
+
+#define CORTEN_PIXEL_TILE 8
+#define CORTEN_PATCH_MAX 256
+
+/*
+ * Few input channels (e.g. an RGB stem): the taps' runs are too short to vectorise, so each
+ * window is gathered once into an int16 patch of (x + input_offset) values, zero for padding taps
+ * and for the tail up to a whole number of blocks.  Rows whose block-rounded read would pass the
+ * end of the filter array use an exact-length dot product.
+ */
+static void corten_conv2d_patch(const corten_conv_params *p, const corten_quant *q, const corten_dims *in_dims,
+                                const int8_t *input, const corten_dims *f_dims, const int8_t *filter,
+                                const int32_t *bias, const corten_dims *out_dims, int8_t *output)
+{
+    const int32_t in_h = in_dims->h, in_w = in_dims->w, c_in = in_dims->c, c_out = out_dims->c;
+    const int32_t kh = f_dims->h, kw = f_dims->w, filter_row = kh * kw * c_in;
+    const int32_t padded = (filter_row + CORTEN_BLOCK - 1) / CORTEN_BLOCK * CORTEN_BLOCK;
+    const int16_t off16 = (int16_t)p->input_offset;
+    int16_t patch[CORTEN_PATCH_MAX];
+    int32_t b, oy, ox, oc, ky, kx, c, k;
+    for (b = 0; b < in_dims->n; b++) {
+        const int8_t *in_batch = input + (size_t)b * in_h * in_w * c_in;
+        for (oy = 0; oy < out_dims->h; oy++) {
+            for (ox = 0; ox < out_dims->w; ox++) {
+                int8_t *out_px = output + (((size_t)b * out_dims->h + oy) * out_dims->w + ox) * c_out;
+                const int32_t iy0 = oy * p->stride_h - p->pad_h, ix0 = ox * p->stride_w - p->pad_w;
+                k = 0;
+                for (ky = 0; ky < kh; ky++) {
+                    const int32_t iy = iy0 + ky * p->dilation_h;
+                    for (kx = 0; kx < kw; kx++) {
+                        const int32_t ix = ix0 + kx * p->dilation_w;
+                        if (iy >= 0 && iy < in_h && ix >= 0 && ix < in_w) {
+                            const int8_t *x = in_batch + ((size_t)iy * in_w + ix) * c_in;
+                            for (c = 0; c < c_in; c++) {
+                                patch[k++] = (int16_t)(x[c] + off16);
+                            }
+                        } else {
+                            for (c = 0; c < c_in; c++) {
+                                patch[k++] = 0;
+                            }
+                        }
+                    }
+                }
+                for (; k < padded; k++) {
+                    patch[k] = 0;
+                }
+                for (oc = 0; oc < c_out; oc += 4) {
+                    const int32_t group = (c_out - oc) < 4 ? (c_out - oc) : 4;
+                    const int8_t *w = filter + (size_t)oc * filter_row;
+                    uint32_t acc[4] = {0u, 0u, 0u, 0u};
+                    if (group == 4 && (oc + 3) * filter_row + padded <= c_out * filter_row) {
+                        corten_dot4_patch(patch, w, filter_row, padded, acc);
+                    } else {
+                        int32_t g;
+                        for (g = 0; g < group; g++) {
+                            acc[g] = corten_dot_patch(patch, w + (size_t)g * filter_row, filter_row);
+                        }
+                    }
+                    corten_conv_store(p, q, bias, acc, oc, group, out_px);
+                }
+            }
+        }
+    }
+}
+
+/*
+ * General path: output pixels in tiles of CORTEN_PIXEL_TILE; for each group of four output
+ * channels the tile's windows are computed while the group's filter rows stay in cache.
+ */
+static void corten_conv2d_tiled(const corten_conv_params *p, const corten_quant *q, const corten_dims *in_dims,
+                                const int8_t *input, const corten_dims *f_dims, const int8_t *filter,
+                                const int32_t *bias, const corten_dims *out_dims, int8_t *output)
+{
+    const int32_t in_h = in_dims->h, in_w = in_dims->w, c_in = in_dims->c, c_out = out_dims->c;
+    const int32_t kh = f_dims->h, kw = f_dims->w, filter_row = kh * kw * c_in;
+    const int32_t pixels = out_dims->h * out_dims->w;
+    corten_window win[CORTEN_PIXEL_TILE];
+    int32_t b, p0, t, oc;
+    for (b = 0; b < in_dims->n; b++) {
+        const int8_t *in_batch = input + (size_t)b * in_h * in_w * c_in;
+        int8_t *out_batch = output + (size_t)b * pixels * c_out;
+        for (p0 = 0; p0 < pixels; p0 += CORTEN_PIXEL_TILE) {
+            const int32_t count = (pixels - p0) < CORTEN_PIXEL_TILE ? (pixels - p0) : CORTEN_PIXEL_TILE;
+            for (t = 0; t < count; t++) {
+                corten_window_at(p, (p0 + t) / out_dims->w, (p0 + t) % out_dims->w, kh, kw, in_h, in_w, &win[t]);
+            }
+            for (oc = 0; oc < c_out; oc += 4) {
+                const int32_t group = (c_out - oc) < 4 ? (c_out - oc) : 4;
+                const int8_t *w_oc = filter + (size_t)oc * filter_row;
+                for (t = 0; t < count; t++) {
+                    uint32_t acc[4] = {0u, 0u, 0u, 0u};
+                    corten_conv_window_acc(p, &win[t], in_batch, in_w, c_in, w_oc, kw, filter_row, group, acc);
+                    corten_conv_store(p, q, bias, acc, oc, group, out_batch + (size_t)(p0 + t) * c_out);
+                }
+            }
+        }
+    }
 }
 
 int corten_conv2d_s8(const corten_conv_params *params, const corten_quant *quant,
@@ -30,69 +188,16 @@ int corten_conv2d_s8(const corten_conv_params *params, const corten_quant *quant
                      const corten_dims *filter_dims, const int8_t *filter, const int32_t *bias,
                      const corten_dims *output_dims, int8_t *output)
 {
-    int32_t b, oy, ox, oc;
-    int32_t in_h, in_w, c_in, c_out, kh, kw, filter_row;
-
+    int32_t filter_row;
     if (!corten_conv_args_ok(params, quant, input_dims, input, filter_dims, filter, output_dims, output) ||
         filter_dims->c != input_dims->c || filter_dims->n != output_dims->c) {
         return CORTEN_ERROR_ARGUMENT;
     }
-    in_h = input_dims->h;
-    in_w = input_dims->w;
-    c_in = input_dims->c;
-    c_out = output_dims->c;
-    kh = filter_dims->h;
-    kw = filter_dims->w;
-    filter_row = kh * kw * c_in; /* bytes of one output channel's filter */
-
-    for (b = 0; b < input_dims->n; b++) {
-        const int8_t *in_batch = input + (size_t)b * in_h * in_w * c_in;
-        for (oy = 0; oy < output_dims->h; oy++) {
-            const int32_t iy0 = oy * params->stride_h - params->pad_h;
-            const int32_t ky_begin = corten_first_valid_tap(iy0, params->dilation_h);
-            const int32_t ky_end = corten_end_valid_tap(iy0, params->dilation_h, kh, in_h);
-            for (ox = 0; ox < output_dims->w; ox++) {
-                const int32_t ix0 = ox * params->stride_w - params->pad_w;
-                const int32_t kx_begin = corten_first_valid_tap(ix0, params->dilation_w);
-                const int32_t kx_end = corten_end_valid_tap(ix0, params->dilation_w, kw, in_w);
-                /* With unit dilation along W, the valid taps of a filter row are one contiguous run
-                 * of (kx_end - kx_begin) * c_in bytes in both the input row and the filter. */
-                const int32_t run = params->dilation_w == 1 ? (kx_end - kx_begin) * c_in : c_in;
-                const int32_t runs_per_row = params->dilation_w == 1 ? (kx_begin < kx_end ? 1 : 0)
-                                                                     : (kx_end > kx_begin ? kx_end - kx_begin : 0);
-                int8_t *out_px = output + (((size_t)b * output_dims->h + oy) * output_dims->w + ox) * c_out;
-
-                for (oc = 0; oc < c_out; oc += 4) {
-                    const int32_t group = (c_out - oc) < 4 ? (c_out - oc) : 4;
-                    uint32_t acc[4] = {0u, 0u, 0u, 0u};
-                    int32_t ky, r, g;
-                    for (ky = ky_begin; ky < ky_end; ky++) {
-                        const int32_t iy = iy0 + ky * params->dilation_h;
-                        for (r = 0; r < runs_per_row; r++) {
-                            const int32_t kx = kx_begin + r;
-                            const int32_t ix = ix0 + kx * params->dilation_w;
-                            const int8_t *x = in_batch + ((size_t)iy * in_w + ix) * c_in;
-                            const int8_t *w = filter + (size_t)oc * filter_row + ((size_t)ky * kw + kx) * c_in;
-                            if (group == 4) {
-                                corten_dot4_offset_s8(x, w, filter_row, run, params->input_offset, acc);
-                            } else {
-                                for (g = 0; g < group; g++) {
-                                    acc[g] += (uint32_t)corten_dot_offset_s8(x, w + (size_t)g * filter_row, run,
-                                                                             params->input_offset);
-                                }
-                            }
-                        }
-                    }
-                    for (g = 0; g < group; g++) {
-                        const int32_t o = oc + g;
-                        const uint32_t total = acc[g] + (bias != NULL ? (uint32_t)bias[o] : 0u);
-                        out_px[o] = corten_finish(corten_u32_to_i32(total), o, quant->multiplier, quant->shift,
-                                                  quant->per_channel, params->output_offset,
-                                                  params->activation_min, params->activation_max);
-                    }
-                }
-            }
-        }
+    filter_row = filter_dims->h * filter_dims->w * input_dims->c;
+    if (input_dims->c < CORTEN_HALF_BLOCK && filter_row <= CORTEN_PATCH_MAX) {
+        corten_conv2d_patch(params, quant, input_dims, input, filter_dims, filter, bias, output_dims, output);
+    } else {
+        corten_conv2d_tiled(params, quant, input_dims, input, filter_dims, filter, bias, output_dims, output);
     }
     return CORTEN_OK;
 }
@@ -104,6 +209,7 @@ static void corten_depthwise_mult1(const corten_conv_params *p, const corten_qua
                                    const int32_t *bias, const corten_dims *out_dims, int8_t *output)
 {
     const int32_t in_h = in_dims->h, in_w = in_dims->w, ch = in_dims->c, kh = f_dims->h, kw = f_dims->w;
+    const int16_t off16 = (int16_t)p->input_offset;
     int32_t b, oy, ox;
     for (b = 0; b < in_dims->n; b++) {
         const int8_t *in_batch = input + (size_t)b * in_h * in_w * ch;
@@ -132,11 +238,11 @@ static void corten_depthwise_mult1(const corten_conv_params *p, const corten_qua
                             const int8_t *w = filter + ((size_t)ky * kw + kx) * ch + c0;
                             if (count == CORTEN_BLOCK) {
                                 for (j = 0; j < CORTEN_BLOCK; j++) {
-                                    acc[j] += (uint32_t)(((int32_t)x[j] + p->input_offset) * (int32_t)w[j]);
+                                    acc[j] += (uint32_t)(int32_t)corten_mul_s16((int16_t)(x[j] + off16), w[j]);
                                 }
                             } else {
                                 for (j = 0; j < count; j++) {
-                                    acc[j] += (uint32_t)(((int32_t)x[j] + p->input_offset) * (int32_t)w[j]);
+                                    acc[j] += (uint32_t)(int32_t)corten_mul_s16((int16_t)(x[j] + off16), w[j]);
                                 }
                             }
                         }

@@ -2,7 +2,10 @@
  * corten_internal.h - helpers shared by Corten's portable kernels (not part of the public API).
  *
  * Dot products accumulate in uint32 (two's-complement wrap, no signed overflow) and are split
- * into fixed-size blocks so that compilers vectorise them at -O2.
+ * into fixed-size blocks so that compilers vectorise them at -O2.  A product
+ * (x + input_offset) * w has |x + input_offset| <= 255 and |w| <= 128, so it lies in
+ * [-32640, 32640] and is computed exactly in int16 (corten_mul_s16), which lets compilers use
+ * 16-bit SIMD multiplies.
  */
 #ifndef CORTEN_INTERNAL_H
 #define CORTEN_INTERNAL_H
@@ -12,22 +15,38 @@
 #include "corten_fixed_point.h"
 
 #define CORTEN_BLOCK 16
+#define CORTEN_HALF_BLOCK 8
+
+/** (x + offset) * w for an int8 x, an offset in [-127, 128] and an int8 w: exact in int16. */
+static inline int16_t corten_mul_s16(int16_t x_plus_offset, int8_t w)
+{
+    return (int16_t)(x_plus_offset * (int16_t)w);
+}
 
 /** sum_k (x[k] + offset) * w[k], wrapped to int32. */
 static inline int32_t corten_dot_offset_s8(const int8_t *x, const int8_t *w, int32_t n, int32_t offset)
 {
+    const int16_t off16 = (int16_t)offset;
     uint32_t sum = 0;
     int32_t k = 0;
     for (; k + CORTEN_BLOCK <= n; k += CORTEN_BLOCK) {
         uint32_t part = 0;
         int32_t j;
         for (j = 0; j < CORTEN_BLOCK; j++) {
-            part += (uint32_t)(((int32_t)x[k + j] + offset) * (int32_t)w[k + j]);
+            part += (uint32_t)(int32_t)corten_mul_s16((int16_t)(x[k + j] + off16), w[k + j]);
+        }
+        sum += part;
+    }
+    for (; k + CORTEN_HALF_BLOCK <= n; k += CORTEN_HALF_BLOCK) {
+        uint32_t part = 0;
+        int32_t j;
+        for (j = 0; j < CORTEN_HALF_BLOCK; j++) {
+            part += (uint32_t)(int32_t)corten_mul_s16((int16_t)(x[k + j] + off16), w[k + j]);
         }
         sum += part;
     }
     for (; k < n; k++) {
-        sum += (uint32_t)(((int32_t)x[k] + offset) * (int32_t)w[k]);
+        sum += (uint32_t)(int32_t)corten_mul_s16((int16_t)(x[k] + off16), w[k]);
     }
     return corten_u32_to_i32(sum);
 }
@@ -40,17 +59,33 @@ static inline void corten_dot4_offset_s8(const int8_t *x, const int8_t *w, int32
     const int8_t *w1 = w + w_stride;
     const int8_t *w2 = w + 2 * w_stride;
     const int8_t *w3 = w + 3 * w_stride;
+    const int16_t off16 = (int16_t)offset;
     uint32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     int32_t k = 0;
     for (; k + CORTEN_BLOCK <= n; k += CORTEN_BLOCK) {
         uint32_t p0 = 0, p1 = 0, p2 = 0, p3 = 0;
         int32_t j;
         for (j = 0; j < CORTEN_BLOCK; j++) {
-            const int32_t xv = (int32_t)x[k + j] + offset;
-            p0 += (uint32_t)(xv * (int32_t)w0[k + j]);
-            p1 += (uint32_t)(xv * (int32_t)w1[k + j]);
-            p2 += (uint32_t)(xv * (int32_t)w2[k + j]);
-            p3 += (uint32_t)(xv * (int32_t)w3[k + j]);
+            const int16_t xv = (int16_t)(x[k + j] + off16);
+            p0 += (uint32_t)(int32_t)corten_mul_s16(xv, w0[k + j]);
+            p1 += (uint32_t)(int32_t)corten_mul_s16(xv, w1[k + j]);
+            p2 += (uint32_t)(int32_t)corten_mul_s16(xv, w2[k + j]);
+            p3 += (uint32_t)(int32_t)corten_mul_s16(xv, w3[k + j]);
+        }
+        s0 += p0;
+        s1 += p1;
+        s2 += p2;
+        s3 += p3;
+    }
+    for (; k + CORTEN_HALF_BLOCK <= n; k += CORTEN_HALF_BLOCK) {
+        uint32_t p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+        int32_t j;
+        for (j = 0; j < CORTEN_HALF_BLOCK; j++) {
+            const int16_t xv = (int16_t)(x[k + j] + off16);
+            p0 += (uint32_t)(int32_t)corten_mul_s16(xv, w0[k + j]);
+            p1 += (uint32_t)(int32_t)corten_mul_s16(xv, w1[k + j]);
+            p2 += (uint32_t)(int32_t)corten_mul_s16(xv, w2[k + j]);
+            p3 += (uint32_t)(int32_t)corten_mul_s16(xv, w3[k + j]);
         }
         s0 += p0;
         s1 += p1;
@@ -58,16 +93,61 @@ static inline void corten_dot4_offset_s8(const int8_t *x, const int8_t *w, int32
         s3 += p3;
     }
     for (; k < n; k++) {
-        const int32_t xv = (int32_t)x[k] + offset;
-        s0 += (uint32_t)(xv * (int32_t)w0[k]);
-        s1 += (uint32_t)(xv * (int32_t)w1[k]);
-        s2 += (uint32_t)(xv * (int32_t)w2[k]);
-        s3 += (uint32_t)(xv * (int32_t)w3[k]);
+        const int16_t xv = (int16_t)(x[k] + off16);
+        s0 += (uint32_t)(int32_t)corten_mul_s16(xv, w0[k]);
+        s1 += (uint32_t)(int32_t)corten_mul_s16(xv, w1[k]);
+        s2 += (uint32_t)(int32_t)corten_mul_s16(xv, w2[k]);
+        s3 += (uint32_t)(int32_t)corten_mul_s16(xv, w3[k]);
     }
     out[0] += s0;
     out[1] += s1;
     out[2] += s2;
     out[3] += s3;
+}
+
+/**
+ * Four dot products of an int16 patch (values x + input_offset, already offset) with int8 rows:
+ * out[r] += sum_k patch[k] * w[r * w_stride + k], for n a multiple of CORTEN_BLOCK.
+ */
+static inline void corten_dot4_patch(const int16_t *patch, const int8_t *w, int32_t w_stride, int32_t n,
+                                     uint32_t out[4])
+{
+    const int8_t *w0 = w;
+    const int8_t *w1 = w + w_stride;
+    const int8_t *w2 = w + 2 * w_stride;
+    const int8_t *w3 = w + 3 * w_stride;
+    uint32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int32_t k;
+    for (k = 0; k + CORTEN_BLOCK <= n; k += CORTEN_BLOCK) {
+        uint32_t p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+        int32_t j;
+        for (j = 0; j < CORTEN_BLOCK; j++) {
+            const int16_t xv = patch[k + j];
+            p0 += (uint32_t)(int32_t)corten_mul_s16(xv, w0[k + j]);
+            p1 += (uint32_t)(int32_t)corten_mul_s16(xv, w1[k + j]);
+            p2 += (uint32_t)(int32_t)corten_mul_s16(xv, w2[k + j]);
+            p3 += (uint32_t)(int32_t)corten_mul_s16(xv, w3[k + j]);
+        }
+        s0 += p0;
+        s1 += p1;
+        s2 += p2;
+        s3 += p3;
+    }
+    out[0] += s0;
+    out[1] += s1;
+    out[2] += s2;
+    out[3] += s3;
+}
+
+/** sum_k patch[k] * w[k] over n values (any n). */
+static inline uint32_t corten_dot_patch(const int16_t *patch, const int8_t *w, int32_t n)
+{
+    uint32_t sum = 0;
+    int32_t k;
+    for (k = 0; k < n; k++) {
+        sum += (uint32_t)(int32_t)corten_mul_s16(patch[k], w[k]);
+    }
+    return sum;
 }
 
 /** First tap index k in [0, kernel) with 0 <= start + k * dilation (start may be negative). */

@@ -35,7 +35,8 @@ typedef struct {
     int32_t per_channel;
 } corten_quant;
 
-/** Convolution geometry and offsets (input_offset = -input zero point, output_offset = output zero point). */
+/** Convolution geometry and offsets: input_offset = -input zero point (in [-127, 128]),
+ *  output_offset = output zero point. */
 typedef struct {
     int32_t stride_h;
     int32_t stride_w;
