@@ -14,6 +14,11 @@ _BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 GAMMA_RANGE = (0.6, 1.4)  # BN weight ~ U(GAMMA_RANGE)
 BETA_RANGE = (-0.3, 0.3)  # BN bias ~ U(BETA_RANGE)
+# A BatchNorm that ends a residual branch (marked ``corten_residual_branch = True`` by the model)
+# starts small, as zero-init-residual / SkipInit practice does: a random network with full-size
+# residual branches is chaotic (1% input noise already changes MobileNetV2's logits by several
+# percent), which no trained network is, and which would drown any int8 accuracy measurement.
+RESIDUAL_BRANCH_GAMMA_SCALE = 0.25
 
 
 def _uniform(shape: torch.Size, low: float, high: float, generator: torch.Generator) -> torch.Tensor:
@@ -34,8 +39,9 @@ def randomize_batch_norm(model: nn.Module, calibration_input: torch.Tensor,
     momenta = [bn.momentum for bn in bns]
     for bn in bns:
         if bn.affine:
-            bn.weight.copy_(_uniform(bn.weight.shape, *GAMMA_RANGE, generator))
-            bn.bias.copy_(_uniform(bn.bias.shape, *BETA_RANGE, generator))
+            k = RESIDUAL_BRANCH_GAMMA_SCALE if getattr(bn, "corten_residual_branch", False) else 1.0
+            bn.weight.copy_(k * _uniform(bn.weight.shape, *GAMMA_RANGE, generator))
+            bn.bias.copy_(k * _uniform(bn.bias.shape, *BETA_RANGE, generator))
         bn.reset_running_stats()
         bn.momentum = None
     model.eval()

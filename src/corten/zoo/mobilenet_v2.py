@@ -68,6 +68,8 @@ class InvertedResidual(nn.Module):
         ]
         self.conv = nn.Sequential(*layers)
         self.out_channels = out_channels
+        if self.use_res_connect:
+            self.conv[-1].corten_residual_branch = True  # see corten.zoo.batch_norm_stats
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_res_connect:
