@@ -389,3 +389,33 @@ def test_cmsis_nn_library_on_qemu(target_name, tmp_path):
         got, want = _run_qemu(lib, ep, x, target_name, tmp_path / kind, extra_sources=[archive],
                               include_dirs=[root / "Include"])
         assert got == want, kind
+
+
+class IdentityNet(torch.nn.Module):
+    """quantize -> reshape (alias) -> dequantize: the output bytes are the input bytes (plan copy)."""
+
+    def forward(self, x):
+        q = OPS.quantize_per_tensor(x, 0.1, 0)
+        return OPS.dequantize_per_tensor(torch.reshape(q, (2, 6)), 0.1, 0)
+
+
+def test_output_that_is_the_input_is_copied(tmp_path):
+    x = torch.randn(1, 12, generator=torch.Generator().manual_seed(3))
+    ep = torch.export.export(IdentityNet(), (x,))
+    plan = plan_memory(ep, "cortex-m4")
+    lib = emit_c(ep, plan, tmp_path / "lib", "ident", "cortex-m4")
+    in_bytes, want = _quantized_io(ep, x)
+    res = _run(_build(lib, tmp_path), in_bytes)
+    assert res.returncode == 0 and res.stdout == want == in_bytes
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("make") is None, reason="needs cmake and make")
+def test_cmake_builds_static_library(tmp_path):
+    ep, _ = _export("flatten")
+    emit_c(ep, plan_memory(ep, "cortex-m55"), tmp_path / "src", "net", "cortex-m55")
+    build = tmp_path / "build"
+    for cmd in (["cmake", "-S", str(tmp_path / "src"), "-B", str(build), "-DCMAKE_C_FLAGS=-Werror"],
+                ["cmake", "--build", str(build)]):
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert (build / "libnet.a").exists()

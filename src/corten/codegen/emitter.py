@@ -197,7 +197,29 @@ class _Generator:
             stmts.append(self._comment(index, name, node, inputs) + "\n" + hook(ctx))
             self.families.add(family_of(name).name)
             ops.append(self._describe(node, name))
+        for tensor_name, out_index in getattr(self.plan, "copies", []):
+            index += 1
+            stmts.append(self._output_copy(index, tensor_name, out_index))
+            ops.append(f"output_copy {tensor_name} -> {out_index}")
         return stmts, ops
+
+    def _output_copy(self, index: int, tensor_name: str, out_index: int) -> str:
+        """The plan keeps these bytes elsewhere (e.g. the output *is* the input): copy them at the end."""
+        if out_index != 0:
+            raise CodegenError(f"the memory plan copies {tensor_name!r} to output {out_index}; the C library "
+                               "has a single output")
+        node = next((n for n in self.ep.graph.nodes if n.name == tensor_name), None)
+        if node is None:
+            raise CodegenError(f"the memory plan copies unknown tensor {tensor_name!r}; plan the emitted program")
+        nbytes = int(np.prod(self._shape(node)))
+        return (f"/* {index}. output copy: tensor '{tensor_name}' ({nbytes} bytes) -> output */\n"
+                "{\n"
+                f"    const int8_t *src = {self.buffer_expr(node)};\n"
+                "    size_t i;\n"
+                f"    for (i = 0; i < {nbytes}u; i++) {{\n"
+                "        output[i] = src[i];\n"
+                "    }\n"
+                "}")
 
     def _shape(self, node) -> list[int]:
         return [int(d) for d in node.meta["val"].shape]
