@@ -272,6 +272,8 @@ def test_rejects_bad_names_and_flavours(tmp_path):
     plan = plan_memory(ep, "cortex-m4")
     with pytest.raises(CodegenError, match="C identifier"):
         emit_c(ep, plan, tmp_path, "my-net", "cortex-m4")
+    with pytest.raises(CodegenError, match="clashes with the kernel file"):
+        emit_c(ep, plan, tmp_path, "conv", "cortex-m4")
     with pytest.raises(CodegenError, match="kernels must be"):
         emit_c(ep, plan, tmp_path, "net", "cortex-m4", kernels="fast")
 

@@ -29,10 +29,16 @@ class CodegenError(ValueError):
     """The program cannot be emitted as C; the message names the node and what to do."""
 
 
+C_KEYWORDS = frozenset(
+    "auto break case char const continue default do double else enum extern float for goto if inline int long "
+    "register restrict return short signed sizeof static struct switch typedef union unsigned void volatile "
+    "while _Bool _Complex _Imaginary".split())
+
+
 def c_identifier(text: str) -> str:
     """A valid C identifier derived from ``text`` (graph node names are already close to one)."""
     ident = re.sub(r"[^0-9A-Za-z_]", "_", text)
-    if not ident or ident[0].isdigit():
+    if not ident or ident[0].isdigit() or ident in C_KEYWORDS:
         ident = "_" + ident
     return ident
 
@@ -46,7 +52,7 @@ def c_int(v: int) -> str:
 
 
 def nhwc(shape: Sequence[int]) -> tuple[int, int, int, int]:
-    """NCHW logical shape -> (n, h, w, c); lower ranks are treated as [N, 1, 1, C]."""
+    """Logical NCHW shape of a 4-D activation -> its memory-order dims (n, h, w, c)."""
     shape = tuple(int(d) for d in shape)
     if len(shape) == 4:
         n, c, h, w = shape

@@ -44,7 +44,8 @@ class EmittedLibrary:
     header: Path
     source: Path
     constants: Path
-    kernel_files: tuple[Path, ...]  # copied portable kernel sources and headers
+    constants_header: Path
+    kernel_files: tuple[Path, ...]  # the copied portable kernel sources and headers (only those used)
     cmake: Path
     makefile: Path
     kernels: str
@@ -444,6 +445,9 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         raise CodegenError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
     if c_identifier(name) != name:
         raise CodegenError(f"library name {name!r} is not a C identifier; use e.g. {c_identifier(name)!r}")
+    reserved = {p.stem for p in KERNELS_DIR.iterdir() if p.suffix in (".c", ".h")}
+    if name in reserved:
+        raise CodegenError(f"library name {name!r} clashes with the kernel file {name}.c/.h; choose another name")
     if isinstance(target, str):
         target = get_target(target)
     out_dir = Path(out_dir)
@@ -500,6 +504,6 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
 
     return EmittedLibrary(
         name=name, out_dir=out_dir, header=out_dir / f"{name}.h", source=out_dir / f"{name}.c",
-        constants=out_dir / f"{name}_constants.c",
-        kernel_files=tuple(out_dir / k for k in kernel_names) + (out_dir / f"{name}_constants.h",),
+        constants=out_dir / f"{name}_constants.c", constants_header=out_dir / f"{name}_constants.h",
+        kernel_files=tuple(out_dir / k for k in kernel_names),
         cmake=out_dir / "CMakeLists.txt", makefile=out_dir / "Makefile", kernels=kernels, **lib)
