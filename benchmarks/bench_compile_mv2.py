@@ -1,0 +1,196 @@
+"""Compile time of ``corten compile mv2`` vs the ExecuTorch Cortex-M peer's quantize + lower, one thread.
+
+Corten's side does what ``corten compile mv2 --out DIR`` does after building the model: capture,
+BatchNorm fusion, quantization with 8 calibration samples, lowering (``corten.compile``), then
+``Program.save`` plus the stage graphs and the report into a temporary directory.  The peer's side
+(only when ``executorch`` imports; see ``peer_executorch.py`` for how to install it) runs
+``CortexMQuantizer`` + ``prepare_pt2e`` + calibration + ``convert_pt2e`` + export +
+``to_edge_transform_and_lower`` with ``CortexMPassManager`` on a deep copy of the SAME model with
+the SAME 8 calibration samples, in the same process.  Corten runs first (it pays the process's
+one-off warm-up costs; ``--peer-first`` swaps the order).
+
+Wall clock and the process's CPU time are both reported: on a shared machine the wall clock
+includes waiting for a core, the CPU time does not.
+
+Usage::
+
+    python benchmarks/bench_compile_mv2.py [--model mv2] [--calib 8] [--seed 0] [--peer-first]
+    python benchmarks/bench_compile_mv2.py --profile 30     # cProfile Corten's compile, top 30 entries
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import io
+import pstats
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_executorch import (INSTALL_HINT, QUANTIZE_LOWER_STAGES, StageClock,  # noqa: E402
+                             peer_available, peer_version)
+
+PEER_PUBLISHED_S = 6.35  # the peer's quantize + lower on mv2, 8 samples, 1 thread, as measured for the issue
+CORTEN_STAGES = ("capture", "quantize", "lower")
+
+
+def corten_compile_and_save(model, example_inputs, calibration, out_dir: Path, target: str,
+                            seed: int) -> tuple[StageClock, object]:
+    """``corten compile``'s work: ``corten.compile`` then save program, stage graphs and report.
+
+    Returns a clock with the compiler's own per-stage wall times (``prog.info["timings_s"]``),
+    the whole compile's wall and CPU time under ``"compile"`` and the saving under ``"save"``.
+    """
+    from corten.cli import STAGE_FILES
+    from corten.compiler import compile as corten_compile
+
+    clock = StageClock()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prog = clock.time("compile", lambda: corten_compile(model, example_inputs, target=target,
+                                                            calibration=calibration, seed=seed, name="mv2"))
+
+    def save():
+        prog.save(out_dir)
+        graphs = out_dir / "graphs"
+        graphs.mkdir(parents=True, exist_ok=True)
+        for stage, fname in STAGE_FILES.items():
+            (graphs / fname).write_text(prog.stages.get(stage, ""))
+        (out_dir / "report.txt").write_text(prog.operator_table() + "\n")
+
+    clock.time("save", save)
+    for stage, seconds in prog.info.get("timings_s", {}).items():
+        clock.wall[stage] = seconds
+    return clock, prog
+
+
+def print_stages(title: str, clock: StageClock, stages) -> None:
+    print(title)
+    print(f"  {'stage':<16}{'wall (s)':>10}{'cpu (s)':>10}")
+    for s in stages:
+        if s in clock.wall:
+            cpu = f"{clock.cpu[s]:>10.2f}" if s in clock.cpu else f"{'-':>10}"
+            print(f"  {s:<16}{clock.wall[s]:>10.2f}{cpu}")
+
+
+def run_corten(model, example_inputs, calibration, opts) -> StageClock:
+    with tempfile.TemporaryDirectory(prefix="corten-bench-") as tmp:
+        clock, prog = corten_compile_and_save(model, example_inputs, calibration, Path(tmp), opts.target, opts.seed)
+        counts = prog.op_counts()
+        unlowered = len(prog.unlowered_ops())
+    print_stages(f"Corten: corten.compile + save ({sum(counts.values())} Corten ops, {unlowered} unlowered)",
+                 clock, (*CORTEN_STAGES, "compile", "save"))
+    return clock
+
+
+def run_peer(model, example_inputs, calibration, target: str) -> StageClock:
+    from peer_executorch import compile_with_peer
+
+    result = compile_with_peer(model, example_inputs, calibration, target=target)
+    n_cm = sum(result.cortex_m_ops.values())
+    print_stages(f"ExecuTorch {peer_version()} Cortex-M: quantize + lower ({n_cm} cortex_m ops: "
+                 + ", ".join(f"{k} x{v}" for k, v in sorted(result.cortex_m_ops.items())) + ")",
+                 result.clock, (*QUANTIZE_LOWER_STAGES, "to_executorch"))
+    if n_cm == 0:
+        print("  WARNING: the peer produced no cortex_m ops; its lowering did not happen as intended")
+    return result.clock
+
+
+def print_comparison(corten: StageClock, peer: StageClock | None) -> None:
+    c_stages = ("compile", "save")
+    rows = [("Corten compile + save", corten.total(c_stages), corten.total(c_stages, "cpu"))]
+    if peer is not None:
+        rows.append(("ExecuTorch quantize + lower", peer.total(QUANTIZE_LOWER_STAGES),
+                     peer.total(QUANTIZE_LOWER_STAGES, "cpu")))
+        if "to_executorch" in peer.wall:
+            full = (*QUANTIZE_LOWER_STAGES, "to_executorch")
+            rows.append(("ExecuTorch ... + to_executorch", peer.total(full), peer.total(full, "cpu")))
+    print()
+    print(f"{'':<32}{'wall (s)':>10}{'cpu (s)':>10}")
+    for label, wall, cpu in rows:
+        print(f"{label:<32}{wall:>10.2f}{cpu:>10.2f}")
+    c_wall, c_cpu = rows[0][1], rows[0][2]
+    if peer is not None:
+        p_wall, p_cpu = rows[1][1], rows[1][2]
+        print(f"{'ratio peer / Corten':<32}{p_wall / c_wall:>10.2f}{p_cpu / c_cpu:>10.2f}")
+        faster = c_wall < p_wall
+        print(f"=> Corten's whole compile + save is {'FASTER' if faster else 'SLOWER'} than the peer's "
+              f"quantize + lower (wall {c_wall:.2f} s vs {p_wall:.2f} s; cpu {c_cpu:.2f} s vs {p_cpu:.2f} s)")
+    else:
+        print(f"{'peer (published, not measured)':<32}{PEER_PUBLISHED_S:>10.2f}")
+        print(f"(ratio vs the published number: {PEER_PUBLISHED_S / c_wall:.2f} on wall time)")
+        print(f"ExecuTorch is not installed, so the peer was not measured; to compare in one run: {INSTALL_HINT}")
+
+
+def profile_corten(model, example_inputs, calibration, opts) -> None:
+    """cProfile Corten's compile + save (cold, this process's first compile) and print the top entries."""
+    prof = cProfile.Profile()
+    with tempfile.TemporaryDirectory(prefix="corten-bench-") as tmp:
+        prof.enable()
+        clock, _ = corten_compile_and_save(model, example_inputs, calibration, Path(tmp), opts.target, opts.seed)
+        prof.disable()
+    print_stages("Corten under cProfile (times inflated by the profiler)", clock, (*CORTEN_STAGES, "compile", "save"))
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(opts.profile)
+    print(buf.getvalue())
+    if opts.profile_out:
+        prof.dump_stats(opts.profile_out)
+        print(f"wrote {opts.profile_out} (load with pstats / snakeviz)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="mv2", help="zoo model name (default mv2)")
+    parser.add_argument("--target", default="cortex-m55")
+    parser.add_argument("--calib", type=int, default=8, help="calibration samples (default 8)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--peer-first", action="store_true", help="run the peer before Corten")
+    parser.add_argument("--no-peer", action="store_true", help="time Corten only")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="instead of comparing, cProfile Corten's compile and print the top N cumulative entries")
+    parser.add_argument("--profile-out", default=None, help="with --profile: also dump the raw stats here")
+    opts = parser.parse_args(argv)
+
+    torch.set_num_threads(opts.threads)
+    warnings.filterwarnings("ignore")
+    t0 = time.perf_counter()
+    import corten.compiler  # noqa: F401  (import cost reported, not timed as compile)
+    from corten.compiler import default_calibration
+    from corten.zoo import get_model
+    imports_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    model, example_inputs = get_model(opts.model, seed=opts.seed)
+    build_s = time.perf_counter() - t0
+    calibration = default_calibration(example_inputs, opts.calib, opts.seed)
+    peer_model = copy.deepcopy(model)
+    use_peer = not opts.no_peer and not opts.profile and peer_available()
+    print(f"{opts.model}, {opts.calib} calibration samples, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} thread(s); importing Corten {imports_s:.2f} s, building the model "
+          f"{build_s:.2f} s (neither counted below)")
+    print()
+
+    if opts.profile:
+        profile_corten(model, example_inputs, calibration, opts)
+        return
+
+    peer_clock = None
+    if use_peer and opts.peer_first:
+        peer_clock = run_peer(peer_model, example_inputs, calibration, opts.target)
+        print()
+    corten_clock = run_corten(model, example_inputs, calibration, opts)
+    if use_peer and not opts.peer_first:
+        print()
+        peer_clock = run_peer(peer_model, example_inputs, calibration, opts.target)
+    print_comparison(corten_clock, peer_clock)
+
+
+if __name__ == "__main__":
+    main()
