@@ -185,12 +185,63 @@ class Program:
         self._check_inputs(inputs)
         with torch.no_grad():
             out = self.int8_module()(*inputs)
-        return list(out)
+        return [out] if isinstance(out, torch.Tensor) else list(out)
 
     def quantize_inputs(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The int8 program inputs, as the program's quantize computes them."""
         self._check_inputs(inputs)
         return [torch.ops.corten.quantize_per_tensor(x, s.scale, s.zero_point) for x, s in zip(inputs, self.inputs)]
+
+    # ------------------------------------------------------------------ memory and C
+    @property
+    def memory(self):
+        """The static memory plan for the program's target (:class:`corten.memory.MemoryPlan`)."""
+        if self._memory is None:
+            from corten.memory import plan_memory
+
+            self._require_lowered("plan memory")
+            self._memory = plan_memory(self.ep, self.target)
+        return self._memory
+
+    def memory_report(self) -> str:
+        return self.memory.report()
+
+    def _require_lowered(self, what: str) -> None:
+        if self.unlowered:
+            raise UnsupportedOpsError(self.name, self.unlowered)
+
+    def emit_c(self, out_dir: str | Path, kernels: str = "portable", target: str | None = None):
+        """Write the C model library (see :func:`corten.codegen.emit_c`) for the program's target,
+        or for ``target`` (the memory plan is then made for that target's kernels)."""
+        from corten.codegen import emit_c
+        from corten.memory import plan_memory
+
+        self._require_lowered("emit C")
+        tgt = self.target if target is None else get_target(target)
+        plan = self.memory if tgt == self.target else plan_memory(self.ep, tgt)
+        return emit_c(self.ep, plan, out_dir, self.name, tgt, kernels=kernels)
+
+    def run_c(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
+              cmsis_nn_path: str | None = None, target: str | None = None, int8: bool = False,
+              progress: bool = False):
+        """Run the program's C library on the host or on QEMU (for the program's target, or
+        ``target``) and return its outputs as :meth:`run` does (``int8=True``: the raw int8
+        outputs, as :meth:`run_int8`).  The run's figures are kept in ``last_c_run``."""
+        import os
+
+        from corten.runners.program import ProgramRunner
+
+        self._check_inputs(inputs)
+        if getattr(self, "_runner", None) is None:
+            self._runner = ProgramRunner(self)
+        tgt = self.target if target is None else get_target(target)
+        cmsis = cmsis_nn_path or os.environ.get("CMSIS_NN_PATH")
+        outs, self.last_c_run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress)
+        if int8:
+            return outs
+        deq = [torch.ops.corten.dequantize_per_tensor(o.contiguous(), s.scale, s.zero_point)
+               for o, s in zip(outs, self.outputs)]
+        return deq[0] if len(deq) == 1 else tuple(deq)
 
     # ------------------------------------------------------------------ persistence
     def manifest(self) -> dict:

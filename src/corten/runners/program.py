@@ -1,0 +1,109 @@
+"""Run a compiled :class:`corten.program.Program` as C: emit its model library, build it for the host
+or a QEMU board, feed it the quantized input bytes and read back the output bytes.
+
+Byte layout at the C boundary: a 4-D tensor (logical NCHW in torch) is NHWC in memory; other
+ranks are row-major.  The caller quantizes inputs and dequantizes outputs, as a C application
+would with the header's scale/zero-point macros.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from corten.runners.common import CRunResult, harness_defines
+
+KERNEL_FLAVOURS = ("portable", "cmsis-nn")
+
+
+def tensor_to_c_bytes(t: torch.Tensor) -> bytes:
+    """int8 tensor -> the bytes of its C buffer (NHWC for 4-D)."""
+    if t.dim() == 4:
+        t = t.permute(0, 2, 3, 1)
+    return t.contiguous().numpy().tobytes()
+
+
+def c_bytes_to_tensor(data: bytes, shape: tuple[int, ...]) -> torch.Tensor:
+    """The bytes of a C buffer -> int8 tensor of logical ``shape`` (channels_last for 4-D)."""
+    arr = torch.from_numpy(np.frombuffer(bytearray(data), dtype=np.int8).copy())
+    if len(shape) == 4:
+        n, c, h, w = shape
+        return arr.reshape(n, h, w, c).permute(0, 3, 1, 2)
+    return arr.reshape(shape)
+
+
+def cmsis_nn_sources(cmsis_nn_path: str | Path) -> tuple[list[Path], list[Path]]:
+    """All CMSIS-NN kernel sources and its include directory, from a user's CMSIS-NN tree."""
+    root = Path(cmsis_nn_path)
+    sources = sorted(root.glob("Source/*/*.c"))
+    if not sources or not (root / "Include" / "arm_nnfunctions.h").exists():
+        raise FileNotFoundError(f"{root}: not a CMSIS-NN tree (expected Include/arm_nnfunctions.h and "
+                                "Source/*/*.c); set CMSIS_NN_PATH / cmsis_nn_path to your CMSIS-NN checkout")
+    return sources, [root / "Include"]
+
+
+@dataclass
+class CRun:
+    """The figures of the last C run of a program (``prog.last_c_run``)."""
+
+    on: str  # "host" or "qemu"
+    target: str | None  # the Cortex-M target for QEMU runs
+    kernels: str
+    wall_s: float  # host: the inference call alone; QEMU: the whole emulator run
+    instructions: int | None  # QEMU: instructions of the inference alone
+    result: CRunResult
+
+
+class ProgramRunner:
+    """Emits (once per kernels/target) and runs a program's C library."""
+
+    def __init__(self, program) -> None:
+        self.program = program
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"corten-{program.name}-"))
+        self._emitted: dict[tuple[str, str], object] = {}
+
+    def library(self, kernels: str, target) -> object:
+        key = (kernels, target.name)
+        if key not in self._emitted:
+            out = self.workdir / f"{kernels}-{target.name}" / "lib"
+            self._emitted[key] = self.program.emit_c(out, kernels=kernels, target=target.name)
+        return self._emitted[key]
+
+    def run(self, inputs: tuple[torch.Tensor, ...], on: str, kernels: str, target, cmsis_nn_path=None,
+            progress=True) -> tuple[list[torch.Tensor], CRun]:
+        from corten.runners.host import run_on_host
+        from corten.runners.qemu import run_on_qemu
+
+        if on not in ("host", "qemu"):
+            raise ValueError(f"on must be 'host' or 'qemu', got {on!r}")
+        if kernels not in KERNEL_FLAVOURS:
+            raise ValueError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
+        if len(self.program.inputs) != 1 or len(self.program.outputs) != 1:
+            raise NotImplementedError("C runs support programs with one input and one output")
+        lib = self.library(kernels, target)
+        sources, includes = list(lib.sources), list(lib.include_dirs)
+        cflags: tuple[str, ...] = ("-O2",)
+        if kernels == "cmsis-nn":
+            if cmsis_nn_path is None:
+                raise ValueError("kernels='cmsis-nn' needs cmsis_nn_path (or the CMSIS_NN_PATH variable) "
+                                 "pointing at a CMSIS-NN source tree")
+            nn_sources, nn_includes = cmsis_nn_sources(cmsis_nn_path)
+            sources += nn_sources
+            includes += nn_includes
+        q_inputs = self.program.quantize_inputs(*inputs)
+        data = tensor_to_c_bytes(q_inputs[0])
+        defines = harness_defines(f"{lib.name}.h", lib.run_symbol, lib.input_bytes, lib.output_bytes,
+                                  lib.arena_bytes, lib.arena_align)
+        kwargs = {} if progress else {"progress": lambda *a, **k: None}
+        run_dir = self.workdir / f"{kernels}-{target.name}" / f"run-{on}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if on == "host":
+            res = run_on_host(sources, includes, defines, data, lib.output_bytes, run_dir, cflags=cflags, **kwargs)
+        else:
+            res = run_on_qemu(sources, includes, defines, data, lib.output_bytes, target.name, run_dir,
+                              cflags=cflags, **kwargs)
+        out = c_bytes_to_tensor(res.output, self.program.outputs[0].shape)
+        return [out], CRun(on, target.name if on == "qemu" else None, kernels, res.wall_s, res.instructions, res)
