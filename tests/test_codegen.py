@@ -421,3 +421,10 @@ def test_cmake_builds_static_library(tmp_path):
         res = subprocess.run(cmd, capture_output=True, text=True)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert (build / "libnet.a").exists()
+
+
+def test_every_compute_op_has_an_emission_hook():
+    from corten.ops import all_op_names, hook_for
+
+    compute = [op for op in all_op_names() if op not in ("quantize_per_tensor", "dequantize_per_tensor")]
+    assert compute and all(hook_for(op, "emit_c") is not None for op in compute), compute
