@@ -80,17 +80,57 @@ def cmd_compile(args) -> int:
     report = [f"Corten program {name!r} for {prog.target.name} ({prog.target.isa})",
               f"compiled from {args.model} with {args.calib} calibration samples, seed {args.seed}", "",
               prog.operator_table()]
-    extra = getattr(prog, "memory_report", None)
-    if callable(extra):
-        report += ["", extra()]
+    if not prog.unlowered_ops():
+        report += ["", prog.memory_report()]
     text = "\n".join(report) + "\n"
     (out / "report.txt").write_text(text)
     print(text, end="")
+    if args.max_arena is not None or args.max_flash is not None:
+        from corten.memory import check_budget
+
+        check_budget(prog.memory, args.max_arena, args.max_flash)  # BudgetError -> exit code 2
+        print(f"budget: fits (arena {prog.memory.arena_bytes:,} B, flash constants {prog.memory.constant_bytes:,} B)")
+    if args.emit_c:
+        lib = prog.emit_c(out / "c", kernels=args.kernels)
+        print(f"C model library ({args.kernels} kernels): {lib.out_dir}/ ({lib.name}.h, {lib.name}.c, "
+              f"{lib.constants.name}, Makefile, CMakeLists.txt)")
     t = prog.info.get("timings_s", {})
     print(f"compiled in {elapsed:.2f} s (capture {t.get('capture', 0):.2f} s, quantize+calibrate "
           f"{t.get('quantize', 0):.2f} s, lower {t.get('lower', 0):.2f} s); wrote {out}/ "
           f"(manifest.json, program.pt2, report.txt, graphs/)")
     return 0
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+    import torch
+
+    from corten.program import load
+
+    prog = load(args.dir)
+    if args.input:
+        arr = np.load(args.input)
+        x = torch.from_numpy(np.ascontiguousarray(arr)).to(torch.float32)
+        if tuple(x.shape) != prog.inputs[0].shape:
+            raise CliError(f"{args.input}: shape {tuple(x.shape)} != the program's input {prog.inputs[0].shape}")
+    else:
+        g = torch.Generator().manual_seed(args.seed)
+        x = torch.randn(prog.inputs[0].shape, generator=g)
+    target = args.target or prog.target.name
+    print(f"corten: running {prog.name} ({args.kernels} kernels) on {args.on}"
+          + (f" ({target})" if args.on == "qemu" else ""), flush=True)
+    expected = prog.run_int8(x)[0]
+    got = prog.run_c(x, on=args.on, kernels=args.kernels, target=target, int8=True, progress=True)[0]
+    run = prog.last_c_run
+    same = torch.equal(expected, got)
+    differing = int((expected != got).sum())
+    print(f"output: {got.numel()} int8 bytes; byte-for-byte equal to the Python reference: "
+          f"{'YES' if same else f'NO ({differing} bytes differ)'}")
+    if run.instructions is not None:
+        print(f"instructions (inference only, QEMU -icount): {run.instructions:,}")
+    label = "inference wall time" if args.on == "host" else "QEMU run wall time"
+    print(f"{label}: {run.wall_s:.3f} s")
+    return 0 if same else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--name", default=None, help="C identifier for the program (default: from MODEL)")
     c.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    c.add_argument("--emit-c", action="store_true", help="also write the C model library to DIR/c")
+    c.add_argument("--kernels", default="portable", choices=["portable", "cmsis-nn"])
+    c.add_argument("--max-arena", type=int, default=None, metavar="BYTES", help="fail if the arena is larger")
+    c.add_argument("--max-flash", type=int, default=None, metavar="BYTES",
+                   help="fail if the constants (weights etc.) are larger")
     c.set_defaults(func=cmd_compile)
+    r = sub.add_parser("run", help="run a compiled program's C library on the host or QEMU and compare bytes")
+    r.add_argument("dir", help="directory written by `corten compile --out DIR`")
+    r.add_argument("--on", default="host", choices=["host", "qemu"])
+    r.add_argument("--kernels", default="portable", choices=["portable", "cmsis-nn"])
+    r.add_argument("--target", default=None, help="QEMU target (default: the program's)")
+    r.add_argument("--input", default=None, metavar="FILE.npy", help="float32 input (default: seeded random)")
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(func=cmd_run)
     return p
 
 
@@ -121,9 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # user-facing errors from the pipeline carry their own explanation
         from corten.capture import CaptureError
+        from corten.memory import BudgetError
         from corten.program import UnsupportedOpsError
+        from corten.runners import CRunnerError
 
-        if isinstance(e, (CaptureError, UnsupportedOpsError, ValueError, FileNotFoundError)):
+        if isinstance(e, (CaptureError, UnsupportedOpsError, BudgetError, CRunnerError, ValueError,
+                          FileNotFoundError, NotImplementedError)):
             print(f"corten: error: {e}", file=sys.stderr)
             return 2
         raise
