@@ -18,6 +18,7 @@ the program) is timed separately: the peer's published number covers quantize + 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -30,6 +31,10 @@ INSTALL_HINT = ("pip install executorch==1.5.1 tosa-tools==2026.5.0 torchao==0.1
 
 # Stages that make up the peer's "quantize + lower" total, in execution order.
 QUANTIZE_LOWER_STAGES = ("capture", "prepare", "calibrate", "convert", "re-export", "to_edge", "cortex_m passes")
+
+# ATen compute ops that, left in the peer's lowered graph, mean a layer was not lowered to CMSIS-NN.
+FLOAT_COMPUTE_OPS = ("convolution", "linear", "addmm", "mm", "add", "hardtanh", "relu", "clamp", "mean",
+                     "avg_pool2d", "max_pool2d", "_adaptive_avg_pool2d")
 
 
 def peer_available() -> bool:
@@ -73,6 +78,14 @@ class PeerResult:
     cortex_m_ops: dict[str, int]   # cortex_m:: op name -> count in the lowered edge graph
     other_compute_ops: dict[str, int]  # non-cortex_m call_function targets left (views, portable ops)
 
+    def float_compute_ops(self) -> dict[str, int]:
+        """Compute ops the peer left as float ATen ops (portable kernels), e.g. unlowered convolutions."""
+        def is_float_compute(name: str) -> bool:
+            parts = name.split(".")
+            return len(parts) >= 2 and parts[0] == "aten" and parts[1] in FLOAT_COMPUTE_OPS
+
+        return {k: v for k, v in self.other_compute_ops.items() if is_float_compute(k)}
+
 
 def _edge_op_counts(edge_manager) -> tuple[dict[str, int], dict[str, int]]:
     """Count ``cortex_m::`` ops vs everything else in the lowered edge program (a sanity check that
@@ -94,7 +107,7 @@ def _channels_last(x):
 
 def compile_with_peer(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
                       calibration: list[tuple[torch.Tensor, ...]], *, target: str = "cortex-m55",
-                      to_executorch: bool = True) -> PeerResult:
+                      channels_last: bool = True, to_executorch: bool = True) -> PeerResult:
     """Quantize ``model`` with ``CortexMQuantizer`` on ``calibration`` and lower it with
     ``CortexMPassManager`` for ``target``, timing each stage.
 
@@ -104,19 +117,35 @@ def compile_with_peer(model: torch.nn.Module, example_inputs: tuple[torch.Tensor
     config, then the pass manager rewrites the edge program into ``cortex_m::`` ops.  (The AOT
     compiler exports once more before the channels-last conversion; that export is skipped here,
     which only makes the peer faster.)  ``model`` is modified (pass a deep copy).
+
+    ``channels_last=False`` runs the flow on the contiguous (NCHW) model instead, as the backend's
+    SKILL.md example does: it is about twice as fast, but the backend then leaves every
+    convolution (and the activations after them) as float ATen ops, so it is no real lowering.
     """
+    from executorch.backends.cortex_m.target_config import CortexMTargetConfig
+
+    target_config = CortexMTargetConfig.from_target_string(target)
+    layout = _channels_last if channels_last else (lambda x: x)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    example_inputs = tuple(layout(x) for x in example_inputs)
+    samples = [tuple(layout(x) for x in sample) for sample in calibration]
+    previous_disable = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # the peer logs deprecation and per-layer fusion notices
+    try:
+        return _run_stages(model, example_inputs, samples, target_config, to_executorch)
+    finally:
+        logging.disable(previous_disable)
+
+
+def _run_stages(model, example_inputs, samples, target_config, to_executorch: bool) -> PeerResult:
     from executorch.backends.cortex_m.edge_compile_config import cortex_m_edge_compile_config
     from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
     from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
-    from executorch.backends.cortex_m.target_config import CortexMTargetConfig
     from executorch.exir import to_edge_transform_and_lower
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     clock = StageClock()
-    target_config = CortexMTargetConfig.from_target_string(target)
-    model = model.to(memory_format=torch.channels_last)
-    example_inputs = tuple(_channels_last(x) for x in example_inputs)
-    samples = [tuple(_channels_last(x) for x in sample) for sample in calibration]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         captured = clock.time("capture", lambda: torch.export.export(model, example_inputs).module())
