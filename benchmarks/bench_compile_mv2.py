@@ -139,6 +139,37 @@ def print_comparison(corten: StageClock, peer: StageClock | None) -> None:
         print(f"ExecuTorch is not installed, so the peer was not measured; to compare in one run: {INSTALL_HINT}")
 
 
+# (label, file path suffix, function name): the pipeline steps the profile summary reports.
+PROFILE_STEPS = (
+    ("capture (torch.export + checks)", "corten/capture/__init__.py", "capture"),
+    ("torch.export.export (all calls)", "torch/export/__init__.py", "export"),
+    ("ExportedProgram.module()", "corten/compiler.py", "unguarded_module"),
+    ("prepare_pt2e", "quantize_pt2e.py", "prepare_pt2e"),
+    ("  ATen passes (BN fusion, ...)", "corten/quantizer/quantizer.py", "transform_for_annotation"),
+    ("calibration", "corten/compiler.py", "_calibrate"),
+    ("convert_pt2e", "quantize_pt2e.py", "convert_pt2e"),
+    ("shape propagation", "corten/compiler.py", "propagate_shapes"),
+    ("Corten lowering passes", "corten/lowering/pass_manager.py", "__call__"),
+    ("stage graph texts", "corten/compiler.py", "graph_text"),
+    ("GraphModule.recompile", "torch/fx/graph_module.py", "recompile"),
+    ("copy.deepcopy", "copy.py", "deepcopy"),
+    ("module imports during compile", "<frozen importlib._bootstrap>", "_find_and_load"),
+    ("Program.save (torch.export.save)", "corten/program.py", "save"),
+)
+
+
+def profile_summary(stats: pstats.Stats) -> str:
+    """Cumulative seconds of each :data:`PROFILE_STEPS` entry (largest when a name has several)."""
+    lines = [f"  {'step':<36}{'cum (s)':>9}{'calls':>8}"]
+    for label, path_suffix, func in PROFILE_STEPS:
+        hits = [(ct, nc) for (path, _, name), (_, nc, _, ct, _) in stats.stats.items()
+                if name == func and path.endswith(path_suffix)]
+        if hits:
+            ct, nc = max(hits)
+            lines.append(f"  {label:<36}{ct:>9.2f}{nc:>8}")
+    return "\n".join(lines)
+
+
 def profile_corten(model, example_inputs, calibration, opts) -> None:
     """cProfile Corten's compile + save (cold, this process's first compile) and print the top entries."""
     prof = cProfile.Profile()
@@ -148,8 +179,12 @@ def profile_corten(model, example_inputs, calibration, opts) -> None:
         prof.disable()
     print_stages("Corten under cProfile (times inflated by the profiler)", clock, (*CORTEN_STAGES, "compile", "save"))
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(opts.profile)
-    print(buf.getvalue())
+    stats = pstats.Stats(prof, stream=buf)
+    print("where the time goes (cumulative, nested entries overlap):")
+    print(profile_summary(stats))
+    if opts.profile > 0:
+        stats.sort_stats("cumulative").print_stats(opts.profile)
+        print(buf.getvalue())
     if opts.profile_out:
         prof.dump_stats(opts.profile_out)
         print(f"wrote {opts.profile_out} (load with pstats / snakeviz)")
@@ -167,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peer-layout", choices=("channels-last", "contiguous"), default="channels-last",
                         help="channels-last (default) is what the peer's AOT compiler does and lowers every layer; "
                              "contiguous is its SKILL.md example, faster but it leaves the convolutions in float")
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
+    parser.add_argument("--profile", type=int, default=None, metavar="N",
                         help="instead of comparing, cProfile Corten's compile and print the top N cumulative entries")
     parser.add_argument("--profile-out", default=None, help="with --profile: also dump the raw stats here")
     opts = parser.parse_args(argv)
@@ -185,13 +220,13 @@ def main(argv: list[str] | None = None) -> None:
     build_s = time.perf_counter() - t0
     calibration = default_calibration(example_inputs, opts.calib, opts.seed)
     peer_model = copy.deepcopy(model)
-    use_peer = not opts.no_peer and not opts.profile and peer_available()
+    use_peer = not opts.no_peer and opts.profile is None and peer_available()
     print(f"{opts.model}, {opts.calib} calibration samples, torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread(s); importing Corten {imports_s:.2f} s, building the model "
           f"{build_s:.2f} s (neither counted below)")
     print()
 
-    if opts.profile:
+    if opts.profile is not None:
         profile_corten(model, example_inputs, calibration, opts)
         return
 
