@@ -51,6 +51,7 @@ def count_ops(graph) -> dict[str, int]:
 
 
 class Tester:
+    __test__ = False  # not a pytest test class
     def __init__(self, model: torch.nn.Module, example_inputs: tuple, target: str = "cortex-m55",
                  calibration=None, seed: int = 0):
         self.model = model.eval()
