@@ -2,7 +2,9 @@
 
 Corten's side does what ``corten compile mv2 --out DIR`` does after building the model: capture,
 BatchNorm fusion, quantization with 8 calibration samples, lowering (``corten.compile``), then
-``Program.save`` plus the stage graphs and the report into a temporary directory.  The peer's side
+``Program.save`` plus the stage graphs and the report (operator table and memory plan) into a
+temporary directory.  Importing Corten and building the model are reported but not counted (the
+peer's time does not count its imports either).  The peer's side
 (only when ``executorch`` imports; see ``peer_executorch.py`` for how to install it) runs
 ``CortexMQuantizer`` + ``prepare_pt2e`` + calibration + ``convert_pt2e`` + export +
 ``to_edge_transform_and_lower`` with ``CortexMPassManager`` on a deep copy of the SAME model with
@@ -47,7 +49,8 @@ def corten_compile_and_save(model, example_inputs, calibration, out_dir: Path, t
     """``corten compile``'s work: ``corten.compile`` then save program, stage graphs and report.
 
     Returns a clock with the compiler's own per-stage wall times (``prog.info["timings_s"]``),
-    the whole compile's wall and CPU time under ``"compile"`` and the saving under ``"save"``.
+    the whole compile's wall and CPU time under ``"compile"``, the saving under ``"save"`` and the
+    memory plan for the report under ``"memory plan"``.
     """
     from corten.cli import STAGE_FILES
     from corten.compiler import compile as corten_compile
@@ -66,7 +69,14 @@ def corten_compile_and_save(model, example_inputs, calibration, out_dir: Path, t
             (graphs / fname).write_text(prog.stages.get(stage, ""))
         (out_dir / "report.txt").write_text(prog.operator_table() + "\n")
 
+    def memory_plan():
+        # The CLI's report.txt carries the memory plan of a fully lowered program.
+        if not prog.unlowered_ops() and hasattr(prog, "memory_report"):
+            with (out_dir / "report.txt").open("a") as f:
+                f.write("\n" + prog.memory_report() + "\n")
+
     clock.time("save", save)
+    clock.time("memory plan", memory_plan)
     for stage, seconds in prog.info.get("timings_s", {}).items():
         clock.wall[stage] = seconds
     return clock, prog
@@ -87,7 +97,7 @@ def run_corten(model, example_inputs, calibration, opts) -> StageClock:
         counts = prog.op_counts()
         unlowered = len(prog.unlowered_ops())
     print_stages(f"Corten: corten.compile + save ({sum(counts.values())} Corten ops, {unlowered} unlowered)",
-                 clock, (*CORTEN_STAGES, "compile", "save"))
+                 clock, (*CORTEN_STAGES, "compile", "save", "memory plan"))
     return clock
 
 
@@ -112,7 +122,7 @@ def run_peer(model, example_inputs, calibration, target: str, layout: str) -> St
 
 
 def print_comparison(corten: StageClock, peer: StageClock | None) -> None:
-    c_stages = ("compile", "save")
+    c_stages = ("compile", "save", "memory plan")
     rows = [("Corten compile + save", corten.total(c_stages), corten.total(c_stages, "cpu"))]
     if peer is not None:
         rows.append(("ExecuTorch quantize + lower", peer.total(QUANTIZE_LOWER_STAGES),
@@ -177,7 +187,8 @@ def profile_corten(model, example_inputs, calibration, opts) -> None:
         prof.enable()
         clock, _ = corten_compile_and_save(model, example_inputs, calibration, Path(tmp), opts.target, opts.seed)
         prof.disable()
-    print_stages("Corten under cProfile (times inflated by the profiler)", clock, (*CORTEN_STAGES, "compile", "save"))
+    print_stages("Corten under cProfile (times inflated by the profiler)", clock,
+                 (*CORTEN_STAGES, "compile", "save", "memory plan"))
     buf = io.StringIO()
     stats = pstats.Stats(prof, stream=buf)
     print("where the time goes (cumulative, nested entries overlap):")
