@@ -145,7 +145,8 @@ def print_comparison(corten: StageClock, peer: StageClock | None) -> None:
               f"quantize + lower (wall {c_wall:.2f} s vs {p_wall:.2f} s; cpu {c_cpu:.2f} s vs {p_cpu:.2f} s)")
     else:
         print(f"{'peer (published, not measured)':<32}{PEER_PUBLISHED_S:>10.2f}")
-        print(f"(ratio vs the published number: {PEER_PUBLISHED_S / c_wall:.2f} on wall time)")
+        print(f"(published peer / measured Corten, wall: {PEER_PUBLISHED_S / c_wall:.2f}; meaningful on a quiet "
+              "machine only: under load the wall clock includes waiting for a core)")
         print(f"ExecuTorch is not installed, so the peer was not measured; to compare in one run: {INSTALL_HINT}")
 
 
