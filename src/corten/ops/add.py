@@ -85,7 +85,9 @@ family = register_family(OpFamily(FAMILY, ("quantized_add",), doc=__doc__))
 # ----------------------------------------------------------------------------- lowering
 from corten.lowering.match import LoweringError, Match  # noqa: E402
 from corten.lowering.qparams import add_params  # noqa: E402
-from corten.ops.registry import lowers  # noqa: E402
+from corten.ops.registry import annotates, lowers  # noqa: E402
+
+annotates("binary", torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
 
 
 @lowers(torch.ops.aten.add.Tensor)

@@ -235,7 +235,9 @@ family = register_family(OpFamily(FAMILY, ("quantized_conv2d", "quantized_depthw
 # ----------------------------------------------------------------------------- lowering
 from corten.lowering.match import LoweringError, Match  # noqa: E402
 from corten.lowering.qparams import per_channel_multipliers  # noqa: E402
-from corten.ops.registry import lowers  # noqa: E402
+from corten.ops.registry import annotates, lowers  # noqa: E402
+
+annotates("weighted", torch.ops.aten.conv2d.default, torch.ops.aten.conv1d.default)
 
 
 def _conv_args(node):

@@ -82,7 +82,9 @@ family = register_family(OpFamily(FAMILY, ("quantized_linear",), doc=__doc__))
 # ----------------------------------------------------------------------------- lowering
 from corten.lowering.match import LoweringError, Match  # noqa: E402
 from corten.lowering.qparams import per_channel_multipliers  # noqa: E402
-from corten.ops.registry import lowers  # noqa: E402
+from corten.ops.registry import annotates, lowers  # noqa: E402
+
+annotates("weighted", torch.ops.aten.linear.default)
 
 
 @lowers(torch.ops.aten.linear.default)

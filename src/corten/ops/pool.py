@@ -111,9 +111,12 @@ family = register_family(OpFamily(FAMILY, ("quantized_avg_pool2d", "quantized_ma
 
 # ----------------------------------------------------------------------------- lowering
 from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.ops.registry import lowers  # noqa: E402
+from corten.ops.registry import annotates, lowers  # noqa: E402
 
 _aten = torch.ops.aten
+
+annotates("shared", _aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.max_pool2d.default,
+          _aten.mean.dim)
 
 
 def _same_qparams(m: Match) -> None:

@@ -77,6 +77,46 @@ def lowered_aten_ops() -> list[Any]:
     return list(_LOWERINGS)
 
 
+@dataclass(frozen=True)
+class Annotation:
+    """How CortenQuantizer annotates one ATen op (declared by the op family that lowers it).
+
+    ``kind``:
+      * ``"weighted"`` - conv/linear-like: int8 activation input, per-channel symmetric weight
+        (quantized along ``weight_axis``), int32 bias, int8 output after a fused activation;
+      * ``"binary"``   - two int8 activation inputs, int8 output after a fused activation;
+      * ``"unary"``    - one int8 activation input, an int8 output with its own qparams;
+      * ``"fixed"``    - as unary, with output qparams fixed to ``fixed = (scale, zero_point)``;
+      * ``"shared"``   - output (and any further tensor inputs) share the first input's qparams.
+    """
+
+    kind: str
+    weight_axis: int = 0
+    fixed: tuple[float, int] | None = None
+
+
+ANNOTATION_KINDS = ("weighted", "binary", "unary", "fixed", "shared")
+_ANNOTATIONS: dict[Any, Annotation] = {}
+
+
+def annotates(kind: str, *aten_targets: Any, weight_axis: int = 0, fixed: tuple[float, int] | None = None) -> None:
+    """Declare how the quantizer annotates ``aten_targets`` (see :class:`Annotation`)."""
+    if kind not in ANNOTATION_KINDS:
+        raise ValueError(f"annotation kind {kind!r} is not one of {ANNOTATION_KINDS}")
+    for t in aten_targets:
+        if t in _ANNOTATIONS:
+            raise ValueError(f"two annotations for {t}")
+        _ANNOTATIONS[t] = Annotation(kind, weight_axis, fixed)
+
+
+def annotation_for(aten_target: Any) -> Annotation | None:
+    return _ANNOTATIONS.get(aten_target)
+
+
+def annotated_aten_ops() -> list[Any]:
+    return list(_ANNOTATIONS)
+
+
 def families() -> dict[str, OpFamily]:
     return dict(_FAMILIES)
 

@@ -10,11 +10,17 @@ from __future__ import annotations
 import torch
 
 from corten.lowering.match import LoweringError, Match
-from corten.ops.registry import OpFamily, lowers, register_family
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 aten = torch.ops.aten
 
 family = register_family(OpFamily("shape", (), doc=__doc__))
+
+RESHAPES = (aten.flatten.using_ints, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default)
+IDENTITIES = (aten.dropout.default, aten.clone.default, aten.alias.default, aten.contiguous.default,
+              aten.detach.default)
+annotates("shared", *RESHAPES, *IDENTITIES)
 
 
 def _check_shared(m: Match) -> None:
@@ -22,8 +28,7 @@ def _check_shared(m: Match) -> None:
         raise LoweringError("a shape-only op must keep its input's quantization parameters")
 
 
-@lowers(aten.flatten.using_ints, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
-        aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default)
+@lowers(*RESHAPES)
 def lower_reshape(m: Match):
     _check_shared(m)
     shape = list(m.node.meta["val"].shape)
@@ -32,8 +37,7 @@ def lower_reshape(m: Match):
     return m.call_aten(aten.reshape.default, m.inputs[0].node, shape)
 
 
-@lowers(aten.dropout.default, aten.clone.default, aten.alias.default, aten.contiguous.default,
-        aten.detach.default)
+@lowers(*IDENTITIES)
 def lower_identity(m: Match):
     """Eval-mode dropout, clone and friends are no-ops on the int8 tensor: they vanish."""
     _check_shared(m)

@@ -30,6 +30,7 @@ from torchao.quantization.pt2e.observer import (
 )
 from torchao.quantization.pt2e.quantizer import (
     DerivedQuantizationSpec,
+    FixedQParamsQuantizationSpec,
     QuantizationAnnotation,
     QuantizationSpec,
     Quantizer,
@@ -38,9 +39,7 @@ from torchao.quantization.pt2e.quantizer import (
 
 aten = torch.ops.aten
 
-CONV_OPS = {aten.conv2d.default, aten.conv1d.default, aten.conv2d.padding, aten.conv1d.padding}
-LINEAR_OPS = {aten.linear.default}
-ADD_OPS = {aten.add.Tensor, aten.add_.Tensor}
+# Activations fused into the op before them (conv/linear/add...): no quantize in between.
 ACTIVATION_OPS = {
     aten.relu.default, aten.relu_.default, aten.relu6.default,
     aten.hardtanh.default, aten.hardtanh_.default, aten.clamp.default, aten.clamp_.default,
@@ -48,16 +47,6 @@ ACTIVATION_OPS = {
 # Training-mode BatchNorm that QAT keeps between a conv and its activation.
 QAT_BATCH_NORM_OPS = {aten.batch_norm.default, aten._native_batch_norm_legit.default,
                       aten._native_batch_norm_legit_no_training.default}
-POOL_OPS = {
-    aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default, aten.max_pool2d.default,
-    aten.max_pool2d_with_indices.default, aten.mean.dim,
-}
-PASSTHROUGH_OPS = {
-    aten.flatten.using_ints, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
-    aten.permute.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
-    aten.unsqueeze.default, aten.dropout.default, aten.clone.default, aten.alias.default,
-    aten.contiguous.default, aten.detach.default,
-}
 
 INT8_MIN, INT8_MAX = -128, 127
 
@@ -159,32 +148,41 @@ class CortenQuantizer(Quantizer):
         return model
 
     def annotate(self, model: GraphModule) -> GraphModule:
+        """Annotate every op an op family declared (``corten.ops.registry.annotates``)."""
+        import corten.ops  # noqa: F401  (the families declare their annotations on import)
+        from corten.ops.registry import annotation_for
+
         act = activation_qspec(self.is_qat)
-        for node in model.graph.nodes:
-            if node.op != "call_function" or _annotated(node):
-                continue
-            if node.target in CONV_OPS or node.target in LINEAR_OPS:
-                self._annotate_weighted(node, act)
-            elif node.target in ADD_OPS:
-                self._annotate_add(node, act)
-        # Shared-qparam ops last, so that their producers are already annotated.
-        for node in model.graph.nodes:
-            if node.op != "call_function" or _annotated(node):
-                continue
-            if node.target in POOL_OPS or node.target in PASSTHROUGH_OPS:
-                self._annotate_shared(node, act)
+        # Compute ops first; shared-qparam ops last, so that their producers are annotated.
+        for shared_pass in (False, True):
+            for node in model.graph.nodes:
+                if node.op != "call_function" or _annotated(node):
+                    continue
+                ann = annotation_for(node.target)
+                if ann is None or (ann.kind == "shared") != shared_pass or not _float_tensors_only(node):
+                    continue
+                if ann.kind == "weighted":
+                    self._annotate_weighted(node, act, ann.weight_axis)
+                elif ann.kind == "binary":
+                    self._annotate_binary(node, act)
+                elif ann.kind == "unary":
+                    _mark(node, {node.args[0]: act}, act) if isinstance(node.args[0], Node) else None
+                elif ann.kind == "fixed":
+                    self._annotate_fixed(node, act, ann.fixed)
+                else:
+                    self._annotate_shared(node, act)
         return model
 
     def validate(self, model: GraphModule) -> None:
         pass
 
     # -- patterns
-    def _annotate_weighted(self, node: Node, act: QuantizationSpec) -> None:
+    def _annotate_weighted(self, node: Node, act: QuantizationSpec, weight_axis: int = 0) -> None:
         x, w = node.args[0], node.args[1]
-        bias = node.args[2] if len(node.args) > 2 else None
+        bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
         if not isinstance(x, Node) or not isinstance(w, Node):
             return
-        inputs = {x: act, w: weight_qspec(self.is_qat, 0)}
+        inputs = {x: act, w: weight_qspec(self.is_qat, weight_axis)}
         if isinstance(bias, Node):
             inputs[bias] = bias_qspec(x, w, node)
         chain = _fused_tail(node, allow_bn=self.is_qat)
@@ -196,22 +194,55 @@ class CortenQuantizer(Quantizer):
             _mark(mid)
         _mark(chain[-1], None, act)
 
-    def _annotate_add(self, node: Node, act: QuantizationSpec) -> None:
-        a, b = node.args[0], node.args[1]
-        if not (isinstance(a, Node) and isinstance(b, Node)) or node.kwargs.get("alpha", 1) != 1:
+    def _annotate_binary(self, node: Node, act: QuantizationSpec) -> None:
+        inputs = {a: act for a in node.args[:2] if isinstance(a, Node)}
+        if not inputs or node.kwargs.get("alpha", 1) != 1:
             return
         chain = _fused_tail(node)
-        _mark(node, {a: act, b: act}, act if len(chain) == 1 else None)
+        _mark(node, inputs, act if len(chain) == 1 else None)
         if len(chain) > 1:
             _mark(chain[-1], None, act)
 
-    def _annotate_shared(self, node: Node, act: QuantizationSpec) -> None:
+    def _annotate_fixed(self, node: Node, act: QuantizationSpec, fixed: tuple[float, int]) -> None:
         x = node.args[0]
         if not isinstance(x, Node):
             return
-        _mark(node, {x: act}, SharedQuantizationSpec((x, node)))
+        scale, zero_point = fixed
+        out = FixedQParamsQuantizationSpec(dtype=torch.int8, scale=scale, zero_point=zero_point,
+                                           quant_min=INT8_MIN, quant_max=INT8_MAX, qscheme=torch.per_tensor_affine)
+        _mark(node, {x: act}, out)
+
+    def _annotate_shared(self, node: Node, act: QuantizationSpec) -> None:
+        """Output and every tensor input share the first input's qparams (e.g. pooling, reshape, cat)."""
+        tensors = [a for a in _flat_args(node) if isinstance(a, Node)]
+        if not tensors:
+            return
+        first = tensors[0]
+        inputs = {first: act}
+        for other in tensors[1:]:
+            inputs[other] = SharedQuantizationSpec((first, node))
+        _mark(node, inputs, SharedQuantizationSpec((first, node)))
+
+
+def _float_tensors_only(node: Node) -> bool:
+    """Only float activations are quantized (``num_batches_tracked += 1`` in QAT graphs is not)."""
+    for a in [*_flat_args(node), node]:
+        val = a.meta.get("val") if isinstance(a, Node) else None
+        if isinstance(val, torch.Tensor) and not val.dtype.is_floating_point:
+            return False
+    return True
+
+
+def _flat_args(node: Node) -> list:
+    out = []
+    for a in node.args:
+        out.extend(a if isinstance(a, (list, tuple)) else [a])
+    return out
 
 
 def quantizable_ops() -> Iterable[Callable]:
     """Every ATen op the quantizer annotates (the lowering covers the same set)."""
-    return CONV_OPS | LINEAR_OPS | ADD_OPS | ACTIVATION_OPS | POOL_OPS | PASSTHROUGH_OPS
+    import corten.ops  # noqa: F401
+    from corten.ops.registry import annotated_aten_ops
+
+    return set(annotated_aten_ops()) | ACTIVATION_OPS
