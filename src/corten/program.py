@@ -278,8 +278,12 @@ def load(path: str | Path) -> Program:
     if not man_path.exists():
         raise FileNotFoundError(f"{p}: no {MANIFEST} here; expected a directory written by Program.save "
                                 "or `corten compile --out DIR`")
-    man = json.loads(man_path.read_text())
-    if man.get("format") != "corten-program":
+    try:
+        man = json.loads(man_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{man_path}: not a valid Corten manifest (JSON error: {e}); recompile or re-save "
+                         "the program") from None
+    if not isinstance(man, dict) or man.get("format") != "corten-program":
         raise ValueError(f"{man_path}: not a Corten program manifest")
     if man.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{man_path}: format version {man.get('format_version')} is not {FORMAT_VERSION}; "

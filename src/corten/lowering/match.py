@@ -9,7 +9,6 @@ and lets it add constants and Corten nodes.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -90,8 +89,10 @@ def source_location(node: Node) -> str:
     lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip().startswith("File ")]
     if not lines:
         return "<unknown source>"
+    # Prefer the innermost frame in the user's code over torch's own layers (nn.Conv2d.forward...).
+    user = [ln for ln in lines if not _is_library_frame(ln)]
     # 'File "/path/m.py", line 12, in forward'
-    last = lines[-1]
+    last = (user or lines)[-1]
     try:
         path = last.split('"')[1]
         rest = last.split('"', 2)[2].strip(", ")
@@ -100,7 +101,18 @@ def source_location(node: Node) -> str:
         return last
 
 
-_uid = itertools.count()
+def _is_library_frame(line: str) -> bool:
+    import os
+
+    path = line.split('"')[1] if line.count('"') >= 2 else line
+    roots = [os.path.dirname(torch.__file__)]
+    try:
+        import torchao
+
+        roots.append(os.path.dirname(torchao.__file__))
+    except ImportError:  # pragma: no cover
+        pass
+    return any(path.startswith(r + os.sep) for r in roots)
 
 
 @dataclass
@@ -148,9 +160,24 @@ class Match:
         raise LoweringError(f"{self.node.name}: argument {dq.name} is not a quantized constant "
                             "(weights must be constants quantized by CortenQuantizer)")
 
+    def bias_int32(self, bias_arg, input_scale: float, weight_scales: torch.Tensor) -> torch.Tensor | None:
+        """The int32 bias: from its quantized constant, or - for a float bias the quantizer did not
+        see (QAT's conv-BN folding adds one) - quantized here with scale input_scale * weight_scale."""
+        if bias_arg is None:
+            return None
+        if isinstance(bias_arg, Node) and bias_arg.op == "get_attr":
+            b = self.constant(bias_arg).to(torch.float64)
+            q = b / (float(input_scale) * weight_scales.to(torch.float64))
+            q = torch.sign(q) * torch.floor(q.abs() + 0.5)
+            return q.clamp(-(2**31) + 1, 2**31 - 1).to(torch.int32)
+        return self.quantized_constant(bias_arg)[0].to(torch.int32)
+
     # -- building the replacement
     def add_constant(self, tensor: torch.Tensor, hint: str) -> Node:
-        name = f"_corten_{hint}_{next(_uid)}"
+        # Named after the node it serves, so that compiling a model twice gives the same program.
+        name = f"_corten_{self.node.name}_{hint}"
+        while hasattr(self.gm, name):
+            name += "_"
         self.gm.register_buffer(name, tensor.detach().clone().contiguous())
         with self.gm.graph.inserting_before(self.out_q):
             n = self.gm.graph.get_attr(name)

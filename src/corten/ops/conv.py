@@ -266,10 +266,7 @@ def lower_conv2d(m: Match):
     c_out, c_in_per_group, kh, kw = weight.shape
     c_in = m.node.args[0].meta["val"].shape[1]
     groups = int(a["groups"])
-    bias = None
-    if a["bias"] is not None:
-        bias, _, _ = m.quantized_constant(a["bias"])
-        bias = bias.to(torch.int32)
+    bias = m.bias_int32(a["bias"], x.qparams.scale, w_scales)
     mult, shift = per_channel_multipliers(x.qparams.scale, w_scales, m.output.scale)
     if mult.numel() == 1 and c_out > 1:
         mult, shift = mult.expand(c_out).clone(), shift.expand(c_out).clone()

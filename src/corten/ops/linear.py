@@ -95,7 +95,7 @@ def lower_linear(m: Match):
     if axis not in (None, 0):
         raise LoweringError(f"weights quantized along axis {axis}; expected per-output-feature (axis 0)")
     bias_arg = m.node.args[2] if len(m.node.args) > 2 else m.node.kwargs.get("bias")
-    bias = m.quantized_constant(bias_arg)[0].to(torch.int32) if bias_arg is not None else None
+    bias = m.bias_int32(bias_arg, x.qparams.scale, w_scales)
     mult, shift = per_channel_multipliers(x.qparams.scale, w_scales, m.output.scale)
     weight = weight.to(torch.int8).contiguous()
     ksum = kernel_sum(weight, bias, x.qparams.offset)

@@ -130,10 +130,12 @@ def _fused_tail(node: Node, allow_bn: bool = False) -> list[Node]:
 class CortenQuantizer(Quantizer):
     """PT2E quantizer for Corten (CMSIS-NN int8).  ``is_qat`` selects fake-quant modules."""
 
-    def __init__(self, is_qat: bool = False, aten_passes: bool = True):
+    def __init__(self, is_qat: bool = False, aten_passes: bool | None = None):
         super().__init__()
         self.is_qat = is_qat
-        self.aten_passes = aten_passes
+        # The ATen passes fold inference BatchNorms; QAT trains through its BatchNorms, which
+        # prepare_qat_pt2e folds itself, so they are off by default there.
+        self.aten_passes = (not is_qat) if aten_passes is None else aten_passes
         self.transformed_graph_text: str | None = None  # the graph after the ATen passes, for reports
 
     # -- torchao Quantizer API

@@ -124,14 +124,15 @@ class Tester:
                 fq = _as_list(self.converted(*inp))
                 ref = _as_list(self.model(*inp))
             for g, q, r, spec in zip(got, fq, ref, self.program.outputs):
-                steps = max(steps, float(((g - q).abs() / spec.scale).max()))
+                # a difference of k steps is k * scale in float32: round off the float32 noise
+                steps = max(steps, round(float(((g - q).abs() / spec.scale).max()), 3))
                 abs_err = max(abs_err, float((g - r).abs().max()))
                 cosines.append(float(torch.nn.functional.cosine_similarity(g.flatten(), r.flatten(), dim=0)))
                 if g.dim() == 2 and g.shape[1] > 1:
                     top1.append(float((g.argmax(1) == r.argmax(1)).float().mean()))
         report = DialectReport(before, after, round(steps, 6), abs_err, sum(cosines) / len(cosines),
                                (sum(top1) / len(top1)) if top1 else None, len(inputs))
-        assert steps <= qtol + 1e-6, f"int8 program differs from the fake-quantized model by {steps} steps > {qtol}"
+        assert steps <= qtol, f"int8 program differs from the fake-quantized model by {steps} steps > {qtol}"
         return report
 
     def test_implementation(self, on: tuple[str, ...] = ("host", "qemu"), kernels: str = "portable",
