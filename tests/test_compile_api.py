@@ -129,8 +129,6 @@ def test_ceil_mode_pool_names_the_user_line():
         corten.compile(CeilModePool().eval(), (torch.randn(1, 3, 8, 8),), calibration=one_sample((1, 3, 8, 8)))
 
 
-@pytest.mark.xfail(strict=True, reason="lowering.match.source_location reports the last stack frame, which for "
-                   "an nn.Module layer is torch/nn/modules/conv.py, not the user's line that called the layer")
 def test_refused_layer_names_the_user_line():
     with pytest.raises(UnsupportedOpsError, match=source_line(GroupedConv, "grouped-conv")):
         corten.compile(GroupedConv().eval(), (torch.randn(1, 4, 6, 6),), calibration=one_sample((1, 4, 6, 6)))
@@ -209,9 +207,6 @@ def test_random_calibration_is_seeded(small):
     assert not _same_constants(prog, other_seed)
 
 
-@pytest.mark.xfail(strict=True, reason="lowering.match.Match.add_constant names buffers from a process-wide "
-                   "counter (_corten_weight_3, ...), so compiling the same model twice gives differently named "
-                   "constants and a different program.pt2 / sha256")
 def test_recompiling_gives_an_identical_program(small):
     model, inputs, prog = small
     again = corten.compile(model, inputs)
@@ -268,8 +263,6 @@ def test_load_refuses_a_wrong_manifest(saved, edit, message):
         corten.load(saved)
 
 
-@pytest.mark.xfail(strict=True, reason="corten.program.load passes json.JSONDecodeError through: the message "
-                   "('Expecting value: line 1 column 1') names neither the manifest file nor what to do")
 def test_load_refuses_a_corrupt_manifest_naming_it(saved):
     (saved / MANIFEST).write_text('{"format": "corten-program", "format_vers')
     with pytest.raises(ValueError, match=MANIFEST):

@@ -30,12 +30,6 @@ A_DROPOUT = "aten.dropout.default"
 QD_Q = "quantized_decomposed.quantize_per_tensor.default"
 QD_DQ_CH = "quantized_decomposed.dequantize_per_channel.default"
 
-# Tester.test_dialect measures |int8 - fake-quant| / scale in float32, so a genuine one-step
-# difference can read as 1.0000018 steps and trip ``qtol=1`` (see
-# test_one_step_difference_counts_as_one_step below).  Until the Tester counts steps on the
-# integer grid, the cases get this much slack; a real second step still fails.
-STEP_ROUNDING_SLACK = 1e-4
-
 
 def lowered(n_inputs: int = 1, **ops: int) -> dict[str, int]:
     """The expected ``Program.op_counts()``: input quantizes, ``ops``, one output dequantize."""
@@ -272,7 +266,7 @@ def make_tester(case: Case, seed: int = 0) -> DialectTester:
 def test_lowering_rule(case: Case):
     tester = make_tester(case)
     report = tester.test_dialect(ops_before=case.ops_before, ops_after=case.ops_after,
-                                 qtol=case.qtol + STEP_ROUNDING_SLACK)
+                                 qtol=case.qtol)
     before = count_ops(tester.quantized_ep.graph)
     for gone in case.absent_before:
         assert gone not in before, f"{gone} should have been removed before quantization: {before}"
@@ -293,10 +287,9 @@ def test_one_output_step_is_checked():
         tester.test_dialect(ops_before={}, ops_after=CONV_CASES[0].ops_after, qtol=0)
 
 
-@pytest.mark.xfail(strict=True, reason="Tester.test_dialect divides float32 differences by the output scale: "
-                   "a one-step difference reads as 1.0000018 steps and fails qtol=1")
 def test_one_step_difference_counts_as_one_step():
-    """conv without bias: its int8 output is at most one step from fake-quant (max measured 1.000003)."""
+    """A one-step difference reads as 1.000003 steps in float32 (conv without bias); it must
+    still pass ``qtol=1``."""
     case = next(c for c in CONV_CASES if c.id == "conv_no_bias")
     make_tester(case).test_dialect(ops_before={}, ops_after=case.ops_after, qtol=1)
 
@@ -306,9 +299,9 @@ def test_wrong_expected_ops_fail():
     case = CONV_CASES[0]
     tester = make_tester(case).lower()
     with pytest.raises(AssertionError, match="ops after lowering"):
-        tester.test_dialect(ops_before={}, ops_after=lowered(**{DW: 1}), qtol=1 + STEP_ROUNDING_SLACK)
+        tester.test_dialect(ops_before={}, ops_after=lowered(**{DW: 1}), qtol=1)
     with pytest.raises(AssertionError, match="ops before lowering"):
-        tester.test_dialect(ops_before={A_CONV: 2}, ops_after=case.ops_after, qtol=1 + STEP_ROUNDING_SLACK)
+        tester.test_dialect(ops_before={A_CONV: 2}, ops_after=case.ops_after, qtol=1)
 
 
 ACTIVATION_BOUNDS = {"conv_relu": (0.0, None), "conv_relu6": (0.0, 6.0), "conv_hardtanh": (-1.0, 1.0),
