@@ -198,8 +198,8 @@ class CortenQuantizer(Quantizer):
 
     def _annotate_binary(self, node: Node, act: QuantizationSpec) -> None:
         inputs = {a: act for a in node.args[:2] if isinstance(a, Node)}
-        if not inputs or node.kwargs.get("alpha", 1) != 1:
-            return
+        if not inputs:
+            return  # (an unsupported variant such as add with alpha != 1 is refused, with its reason, by its lowering rule)
         chain = _fused_tail(node)
         _mark(node, inputs, act if len(chain) == 1 else None)
         if len(chain) > 1:
