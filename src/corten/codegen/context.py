@@ -114,6 +114,14 @@ class EmitContext:
             self.fail("the memory plan puts this op's output in the caller's input buffer")
         return expr
 
+    def portable_kernel(self) -> None:
+        """Declare that this node calls Corten's portable kernel in every flavour (an op CMSIS-NN has
+        no kernel for): the "cmsis-nn" library then also gets the family's ``<family>.c`` and the
+        Corten headers."""
+        from corten.ops.registry import family_of
+
+        self._gen.portable_families.add(family_of(self.op_name).name)
+
     def scratch(self) -> tuple[str, int]:
         """``(void * expression, bytes)`` of the planned scratch buffer; ``("NULL", 0)`` if none."""
         return self._gen.scratch_expr(self.node)

@@ -96,6 +96,7 @@ class _Generator:
     arrays: dict[str, _Array] = field(default_factory=dict)  # key -> array, in first-use order
     families: set[str] = field(default_factory=set)
     uses_layout: bool = False
+    portable_families: set[str] = field(default_factory=set)  # families run portably in every flavour
 
     def __post_init__(self):
         self.macro = self.name.upper()
@@ -389,7 +390,7 @@ def _source(g: _Generator, statements: list[str], arena_bytes: int) -> str:
     includes = [f'#include "{g.name}.h"', f'#include "{g.name}_constants.h"']
     if g.kernels == "cmsis-nn":
         includes.append('#include "arm_nnfunctions.h"')
-    if g.kernels == "portable" or g.uses_layout:
+    if g.kernels == "portable" or g.uses_layout or g.portable_families:
         includes.append('#include "corten_kernels.h"')
     body = "\n\n".join(statements)
     body = "\n".join(("    " + line) if line else line for line in body.split("\n"))
@@ -483,10 +484,12 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         f"{name}_constants.c": _constants_source(g),
     }
     kernel_names: list[str] = []
-    if kernels == "portable" or g.uses_layout:
+    if kernels == "portable" or g.uses_layout or g.portable_families:
         kernel_names += list(KERNEL_HEADERS)
     if kernels == "portable":
         kernel_names += [f"{fam}.c" for fam in sorted(g.families)]
+    else:  # ops without a CMSIS-NN kernel run Corten's portable one (EmitContext.portable_kernel)
+        kernel_names += [f"{fam}.c" for fam in sorted(g.portable_families)]
     if g.uses_layout:
         kernel_names.append("layout.c")
     for kname in kernel_names:

@@ -130,6 +130,85 @@ int corten_nhwc_to_nchw_s8(const corten_dims *dims, const int8_t *input, int8_t 
 /** Copy values held in NCHW order into an NHWC tensor of shape dims (an un-flatten before a conv). */
 int corten_nchw_to_nhwc_s8(const corten_dims *dims, const int8_t *input, int8_t *output);
 
+/** Elementwise table lookup: output[i] = table[input[i] + 128] for `size` bytes (table: int8 [256]);
+ *  output may be the same buffer as input (see corten/ops/lut.py). */
+int corten_lut_s8(const int8_t *input, const int8_t *table, int8_t *output, int32_t size);
+
+/**
+ * Grouped conv2d, NHWC input, OHWI filter [C_out, kH, kW, C_in / groups] (groups = C_in / filter C, as
+ * arm_convolve_s8), optional int32 bias [C_out]; output channel o reads the input channels of group
+ * o / (C_out / groups).  params->depth_multiplier is ignored.
+ */
+int corten_grouped_conv2d_s8(const corten_conv_params *params, const corten_quant *quant,
+                             const corten_dims *input_dims, const int8_t *input,
+                             const corten_dims *filter_dims, const int8_t *filter, const int32_t *bias,
+                             const corten_dims *output_dims, int8_t *output);
+
+/**
+ * Broadcast geometry of a binary elementwise op (see corten/ops/mul.py loop_geometry): the output's
+ * dims in storage order (NHWC for 4-D tensors, row-major for lower ranks padded with leading 1s) and
+ * each input's element strides along those dims (0 where the input is broadcast).
+ */
+typedef struct {
+    corten_dims output;
+    corten_dims input1_strides;
+    corten_dims input2_strides;
+} corten_broadcast;
+
+/** arm_elementwise_mul_s8 parameters (see corten/ops/mul.py). */
+typedef struct {
+    int32_t input1_offset;
+    int32_t input2_offset;
+    int32_t output_offset;
+    int32_t output_multiplier;
+    int32_t output_shift;
+    int32_t activation_min;
+    int32_t activation_max;
+} corten_mul_params;
+
+/** Sub takes the add parameters; input2_multiplier is the positive one, the kernel negates it
+ *  (corten/ops/sub.py). */
+typedef corten_add_params corten_sub_params;
+
+/** Elementwise multiply with broadcasting: output = requantize((x1 + off1) * (x2 + off2)) + out_off. */
+int corten_mul_s8(const corten_mul_params *params, const corten_broadcast *shape, const int8_t *input1,
+                  const int8_t *input2, int8_t *output);
+
+/** Elementwise subtract with broadcasting: the add arithmetic with input2's multiplier negated. */
+int corten_sub_s8(const corten_sub_params *params, const corten_broadcast *shape, const int8_t *input1,
+                  const int8_t *input2, int8_t *output);
+
+/** Elementwise maximum / minimum of two int8 tensors on one quantization grid, with broadcasting. */
+int corten_maximum_s8(const corten_broadcast *shape, const int8_t *input1, const int8_t *input2, int8_t *output);
+int corten_minimum_s8(const corten_broadcast *shape, const int8_t *input1, const int8_t *input2, int8_t *output);
+
+/**
+ * Constant padding (arm_pad_s8): pre_pad / post_pad values of pad_value around a tensor of
+ * input_dims, all in storage order (NHWC; lower ranks right-aligned).  Output must not overlap.
+ */
+int corten_pad_s8(const int8_t *input, int8_t *output, int8_t pad_value, const corten_dims *input_dims,
+                  const corten_dims *pre_pad, const corten_dims *post_pad);
+
+/**
+ * One input of a concatenation: for o in [0, outer), copy `inner` bytes from input + o * inner to
+ * output + o * output_inner + offset (channel concat of NHWC: outer = N*H*W, inner = C_i).
+ */
+int corten_concat_s8(const int8_t *input, int32_t outer, int32_t inner, int32_t output_inner, int32_t offset,
+                     int8_t *output);
+
+#define CORTEN_TRANSPOSE_MAX_DIMS 6
+
+/** Row-major N-D transpose of bytes: output dim j is input dim perm[j]; dims are the input's. */
+int corten_transpose_s8(int32_t num_dims, const int32_t *dims, const int32_t *perm, const int8_t *input,
+                        int8_t *output);
+
+/**
+ * Softmax over num_rows rows of row_size (1..4095) int8 values with arm_softmax_s8 arithmetic
+ * (see corten/ops/softmax.py): output scale 1/256, zero point -128.
+ */
+int corten_softmax_s8(const int8_t *input, int32_t num_rows, int32_t row_size, int32_t mult, int32_t shift,
+                      int32_t diff_min, int8_t *output);
+
 #ifdef __cplusplus
 }
 #endif
