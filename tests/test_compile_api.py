@@ -183,9 +183,6 @@ class AddAlpha(nn.Module):
         return torch.add(self.a(x), self.b(x), alpha=2)
 
 
-@pytest.mark.xfail(strict=True, reason="the quantizer skips add(alpha != 1), so the refusal reads 'its "
-                   "inputs/outputs are not quantized by CortenQuantizer' instead of naming alpha "
-                   "(lower_add's own 'alpha != 1' message is never reached)")
 def test_add_with_alpha_refusal_names_alpha():
     with pytest.raises(UnsupportedOpsError, match="alpha"):
         corten.compile(AddAlpha().eval(), (torch.randn(1, 3, 5, 5),), calibration=one_sample((1, 3, 5, 5)))
