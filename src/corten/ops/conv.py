@@ -229,7 +229,68 @@ def _(input, weight, bias, stride, padding, dilation, depth_multiplier, input_of
     return _empty_nchw(input.shape[0], weight.shape[3], ho, wo, input.device)
 
 
-family = register_family(OpFamily(FAMILY, ("quantized_conv2d", "quantized_depthwise_conv2d"), doc=__doc__))
+# ----------------------------------------------------------------------------- grouped conv2d
+def grouped_conv2d_accumulators(input, weight, stride, padding, dilation, groups, input_offset) -> torch.Tensor:
+    """int32 accumulators (held in int64), NHWC, without bias, of a grouped convolution.
+
+    Group ``g`` convolves input channels ``[g*CK, (g+1)*CK)`` with output channels
+    ``[g*M, (g+1)*M)`` (weights OHWI ``[C_out, kH, kW, CK]``, ``M = C_out / groups``): each group is
+    an ordinary convolution, exact for the reason :func:`conv2d_accumulators` gives.
+    """
+    ck, m = weight.shape[3], weight.shape[0] // groups
+    parts = [conv2d_accumulators(input[:, g * ck:(g + 1) * ck], weight[g * m:(g + 1) * m], stride, padding,
+                                 dilation, input_offset) for g in range(groups)]
+    return torch.cat(parts, dim=3)
+
+
+def _check_grouped(input, weight, bias, stride, padding, dilation, groups, input_offset, output_offset,
+                   output_multiplier, output_shift, activation_min, activation_max):
+    op = "quantized_grouped_conv2d"
+    _check_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+                  output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
+    if groups < 1:
+        checks.fail(op, "groups", f"must be >= 1, got {groups}")
+    if weight.shape[0] % groups:
+        checks.fail(op, "weight", f"C_out={weight.shape[0]} is not a multiple of groups={groups}")
+    if weight.shape[3] * groups != input.shape[1]:
+        checks.fail(op, "weight", f"OHWI weight has {weight.shape[3]} channels per group; x groups={groups} "
+                                  f"!= the input's {input.shape[1]} channels")
+    return _out_hw(op, input, weight.shape[1], weight.shape[2], stride, padding, dilation)
+
+
+@torch.library.custom_op("corten::quantized_grouped_conv2d", mutates_args=())
+def quantized_grouped_conv2d(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    input_offset: int,
+    output_offset: int,
+    output_multiplier: torch.Tensor,
+    output_shift: torch.Tensor,
+    activation_min: int,
+    activation_max: int,
+) -> torch.Tensor:
+    """Grouped convolution (``arm_convolve_s8`` with filter C = C_in / groups)."""
+    _check_grouped(input, weight, bias, stride, padding, dilation, groups, input_offset, output_offset,
+                   output_multiplier, output_shift, activation_min, activation_max)
+    acc = grouped_conv2d_accumulators(input, weight, stride, padding, dilation, groups, input_offset)
+    return _finish(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
+
+
+@quantized_grouped_conv2d.register_fake
+def _(input, weight, bias, stride, padding, dilation, groups, input_offset, output_offset,
+      output_multiplier, output_shift, activation_min, activation_max):
+    ho, wo = _check_grouped(input, weight, bias, stride, padding, dilation, groups, input_offset, output_offset,
+                            output_multiplier, output_shift, activation_min, activation_max)
+    return _empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
+
+
+family = register_family(OpFamily(
+    FAMILY, ("quantized_conv2d", "quantized_depthwise_conv2d", "quantized_grouped_conv2d"), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -255,34 +316,117 @@ def _pair(v):
 
 @lowers(torch.ops.aten.conv2d.default)
 def lower_conv2d(m: Match):
-    """``aten.conv2d`` with groups 1 -> ``quantized_conv2d``; groups == C_in -> depthwise."""
+    """``aten.conv2d``: groups 1 -> ``quantized_conv2d``; groups == C_in -> depthwise; other groups ->
+    ``quantized_grouped_conv2d``."""
     a = _conv_args(m.node)
     if isinstance(a["padding"], str):
         raise LoweringError(f"string padding {a['padding']!r} is not supported; give explicit padding")
-    x = m.inputs[0]
+    weight, w_scales = _conv_weight(m, a)
+    c_in = m.node.args[0].meta["val"].shape[1]
+    return _lower_conv(m, m.inputs[0].node, weight, w_scales, a, c_in, _pair(a["stride"]), _pair(a["padding"]),
+                       _pair(a["dilation"]))
+
+
+def _conv_weight(m: Match, a) -> tuple[torch.Tensor, torch.Tensor]:
     weight, w_scales, axis = m.quantized_constant(a["weight"])
     if axis not in (None, 0):
         raise LoweringError(f"weights quantized along axis {axis}; expected per-output-channel (axis 0)")
-    c_out, c_in_per_group, kh, kw = weight.shape
-    c_in = m.node.args[0].meta["val"].shape[1]
+    return weight, w_scales
+
+
+def _lower_conv(m: Match, x_node, weight, w_scales, a, c_in: int, stride, padding, dilation):
+    """The Corten convolution of the int8 4-D ``x_node`` with the ``[C_out, C_in/groups, kH, kW]``
+    integer ``weight`` (PyTorch layout), choosing the op from ``groups``."""
+    x = m.inputs[0]
+    c_out, c_in_per_group = weight.shape[0], weight.shape[1]
     groups = int(a["groups"])
     bias = m.bias_int32(a["bias"], x.qparams.scale, w_scales)
     mult, shift = per_channel_multipliers(x.qparams.scale, w_scales, m.output.scale)
     if mult.numel() == 1 and c_out > 1:
         mult, shift = mult.expand(c_out).clone(), shift.expand(c_out).clone()
     act_min, act_max = m.activation_bounds
-    stride, padding, dilation = _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"])
     common_tail = (x.qparams.offset, m.output.zero_point, m.add_constant(mult, "multiplier"),
                    m.add_constant(shift, "shift"), act_min, act_max)
     bias_node = m.add_constant(bias, "bias") if bias is not None else None
+    ohwi = weight.permute(0, 2, 3, 1).contiguous().to(torch.int8)
     if groups == 1:
-        w = m.add_constant(weight.permute(0, 2, 3, 1).contiguous().to(torch.int8), "weight")  # OHWI
-        return m.call("quantized_conv2d", x.node, w, bias_node, stride, padding, dilation, *common_tail)
+        w = m.add_constant(ohwi, "weight")
+        return m.call("quantized_conv2d", x_node, w, bias_node, stride, padding, dilation, *common_tail)
     if groups == c_in and c_in_per_group == 1:
         w = m.add_constant(weight.permute(1, 2, 3, 0).contiguous().to(torch.int8), "weight")  # [1, kH, kW, C_out]
-        return m.call("quantized_depthwise_conv2d", x.node, w, bias_node, stride, padding, dilation,
+        return m.call("quantized_depthwise_conv2d", x_node, w, bias_node, stride, padding, dilation,
                       c_out // c_in, *common_tail)
-    raise LoweringError(f"grouped convolution (groups={groups}, {c_in} input channels) is not supported yet")
+    w = m.add_constant(ohwi, "weight")  # OHWI with C = C_in / groups, as arm_convolve_s8 takes it
+    return m.call("quantized_grouped_conv2d", x_node, w, bias_node, stride, padding, dilation, groups, *common_tail)
+
+
+# ----------------------------------------------------------------------------- 1-D convolution
+# A 1-D op on ``[N, C, L]`` runs as its 2-D op on the ``[N, C, 1, L]`` view.  The reshapes are not
+# free in C (a 3-D tensor's bytes are NCL, the 4-D view's are NHWC = [N, 1, L, C]): the generator
+# copies.  A chain of 1-D ops (conv1d -> max_pool1d -> conv1d ...) keeps the 4-D tensor: the
+# reshape back to 3-D records its 4-D source, and the next 1-D op reads that source directly.
+VIEW_4D_SOURCE = "corten_view_4d_source"  # on a 3-D reshape: the [N, C, 1, L] node it reshapes
+VIEW_4D_SHAPE = "corten_view_4d_shape"  # on a 4-D node made by a 1-D lowering: its shape
+
+
+def _fake_like(m: Match, shape, channels_last: bool):
+    """A FakeTensor of ``shape`` (int8) for a node the rule creates, from the graph's fake mode."""
+    val = m.out_q.meta.get("val")
+    mode = getattr(val, "fake_mode", None)
+    if mode is None:
+        return None
+    with mode:
+        t = torch.empty(list(shape), dtype=torch.int8)
+        return t.contiguous(memory_format=torch.channels_last) if channels_last else t
+
+
+def as_4d_view(m: Match, x_node, shape3) -> torch.fx.Node:
+    """``x_node`` (int8 ``[N, C, L]``) as ``[N, C, 1, L]``: the 4-D tensor it was made from when a
+    1-D lowering produced it, else a new ``aten.reshape``."""
+    n, c, length = (int(d) for d in shape3)
+    shape4 = [n, c, 1, length]
+    source = x_node.meta.get(VIEW_4D_SOURCE)
+    if source is not None and list(source.meta.get(VIEW_4D_SHAPE, ())) == shape4:
+        return source
+    view = m.call_aten(torch.ops.aten.reshape.default, x_node, shape4)
+    view.meta["val"] = _fake_like(m, shape4, channels_last=False)
+    view.meta[VIEW_4D_SHAPE] = shape4
+    return view
+
+
+def back_to_3d(m: Match, y4, shape4) -> torch.fx.Node:
+    """The 4-D result ``y4`` of shape ``[N, C, 1, L]`` reshaped to the op's ``[N, C, L]`` output."""
+    n, c, _, length = (int(d) for d in shape4)
+    y4.meta["val"] = _fake_like(m, shape4, channels_last=True)
+    y4.meta[VIEW_4D_SHAPE] = list(shape4)
+    out = m.call_aten(torch.ops.aten.reshape.default, y4, [n, c, length])
+    out.meta[VIEW_4D_SOURCE] = y4
+    return out
+
+
+def _single(v, default: int) -> int:
+    v = list(v) if isinstance(v, (list, tuple)) else [v if v is not None else default]
+    return int(v[0]) if v else default
+
+
+@lowers(torch.ops.aten.conv1d.default)
+def lower_conv1d(m: Match):
+    """``aten.conv1d`` on ``[N, C, L]`` -> the conv2d lowering on the ``[N, C, 1, L]`` view, weights
+    ``[C_out, C_in/groups, K]`` as ``[C_out, C_in/groups, 1, K]`` (OHWI ``[C_out, 1, K, C_in/groups]``)."""
+    a = _conv_args(m.node)
+    if isinstance(a["padding"], str):
+        raise LoweringError(f"string padding {a['padding']!r} is not supported; give explicit padding")
+    weight, w_scales = _conv_weight(m, a)
+    in_shape = m.node.args[0].meta["val"].shape
+    out_shape = m.node.meta["val"].shape
+    if len(in_shape) != 3:
+        raise LoweringError(f"conv1d of a {len(in_shape)}-D input is not supported (batch it: [N, C, L])")
+    x4 = as_4d_view(m, m.inputs[0].node, in_shape)
+    stride = [1, _single(a["stride"], 1)]
+    padding = [0, _single(a["padding"], 0)]
+    dilation = [1, _single(a["dilation"], 1)]
+    y4 = _lower_conv(m, x4, weight.unsqueeze(2), w_scales, a, int(in_shape[1]), stride, padding, dilation)
+    return back_to_3d(m, y4, [out_shape[0], out_shape[1], 1, out_shape[2]])
 
 
 # ----------------------------------------------------------------------------- scratch memory
@@ -442,6 +586,14 @@ def _depthwise_scratch(node, target) -> int:
                                    stride, padding, dilation)
 
 
+@family.provides("scratch_bytes", "quantized_grouped_conv2d")
+def _grouped_scratch(node, target) -> int:
+    """``arm_convolve_s8_get_buffer_size`` (CMSIS-NN sizes the im2col columns by the full C_in)."""
+    inp, weight = node.args[:2]
+    _, kh, kw, _ = weight.meta["val"].shape
+    return _im2col_bytes(target.isa, _nhwc(inp)[3], int(kh), int(kw))
+
+
 # ----------------------------------------------------------------------------- C emission
 def _per_channel_const(ctx, arg: str, c_out: int) -> str:
     """CMSIS-NN conv kernels take one multiplier/shift per output channel: expand per-tensor ones."""
@@ -506,3 +658,47 @@ def _emit_conv_c(ctx) -> str:
         ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c_out),
         ctx.call(f"{fn}(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {wname}, &bias_dims, {bias}, "
                  f"&output_dims, {out})"))
+
+
+@family.provides("emit_c", "quantized_grouped_conv2d")
+def _emit_grouped_conv_c(ctx) -> str:
+    """One ``corten_grouped_conv2d_s8`` call (portable) or one ``arm_convolve_s8`` call (CMSIS-NN:
+    groups = C_in / filter C there; not the wrapper, whose 1x1 and 1xN kernels take no groups)."""
+    n, h, w, c_in = ctx.nhwc(ctx.arg("input"))
+    _, ho, wo, c_out = ctx.nhwc()
+    weight = ctx.tensor("weight")
+    kh, kw, ck = int(weight.shape[1]), int(weight.shape[2]), int(weight.shape[3])
+    (sh, sw), (ph, pw), (dh, dw) = ctx.arg("stride"), ctx.arg("padding"), ctx.arg("dilation")
+    in_off, out_off = int(ctx.arg("input_offset")), int(ctx.arg("output_offset"))
+    act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
+    if kh * kw * ck > 65792:
+        ctx.fail(f"a window of {kh * kw * ck} products may overflow the int32 accumulator")
+    x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight")
+    if ctx.kernels == "portable":
+        per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
+        return ctx.block(
+            f"const corten_conv_params params = {{{sh}, {sw}, {ph}, {pw}, {dh}, {dw}, 1, {in_off}, {out_off}, "
+            f"{act_min}, {act_max}}};",
+            f"const corten_quant quant = {{{ctx.const('output_multiplier')}, {ctx.const('output_shift')}, "
+            f"{per_channel}}};",
+            ctx.dims("input_dims", "corten_dims", n, h, w, c_in),
+            ctx.dims("filter_dims", "corten_dims", c_out, kh, kw, ck),
+            ctx.dims("output_dims", "corten_dims", n, ho, wo, c_out),
+            ctx.call(f"corten_grouped_conv2d_s8(&params, &quant, &input_dims, {x}, &filter_dims, {wname}, "
+                     f"{ctx.const('bias')}, &output_dims, {out})"))
+    mults = _per_channel_const(ctx, "output_multiplier", c_out)
+    shifts = _per_channel_const(ctx, "output_shift", c_out)
+    bias = ctx.const("bias") if ctx.arg("bias") is not None else \
+        ctx.derived_const("zero_bias", torch.zeros(c_out, dtype=torch.int32))
+    buf, size = ctx.scratch()
+    return ctx.block(
+        f"const cmsis_nn_context nn_ctx = {{{buf}, {size}}};",
+        f"const cmsis_nn_conv_params params = {{{in_off}, {out_off}, {{{sw}, {sh}}}, {{{pw}, {ph}}}, "
+        f"{{{dw}, {dh}}}, {{{act_min}, {act_max}}}}};",
+        f"const cmsis_nn_per_channel_quant_params quant = {{(int32_t *){mults}, (int32_t *){shifts}}};",
+        ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c_in),
+        ctx.dims("filter_dims", "cmsis_nn_dims", c_out, kh, kw, ck),
+        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
+        ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c_out),
+        ctx.call(f"arm_convolve_s8(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {wname}, "
+                 f"&bias_dims, {bias}, NULL, &output_dims, {out})"))

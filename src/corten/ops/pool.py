@@ -174,8 +174,10 @@ def lower_mean(m: Match):
     val = m.node.args[0].meta["val"]
     dims = sorted(d % val.dim() for d in _ints(m.node.args[1], 1))
     keepdim = (m.node.args[2] if len(m.node.args) > 2 else m.node.kwargs.get("keepdim", False))
+    if val.dim() == 3 and dims == [2]:
+        return _mean_over_time(m, val.shape, keepdim)
     if val.dim() != 4 or dims != [2, 3]:
-        raise LoweringError(f"mean over dims {dims} of a {val.dim()}-D tensor is not supported (only H and W of NCHW)")
+        raise LoweringError(f"mean over dims {dims} of a {val.dim()}-D tensor is not supported (only H and W of NCHW, or L of NCL)")
     pooled = _global_pool(m, val.shape[2], val.shape[3], 1, 1)
     if keepdim:
         return pooled
@@ -196,6 +198,67 @@ def lower_max_pool2d(m: Match):
         raise LoweringError("max_pool2d with ceil_mode=True is not supported; use ceil_mode=False")
     lo, hi = m.activation_bounds
     return m.call("quantized_max_pool2d", m.inputs[0].node, kernel, stride, padding, lo, hi)
+
+
+# ----------------------------------------------------------------------------- 1-D pooling
+# 1-D pools on ``[N, C, L]`` run as the 2-D pools on the ``[N, C, 1, L]`` view (see
+# corten.ops.conv.as_4d_view: consecutive 1-D ops share the 4-D tensor, no copies in between).
+from corten.ops.conv import as_4d_view, back_to_3d  # noqa: E402
+
+annotates("shared", _aten.max_pool1d.default, _aten.avg_pool1d.default)
+
+
+def _pool1d(m: Match, op_name: str, kernel: int, stride: int, padding: int):
+    in_shape = m.node.args[0].meta["val"].shape
+    out_shape = m.node.meta["val"].shape
+    if len(in_shape) != 3:
+        raise LoweringError(f"1-D pooling of a {len(in_shape)}-D input is not supported (batch it: [N, C, L])")
+    x4 = as_4d_view(m, m.inputs[0].node, in_shape)
+    lo, hi = m.activation_bounds
+    y4 = m.call(op_name, x4, [1, kernel], [1, stride], [0, padding], lo, hi)
+    return back_to_3d(m, y4, [out_shape[0], out_shape[1], 1, out_shape[2]])
+
+
+@lowers(_aten.max_pool1d.default)
+def lower_max_pool1d(m: Match):
+    """``aten.max_pool1d(x, kernel, stride, padding, dilation, ceil_mode)`` -> 2-D max pool on [N, C, 1, L]."""
+    _same_qparams(m)
+    args = list(m.node.args) + [None] * 6
+    kernel = _ints(args[1], 1)[0]
+    stride = _ints(args[2], 1)[0] if args[2] else kernel
+    padding = _ints(args[3] if args[3] is not None else 0, 1)[0]
+    if _ints(args[4] if args[4] is not None else 1, 1)[0] != 1:
+        raise LoweringError("max_pool1d with dilation is not supported")
+    if args[5] or m.node.kwargs.get("ceil_mode", False):
+        raise LoweringError("max_pool1d with ceil_mode=True is not supported; use ceil_mode=False")
+    return _pool1d(m, "quantized_max_pool2d", kernel, stride, padding)
+
+
+@lowers(_aten.avg_pool1d.default)
+def lower_avg_pool1d(m: Match):
+    """``aten.avg_pool1d(x, kernel, stride, padding, ceil_mode, count_include_pad)`` -> 2-D average pool."""
+    _same_qparams(m)
+    args = list(m.node.args) + [None] * 6
+    kernel = _ints(args[1], 1)[0]
+    stride = _ints(args[2], 1)[0] if args[2] else kernel
+    padding = _ints(args[3] if args[3] is not None else 0, 1)[0]
+    if args[4] or m.node.kwargs.get("ceil_mode", False):
+        raise LoweringError("avg_pool1d with ceil_mode=True is not supported; use ceil_mode=False")
+    include_pad = args[5] if args[5] is not None else m.node.kwargs.get("count_include_pad", True)
+    if padding and include_pad:
+        raise LoweringError("avg_pool1d with padding must use count_include_pad=False (CMSIS-NN averages the "
+                            "elements inside the input only)")
+    return _pool1d(m, "quantized_avg_pool2d", kernel, stride, padding)
+
+
+def _mean_over_time(m: Match, shape3, keepdim: bool):
+    """``x.mean(-1)`` of ``[N, C, L]``: a global average pool of the ``[N, C, 1, L]`` view, then a
+    reshape of ``[N, C, 1, 1]`` (free in C) to ``[N, C]`` or ``[N, C, 1]``."""
+    n, c, length = (int(d) for d in shape3)
+    x4 = as_4d_view(m, m.inputs[0].node, shape3)
+    lo, hi = m.activation_bounds
+    pooled = m.call("quantized_avg_pool2d", x4, [1, length], [1, length], [0, 0], lo, hi)
+    return m.call_aten(_aten.reshape.default, pooled, [n, c, 1] if keepdim else [n, c])
 
 
 # ----------------------------------------------------------------------------- scratch memory

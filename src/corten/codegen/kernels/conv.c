@@ -316,3 +316,62 @@ int corten_depthwise_conv2d_s8(const corten_conv_params *params, const corten_qu
     }
     return CORTEN_OK;
 }
+
+/*
+ * Grouped conv2d: filter [C_out, kH, kW, CK] with groups = C_in / CK; output channel o belongs to
+ * group o / (C_out / groups) and reads input channels [g * CK, (g + 1) * CK).  Within a filter tap
+ * the group's input channels are contiguous, so each tap is one dot product of CK values.
+ */
+int corten_grouped_conv2d_s8(const corten_conv_params *params, const corten_quant *quant,
+                             const corten_dims *input_dims, const int8_t *input,
+                             const corten_dims *filter_dims, const int8_t *filter, const int32_t *bias,
+                             const corten_dims *output_dims, int8_t *output)
+{
+    const corten_conv_params *p = params;
+    int32_t in_h, in_w, c_in, ck, kh, kw, c_out, groups, per_group, b, oy, ox, o;
+    if (!corten_conv_args_ok(params, quant, input_dims, input, filter_dims, filter, output_dims, output) ||
+        filter_dims->c < 1 || filter_dims->n != output_dims->c || input_dims->c % filter_dims->c != 0) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    in_h = input_dims->h;
+    in_w = input_dims->w;
+    c_in = input_dims->c;
+    ck = filter_dims->c;
+    kh = filter_dims->h;
+    kw = filter_dims->w;
+    c_out = output_dims->c;
+    groups = c_in / ck;
+    if (c_out % groups != 0) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    per_group = c_out / groups;
+    for (b = 0; b < input_dims->n; b++) {
+        const int8_t *in_batch = input + (size_t)b * in_h * in_w * c_in;
+        for (oy = 0; oy < output_dims->h; oy++) {
+            for (ox = 0; ox < output_dims->w; ox++) {
+                corten_window win;
+                int8_t *out_px = output + (((size_t)b * output_dims->h + oy) * output_dims->w + ox) * c_out;
+                corten_window_at(p, oy, ox, kh, kw, in_h, in_w, &win);
+                for (o = 0; o < c_out; o++) {
+                    const int32_t first_channel = (o / per_group) * ck;
+                    const int8_t *w_o = filter + (size_t)o * kh * kw * ck;
+                    uint32_t acc = bias != NULL ? (uint32_t)bias[o] : 0u;
+                    int32_t ky, kx;
+                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
+                        const int32_t iy = win.iy0 + ky * p->dilation_h;
+                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
+                            const int32_t ix = win.ix0 + kx * p->dilation_w;
+                            const int8_t *x = in_batch + ((size_t)iy * in_w + ix) * c_in + first_channel;
+                            acc += (uint32_t)corten_dot_offset_s8(x, w_o + ((size_t)ky * kw + kx) * ck, ck,
+                                                                  p->input_offset);
+                        }
+                    }
+                    out_px[o] = corten_finish(corten_u32_to_i32(acc), o, quant->multiplier, quant->shift,
+                                              quant->per_channel, p->output_offset, p->activation_min,
+                                              p->activation_max);
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}

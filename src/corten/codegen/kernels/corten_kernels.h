@@ -209,6 +209,31 @@ int corten_transpose_s8(int32_t num_dims, const int32_t *dims, const int32_t *pe
 int corten_softmax_s8(const int8_t *input, int32_t num_rows, int32_t row_size, int32_t mult, int32_t shift,
                       int32_t diff_min, int8_t *output);
 
+/** Transposed convolution parameters (PyTorch conv_transpose2d conventions). */
+typedef struct {
+    int32_t stride_h;
+    int32_t stride_w;
+    int32_t pad_h;
+    int32_t pad_w;
+    int32_t output_pad_h;
+    int32_t output_pad_w;
+    int32_t dilation_h;
+    int32_t dilation_w;
+    int32_t input_offset;
+    int32_t output_offset;
+    int32_t activation_min;
+    int32_t activation_max;
+} corten_conv_transpose_params;
+
+/**
+ * Transposed conv2d, NHWC input, OHWI filter [C_out, kH, kW, C_in] (not flipped), optional int32 bias,
+ * NHWC output of H_out = (H - 1) * stride_h - 2 * pad_h + dilation_h * (kH - 1) + output_pad_h + 1.
+ */
+int corten_conv_transpose2d_s8(const corten_conv_transpose_params *params, const corten_quant *quant,
+                               const corten_dims *input_dims, const int8_t *input,
+                               const corten_dims *filter_dims, const int8_t *filter, const int32_t *bias,
+                               const corten_dims *output_dims, int8_t *output);
+
 #ifdef __cplusplus
 }
 #endif

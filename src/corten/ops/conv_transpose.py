@@ -1,0 +1,255 @@
+"""Transposed convolution: ``quantized_conv_transpose2d`` (``arm_transpose_conv_s8``).
+
+Layout: activations NHWC in memory (logical NCHW, ``channels_last`` in the torch graph); weights
+OHWI ``[C_out, kH, kW, C_in]`` (PyTorch's ``[C_in, C_out, kH, kW]`` permuted, not flipped).
+
+Arithmetic (scatter form, as CMSIS-NN and PyTorch define it): input pixel ``(iy, ix)`` adds
+``(x + input_offset) * w[o, ky, kx, c]`` to the full-resolution position
+``(iy*stride_h + ky*dilation_h, ix*stride_w + kx*dilation_w)``; the output is that full-resolution
+image cropped by ``padding`` on each side (and extended by ``output_padding`` rows/columns at the
+bottom/right that receive no products)::
+
+    H_out = (H - 1) * stride_h - 2 * padding_h + dilation_h * (kH - 1) + output_padding_h + 1
+
+then ``requantize(bias[o] + acc, multiplier[o], shift[o]) + output_offset`` clamped to
+``[activation_min, activation_max]``, all in int32 with wrap-around, like ``quantized_conv2d``.
+Equivalently (gather form, what the portable C kernel computes) output ``(oy, ox)`` reads input
+``iy = (oy + padding_h - ky*dilation_h) / stride_h`` for the taps where that division is exact and
+``0 <= iy < H``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from corten.ops import checks
+from corten.ops.conv import _check_common, _empty_nchw, _finish
+from corten.ops.registry import OpFamily, register_family
+
+FAMILY = "conv_transpose"
+OP = "quantized_conv_transpose2d"
+MAX_TAPS = 65792  # products per output value that cannot overflow an int32 partial sum (|p| <= 32640)
+
+
+def transpose_out_size(size: int, k: int, stride: int, padding: int, output_padding: int, dilation: int) -> int:
+    """PyTorch's ``conv_transpose2d`` output size along one dimension."""
+    return (size - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1
+
+
+def _check(input, weight, bias, stride, padding, output_padding, dilation, input_offset, output_offset,
+           output_multiplier, output_shift, activation_min, activation_max) -> tuple[int, int]:
+    _check_common(OP, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+                  output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
+    oph, opw = checks.pair(OP, "output_padding", output_padding, 0)
+    if oph >= max(stride[0], dilation[0]) or opw >= max(stride[1], dilation[1]):
+        checks.fail(OP, "output_padding", f"{list(output_padding)} must be smaller than stride or dilation")
+    if weight.shape[3] != input.shape[1]:
+        checks.fail(OP, "weight", f"OHWI weight has C_in={weight.shape[3]} but input has {input.shape[1]} channels")
+    kh, kw = int(weight.shape[1]), int(weight.shape[2])
+    if kh * kw * int(weight.shape[3]) > MAX_TAPS:
+        checks.fail(OP, "weight", f"{kh}x{kw}x{int(weight.shape[3])} products per output may overflow int32 sums")
+    ho = transpose_out_size(input.shape[2], kh, stride[0], padding[0], oph, dilation[0])
+    wo = transpose_out_size(input.shape[3], kw, stride[1], padding[1], opw, dilation[1])
+    if ho < 1 or wo < 1:
+        checks.fail(OP, "padding", f"padding {list(padding)} leaves an empty {ho}x{wo} output")
+    return ho, wo
+
+
+def conv_transpose2d_accumulators(input, weight, stride, padding, output_padding, dilation, input_offset):
+    """int32 accumulators (held in int64), NHWC ``[N, H_out, W_out, C_out]``, without bias.
+
+    Scatter form, one filter tap at a time: a tap's contribution is the matrix product of the
+    ``[N*H*W, C_in]`` offset input with the tap's ``[C_in, C_out]`` weights in float64, exact because
+    every partial sum is an integer below ``C_in * 2**15 < 2**53``; taps are then summed in int64.
+    """
+    n, c_in, h, w = input.shape
+    c_out, kh, kw, _ = weight.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    ho = transpose_out_size(h, kh, sh, ph, output_padding[0], dh)
+    wo = transpose_out_size(w, kw, sw, pw, output_padding[1], dw)
+    full_h = max((h - 1) * sh + dh * (kh - 1) + 1, ph + ho)
+    full_w = max((w - 1) * sw + dw * (kw - 1) + 1, pw + wo)
+    x = (input.permute(0, 2, 3, 1).to(torch.float64) + input_offset).reshape(n * h * w, c_in)
+    wt = weight.to(torch.float64)
+    full = torch.zeros((n, full_h, full_w, c_out), dtype=torch.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            part = (x @ wt[:, ky, kx, :].T).to(torch.int64).reshape(n, h, w, c_out)
+            r0, c0 = ky * dh, kx * dw
+            full[:, r0:r0 + (h - 1) * sh + 1:sh, c0:c0 + (w - 1) * sw + 1:sw, :] += part
+    return full[:, ph:ph + ho, pw:pw + wo, :]
+
+
+@torch.library.custom_op("corten::quantized_conv_transpose2d", mutates_args=())
+def quantized_conv_transpose2d(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    stride: list[int],
+    padding: list[int],
+    output_padding: list[int],
+    dilation: list[int],
+    input_offset: int,
+    output_offset: int,
+    output_multiplier: torch.Tensor,
+    output_shift: torch.Tensor,
+    activation_min: int,
+    activation_max: int,
+) -> torch.Tensor:
+    _check(input, weight, bias, stride, padding, output_padding, dilation, input_offset, output_offset,
+           output_multiplier, output_shift, activation_min, activation_max)
+    acc = conv_transpose2d_accumulators(input, weight, stride, padding, output_padding, dilation, input_offset)
+    return _finish(acc.contiguous(), bias, output_multiplier, output_shift, output_offset, activation_min,
+                   activation_max)
+
+
+@quantized_conv_transpose2d.register_fake
+def _(input, weight, bias, stride, padding, output_padding, dilation, input_offset, output_offset,
+      output_multiplier, output_shift, activation_min, activation_max):
+    ho, wo = _check(input, weight, bias, stride, padding, output_padding, dilation, input_offset, output_offset,
+                    output_multiplier, output_shift, activation_min, activation_max)
+    return _empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
+
+
+family = register_family(OpFamily(FAMILY, (OP,), doc=__doc__))
+
+
+# ----------------------------------------------------------------------------- lowering
+from corten.lowering.match import LoweringError, Match  # noqa: E402
+from corten.lowering.qparams import per_channel_multipliers  # noqa: E402
+from corten.ops.registry import annotates, lowers  # noqa: E402
+
+_aten = torch.ops.aten
+
+# PyTorch's transposed weights are [C_in, C_out / groups, kH, kW]: output channels on axis 1.
+annotates("weighted", _aten.conv_transpose2d.input, weight_axis=1)
+
+
+def _transpose_args(node) -> dict:
+    """``aten.conv_transpose2d.input(input, weight, bias, stride, padding, output_padding, groups,
+    dilation)`` with defaults."""
+    names = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
+    defaults = (None, None, None, [1, 1], [0, 0], [0, 0], 1, [1, 1])
+    vals = list(node.args) + [node.kwargs.get(k, d) for k, d in zip(names[len(node.args):],
+                                                                    defaults[len(node.args):])]
+    return dict(zip(names, vals))
+
+
+def _pair(v) -> list[int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return [int(v[0]), int(v[-1])]
+
+
+@lowers(_aten.conv_transpose2d.input)
+def lower_conv_transpose2d(m: Match):
+    """``aten.conv_transpose2d`` with groups 1 -> ``quantized_conv_transpose2d`` (OHWI weights)."""
+    a = _transpose_args(m.node)
+    if int(a["groups"]) != 1:
+        raise LoweringError(f"conv_transpose2d with groups={a['groups']} is not supported (groups must be 1)")
+    weight, w_scales, axis = m.quantized_constant(a["weight"])
+    if axis not in (None, 1):
+        raise LoweringError(f"conv_transpose2d weights quantized along axis {axis}; expected per-output-channel "
+                            "(axis 1 of [C_in, C_out, kH, kW])")
+    x = m.inputs[0]
+    c_out = int(weight.shape[1])
+    bias = m.bias_int32(a["bias"], x.qparams.scale, w_scales)
+    mult, shift = per_channel_multipliers(x.qparams.scale, w_scales, m.output.scale)
+    if mult.numel() == 1 and c_out > 1:
+        mult, shift = mult.expand(c_out).clone(), shift.expand(c_out).clone()
+    act_min, act_max = m.activation_bounds
+    w = m.add_constant(weight.permute(1, 2, 3, 0).contiguous().to(torch.int8), "weight")  # OHWI
+    bias_node = m.add_constant(bias, "bias") if bias is not None else None
+    return m.call(OP, x.node, w, bias_node, _pair(a["stride"]), _pair(a["padding"]), _pair(a["output_padding"]),
+                  _pair(a["dilation"]), x.qparams.offset, m.output.zero_point, m.add_constant(mult, "multiplier"),
+                  m.add_constant(shift, "shift"), act_min, act_max)
+
+
+# ----------------------------------------------------------------------------- CMSIS-NN
+def cmsis_semantics_match(kernel_hw, stride, padding, output_padding, dilation) -> bool:
+    """True when ``arm_transpose_conv_s8`` computes this op: it ignores dilation, and it writes only
+    output rows/columns inside the full-resolution image (so ``output_padding`` beyond the crop, or
+    a kernel smaller than the stride, would leave bytes unwritten)."""
+    return (tuple(dilation) == (1, 1) and all(op <= p for op, p in zip(output_padding, padding))
+            and all(k >= s for k, s in zip(kernel_hw, stride)))
+
+
+def transpose_conv_scratch_bytes(input_nhwc, kernel_hw, stride, c_out: int) -> int:
+    """The int32 rolling buffer ``arm_transpose_conv_s8`` keeps: ``max(kH, stride_h)`` rows of
+    ``((W - 1) * stride_w + max(kW, stride_w)) * C_out`` accumulators.  (CMSIS-NN's
+    ``arm_transpose_conv_s8_get_buffer_size`` writes ``max(kW, stride_h)``; the larger is taken.)"""
+    _, _, w, _ = input_nhwc
+    kh, kw = kernel_hw
+    sh, sw = stride
+    row = ((w - 1) * sw + max(kw, sw, sh)) * c_out
+    return 4 * max(kh, sh) * row
+
+
+@family.provides("scratch_bytes", OP)
+def _scratch(node, target) -> int:
+    inp, weight, _, stride, padding, output_padding, dilation = node.args[:7]
+    c_out, kh, kw, _ = (int(d) for d in weight.meta["val"].shape)
+    n, c, h, w = (int(d) for d in inp.meta["val"].shape)
+    if not cmsis_semantics_match((kh, kw), stride, padding, output_padding, dilation):
+        return 0  # runs the portable kernel in every flavour
+    return transpose_conv_scratch_bytes((n, h, w, c), (kh, kw), stride, c_out)
+
+
+# ----------------------------------------------------------------------------- C emission
+@family.provides("emit_c", OP)
+def _emit_c(ctx) -> str:
+    """One ``corten_conv_transpose2d_s8`` (portable) or ``arm_transpose_conv_s8`` (CMSIS-NN) call.
+
+    The CMSIS-NN flavour runs the portable kernel too when CMSIS-NN's semantics differ
+    (see :func:`cmsis_semantics_match`)."""
+    n, h, w, c_in = ctx.nhwc(ctx.arg("input"))
+    _, ho, wo, c_out = ctx.nhwc()
+    weight = ctx.tensor("weight")
+    kh, kw = int(weight.shape[1]), int(weight.shape[2])
+    stride, padding = ctx.arg("stride"), ctx.arg("padding")
+    output_padding, dilation = ctx.arg("output_padding"), ctx.arg("dilation")
+    (sh, sw), (ph, pw), (oph, opw), (dh, dw) = stride, padding, output_padding, dilation
+    in_off, out_off = int(ctx.arg("input_offset")), int(ctx.arg("output_offset"))
+    act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
+    x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight")
+    use_cmsis = ctx.kernels == "cmsis-nn" and cmsis_semantics_match((kh, kw), stride, padding, output_padding,
+                                                                     dilation)
+    if not use_cmsis:
+        if ctx.kernels != "portable":
+            declare = getattr(ctx, "portable_kernel", None)
+            if declare is None:
+                ctx.fail("arm_transpose_conv_s8 cannot run this dilation/output_padding and this Corten has no "
+                         "portable fallback in the cmsis-nn flavour; compile with kernels='portable'")
+            declare()
+        per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
+        return ctx.block(
+            f"const corten_conv_transpose_params params = {{{sh}, {sw}, {ph}, {pw}, {oph}, {opw}, {dh}, {dw}, "
+            f"{in_off}, {out_off}, {act_min}, {act_max}}};",
+            f"const corten_quant quant = {{{ctx.const('output_multiplier')}, {ctx.const('output_shift')}, "
+            f"{per_channel}}};",
+            ctx.dims("input_dims", "corten_dims", n, h, w, c_in),
+            ctx.dims("filter_dims", "corten_dims", c_out, kh, kw, c_in),
+            ctx.dims("output_dims", "corten_dims", n, ho, wo, c_out),
+            ctx.call(f"corten_conv_transpose2d_s8(&params, &quant, &input_dims, {x}, &filter_dims, {wname}, "
+                     f"{ctx.const('bias')}, &output_dims, {out})"))
+    t = ctx.tensor("output_multiplier")
+    mults = ctx.const("output_multiplier") if t.numel() == c_out else \
+        ctx.derived_const("output_multiplier_per_channel", t.expand(c_out).contiguous())
+    t = ctx.tensor("output_shift")
+    shifts = ctx.const("output_shift") if t.numel() == c_out else \
+        ctx.derived_const("output_shift_per_channel", t.expand(c_out).contiguous())
+    buf, size = ctx.scratch()
+    # padding_offsets is not read by arm_transpose_conv_s8 (symmetric PyTorch padding); the second
+    # context (reverse-conv weights) is only used by arm_transpose_conv_wrapper_s8.
+    return ctx.block(
+        f"const cmsis_nn_context nn_ctx = {{{buf}, {size}}};",
+        "const cmsis_nn_context out_ctx = {NULL, 0};",
+        f"const cmsis_nn_transpose_conv_params params = {{{in_off}, {out_off}, {{{sw}, {sh}}}, {{{pw}, {ph}}}, "
+        f"{{0, 0}}, {{1, 1}}, {{{act_min}, {act_max}}}}};",
+        f"const cmsis_nn_per_channel_quant_params quant = {{(int32_t *){mults}, (int32_t *){shifts}}};",
+        ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c_in),
+        ctx.dims("filter_dims", "cmsis_nn_dims", c_out, kh, kw, c_in),
+        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
+        ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c_out),
+        ctx.call(f"arm_transpose_conv_s8(&nn_ctx, &out_ctx, &params, &quant, &input_dims, {x}, &filter_dims, "
+                 f"{wname}, &bias_dims, {ctx.const('bias')}, &output_dims, {out})"))
