@@ -1,0 +1,57 @@
+/*
+ * minmax.c - Corten portable int8 elementwise maximum / minimum with broadcasting
+ * (arm_maximum_s8 / arm_minimum_s8 semantics; see corten/ops/minmax.py).
+ *
+ * Both inputs and the output share one quantization (TFLite MAXIMUM/MINIMUM), so the op compares
+ * the int8 values directly.  The output is written in storage order; each input is read through
+ * its strides in corten_broadcast (0 along a broadcast dimension).
+ */
+#include <stddef.h>
+
+#include "corten_internal.h"
+#include "corten_kernels.h"
+
+static int minmax_shape_ok(const corten_broadcast *s)
+{
+    const corten_dims *d = &s->output;
+    const corten_dims *a = &s->input1_strides;
+    const corten_dims *b = &s->input2_strides;
+    return d->n >= 0 && d->h >= 0 && d->w >= 0 && d->c >= 0 && a->n >= 0 && a->h >= 0 && a->w >= 0 && a->c >= 0 &&
+           b->n >= 0 && b->h >= 0 && b->w >= 0 && b->c >= 0;
+}
+
+/* take_max != 0: maximum, else minimum. */
+static int minmax_s8(int take_max, const corten_broadcast *shape, const int8_t *input1, const int8_t *input2,
+                     int8_t *output)
+{
+    int32_t n, h, w, c;
+    if (shape == NULL || input1 == NULL || input2 == NULL || output == NULL || !minmax_shape_ok(shape)) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (n = 0; n < shape->output.n; n++) {
+        for (h = 0; h < shape->output.h; h++) {
+            for (w = 0; w < shape->output.w; w++) {
+                const int8_t *a = input1 + n * shape->input1_strides.n + h * shape->input1_strides.h +
+                                  w * shape->input1_strides.w;
+                const int8_t *b = input2 + n * shape->input2_strides.n + h * shape->input2_strides.h +
+                                  w * shape->input2_strides.w;
+                for (c = 0; c < shape->output.c; c++) {
+                    const int8_t x1 = a[c * shape->input1_strides.c];
+                    const int8_t x2 = b[c * shape->input2_strides.c];
+                    *output++ = take_max ? (x1 >= x2 ? x1 : x2) : (x1 <= x2 ? x1 : x2);
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}
+
+int corten_maximum_s8(const corten_broadcast *shape, const int8_t *input1, const int8_t *input2, int8_t *output)
+{
+    return minmax_s8(1, shape, input1, input2, output);
+}
+
+int corten_minimum_s8(const corten_broadcast *shape, const int8_t *input1, const int8_t *input2, int8_t *output)
+{
+    return minmax_s8(0, shape, input1, input2, output);
+}

@@ -1,0 +1,129 @@
+"""``quantized_maximum`` / ``quantized_minimum``: CMSIS-NN's ``arm_maximum_s8`` / ``arm_minimum_s8``.
+
+TFLite's int8 MAXIMUM and MINIMUM require both inputs and the output to share one scale and zero
+point, and CMSIS-NN's kernels take no quantization parameters: they compare the int8 values
+(``max``/``min`` commute with the monotonic affine map).  Corten does the same: the quantizer
+annotates ``aten.maximum``/``aten.minimum`` as *shared* (one observer for both inputs and the
+output), and the lowering refuses operands whose qparams differ.
+
+Broadcasting follows torch/numpy (shapes aligned on the right, size-1 dims repeated, ranks 1..4).
+``arm_maximum_s8`` broadcasts too, over NHWC dims, but its row walk advances a pointer twice for one
+shape pattern (an operand with ``W * C == 1`` and ``H > 1`` against one with ``W > 1``, e.g.
+``[1, 1, H, 1]`` vs ``[1, C, H, W]`` in torch order): :func:`cmsis_broadcast_supported` routes those
+shapes, and operands whose bytes are not in the output's loop order, to the portable kernel.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from corten.ops import checks
+from corten.ops.mul import (
+    broadcast_shape, broadcast_struct, empty_output, is_dense, loop_geometry, output_layout,
+)
+from corten.ops.registry import OpFamily, register_family
+
+FAMILY = "minmax"
+OPS = {"quantized_maximum": torch.maximum, "quantized_minimum": torch.minimum}
+
+
+def _check(op: str, input1, input2) -> tuple[int, ...]:
+    checks.dtype(op, "input1", input1, torch.int8)
+    checks.dtype(op, "input2", input2, torch.int8)
+    return broadcast_shape(op, input1, input2)
+
+
+def _reference(op: str, input1: torch.Tensor, input2: torch.Tensor) -> torch.Tensor:
+    shape = _check(op, input1, input2)
+    return OPS[op](input1, input2).contiguous(memory_format=output_layout(shape))
+
+
+@torch.library.custom_op("corten::quantized_maximum", mutates_args=())
+def quantized_maximum(input1: torch.Tensor, input2: torch.Tensor) -> torch.Tensor:
+    return _reference("quantized_maximum", input1, input2)
+
+
+@quantized_maximum.register_fake
+def _(input1, input2):
+    return empty_output(_check("quantized_maximum", input1, input2), input1)
+
+
+@torch.library.custom_op("corten::quantized_minimum", mutates_args=())
+def quantized_minimum(input1: torch.Tensor, input2: torch.Tensor) -> torch.Tensor:
+    return _reference("quantized_minimum", input1, input2)
+
+
+@quantized_minimum.register_fake
+def _(input1, input2):
+    return empty_output(_check("quantized_minimum", input1, input2), input1)
+
+
+family = register_family(OpFamily(FAMILY, tuple(OPS), doc=__doc__))
+
+
+# ----------------------------------------------------------------------------- lowering
+from corten.lowering.match import LoweringError, Match  # noqa: E402
+from corten.ops.mul import check_lowerable_shapes  # noqa: E402
+from corten.ops.registry import annotates, lowers  # noqa: E402
+
+ATEN_OPS = {torch.ops.aten.maximum.default: "quantized_maximum", torch.ops.aten.minimum.default: "quantized_minimum"}
+annotates("shared", *ATEN_OPS)
+
+
+@lowers(*ATEN_OPS)
+def lower_minmax(m: Match):
+    """``aten.maximum``/``aten.minimum`` of two int8 tensors on one quantization grid -> the Corten op."""
+    what = "maximum" if m.node.target == torch.ops.aten.maximum.default else "minimum"
+    check_lowerable_shapes(m, what)
+    a, b = m.inputs
+    if not (a.qparams == b.qparams == m.output):
+        raise LoweringError(f"{what} needs both inputs and the output on one quantization grid (CMSIS-NN compares "
+                            f"int8 values); got {a.qparams}, {b.qparams} -> {m.output}. Quantize the model with "
+                            "CortenQuantizer, which shares them")
+    if m.activation is not None:
+        raise LoweringError(f"{what} followed by a fused activation is not supported")
+    return m.call(ATEN_OPS[m.node.target], a.node, b.node)
+
+
+# ----------------------------------------------------------------------------- scratch memory
+@family.provides("scratch_bytes")
+def _minmax_scratch(node, target) -> int:
+    """``arm_maximum_s8``/``arm_minimum_s8`` ignore their context buffer."""
+    return 0
+
+
+# ----------------------------------------------------------------------------- C emission
+def cmsis_broadcast_supported(dims1: Sequence[int], dims2: Sequence[int]) -> bool:
+    """True when ``arm_maximum_s8``/``arm_minimum_s8`` broadcast NHWC ``dims1`` against ``dims2``
+    correctly.  Their row walk double-steps (and reads past the operand) when one operand has
+    ``W * C == 1`` but ``H * W * C > 1`` and the other ``W > 1`` and ``H * W * C > 1``, with the two
+    per-batch shapes differing; every other broadcastable pair is handled (checked exhaustively over
+    dims 1..3 against the CMSIS-NN sources in tests/test_minmax.py)."""
+    d1, d2 = [int(v) for v in dims1], [int(v) for v in dims2]
+    if d1[1:] == d2[1:]:
+        return True
+    for x, y in ((d1, d2), (d2, d1)):
+        if x[2] * x[3] == 1 and x[1] > 1 and y[2] > 1 and y[1] * y[2] * y[3] > 1:
+            return False
+    return True
+
+
+@family.provides("emit_c")
+def _emit_minmax_c(ctx) -> str:
+    """``arm_maximum_s8``/``arm_minimum_s8`` (kernels="cmsis-nn") when both operands' bytes are in
+    the output's loop order and CMSIS-NN broadcasts their shapes correctly (see
+    :func:`cmsis_broadcast_supported`); otherwise ``corten_maximum_s8``/``corten_minimum_s8``
+    (portable), in both flavours."""
+    what = "maximum" if ctx.op_name == "quantized_maximum" else "minimum"
+    x1, x2, out = ctx.input("input1"), ctx.input("input2"), ctx.out()
+    odims, d1, s1 = loop_geometry(ctx.shape(), ctx.shape(ctx.arg("input1")))
+    _, d2, s2 = loop_geometry(ctx.shape(), ctx.shape(ctx.arg("input2")))
+    if ctx.kernels == "cmsis-nn" and is_dense(d1, s1) and is_dense(d2, s2) and cmsis_broadcast_supported(d1, d2):
+        return ctx.block(
+            "const cmsis_nn_context nn_ctx = {NULL, 0};",
+            ctx.dims("input1_dims", "cmsis_nn_dims", *d1),
+            ctx.dims("input2_dims", "cmsis_nn_dims", *d2),
+            ctx.dims("output_dims", "cmsis_nn_dims", *odims),
+            ctx.call(f"arm_{what}_s8(&nn_ctx, {x1}, &input1_dims, {x2}, &input2_dims, {out}, &output_dims)"))
+    return ctx.block(broadcast_struct(ctx), ctx.call(f"corten_{what}_s8(&shape, {x1}, {x2}, {out})"))

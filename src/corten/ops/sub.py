@@ -1,0 +1,144 @@
+"""``quantized_sub``: TFLite's int8 SUB, i.e. the ``arm_elementwise_add_s8`` arithmetic with input2's
+multiplier negated, with numpy broadcasting.
+
+Per output element, in int32 exactly as the C kernels (``x1``/``x2`` the broadcast input values)::
+
+    a = requantize((x1 + input1_offset) << left_shift, input1_multiplier, input1_shift)
+    b = requantize((x2 + input2_offset) << left_shift, -input2_multiplier, input2_shift)
+    y = clamp(requantize(a + b, output_multiplier, output_shift) + output_offset, act_min, act_max)
+
+The op takes the *positive* multipliers that the add recipe derives (``corten.lowering.qparams.
+add_params``: ``twice_max = 2 * max(s1, s2)``, left shift 20) and negates input2's itself, as
+TFLite's and NNAPI's SUB preparation do to reuse their add kernels.  Negating is not the same as
+subtracting ``requantize(.., +m)``: the doubling high multiply rounds ties towards +inf, so
+``requantize(v, -m) == -requantize(v, m)`` fails on exact ties; this op defines the negated form.
+``arm_nn_requantize`` documents multipliers in ``[NN_Q31_MIN + 1, Q31_MAX]``, so with CMSIS-NN the
+same-shape case is one ``arm_elementwise_add_s8`` call with ``-input2_multiplier``.
+"""
+from __future__ import annotations
+
+import torch
+
+from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
+from corten.ops import checks
+from corten.ops.mul import (
+    broadcast_shape, broadcast_struct, check_lowerable_shapes, empty_output, numel, output_layout, same_dense_shape,
+)
+from corten.ops.registry import OpFamily, register_family
+
+FAMILY = "sub"
+
+
+def _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+           input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
+           activation_max) -> tuple[int, ...]:
+    op = "quantized_sub"
+    checks.dtype(op, "input1", input1, torch.int8)
+    checks.dtype(op, "input2", input2, torch.int8)
+    shape = broadcast_shape(op, input1, input2)
+    checks.input_offset(op, "input1_offset", input1_offset)
+    checks.input_offset(op, "input2_offset", input2_offset)
+    checks.output_offset(op, "output_offset", output_offset)
+    for name, m, s in (("input1", input1_multiplier, input1_shift), ("input2", input2_multiplier, input2_shift),
+                       ("output", output_multiplier, output_shift)):
+        checks.scalar_multiplier(op, f"{name}_multiplier", m)
+        checks.scalar_shift(op, f"{name}_shift", s)
+    checks.in_range(op, "left_shift", left_shift, 0, 22)  # (255 << 22) still fits in int32
+    checks.activation(op, activation_min, activation_max)
+    return shape
+
+
+@torch.library.custom_op("corten::quantized_sub", mutates_args=())
+def quantized_sub(
+    input1: torch.Tensor,
+    input2: torch.Tensor,
+    input1_offset: int,
+    input1_multiplier: int,
+    input1_shift: int,
+    input2_offset: int,
+    input2_multiplier: int,
+    input2_shift: int,
+    left_shift: int,
+    output_offset: int,
+    output_multiplier: int,
+    output_shift: int,
+    activation_min: int,
+    activation_max: int,
+) -> torch.Tensor:
+    shape = _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                   input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
+                   activation_max)
+    a = requantize((input1.to(torch.int64) + input1_offset) << left_shift, input1_multiplier, input1_shift)
+    b = requantize((input2.to(torch.int64) + input2_offset) << left_shift, -input2_multiplier, input2_shift)
+    out = wrap_int32_t(requantize(wrap_int32_t(a + b), output_multiplier, output_shift) + output_offset)
+    return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=output_layout(shape))
+
+
+@quantized_sub.register_fake
+def _(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+      input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max):
+    shape = _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                   input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
+                   activation_max)
+    return empty_output(shape, input1)
+
+
+family = register_family(OpFamily(FAMILY, ("quantized_sub",), doc=__doc__))
+
+
+# ----------------------------------------------------------------------------- lowering
+from corten.lowering.match import LoweringError, Match  # noqa: E402
+from corten.lowering.qparams import add_params  # noqa: E402
+from corten.ops.registry import annotates, lowers  # noqa: E402
+
+annotates("binary", torch.ops.aten.sub.Tensor, torch.ops.aten.sub_.Tensor)
+
+
+@lowers(torch.ops.aten.sub.Tensor)
+def lower_sub(m: Match):
+    """``aten.sub.Tensor`` (alpha 1) of two int8 tensors (numpy broadcasting) -> ``quantized_sub``."""
+    if m.node.kwargs.get("alpha", 1) != 1:
+        raise LoweringError("sub with alpha != 1 is not supported")
+    check_lowerable_shapes(m, "sub")
+    a, b = m.inputs
+    try:
+        p = add_params(a.qparams.scale, b.qparams.scale, m.output.scale)
+    except ValueError as e:
+        raise LoweringError(f"sub: the input/output scales cannot be requantized ({e})") from None
+    act_min, act_max = m.activation_bounds
+    return m.call("quantized_sub", a.node, b.node, a.qparams.offset, p.input1_multiplier, p.input1_shift,
+                  b.qparams.offset, p.input2_multiplier, p.input2_shift, p.left_shift, m.output.zero_point,
+                  p.output_multiplier, p.output_shift, act_min, act_max)
+
+
+# ----------------------------------------------------------------------------- scratch memory
+@family.provides("scratch_bytes", "quantized_sub")
+def _sub_scratch(node, target) -> int:
+    """Neither ``arm_elementwise_add_s8`` nor the portable broadcast kernel takes a buffer."""
+    return 0
+
+
+# ----------------------------------------------------------------------------- C emission
+PARAM_NAMES = ("input1_offset", "input1_multiplier", "input1_shift", "input2_offset", "input2_multiplier",
+               "input2_shift", "left_shift", "output_offset", "output_multiplier", "output_shift",
+               "activation_min", "activation_max")
+
+
+@family.provides("emit_c", "quantized_sub")
+def _emit_sub_c(ctx) -> str:
+    """Same-shape operands with kernels="cmsis-nn": ``arm_elementwise_add_s8`` with input2's
+    multiplier negated (CMSIS-NN has no s8 subtract).  Otherwise ``corten_sub_s8`` (portable), also
+    in the CMSIS-NN flavour when the operands broadcast: CMSIS-NN's add does not broadcast."""
+    v = {k: int(ctx.arg(k)) for k in PARAM_NAMES}
+    x1, x2, out = ctx.input("input1"), ctx.input("input2"), ctx.out()
+    if ctx.kernels == "cmsis-nn" and same_dense_shape(ctx):
+        args = [x1, x2, v["input1_offset"], v["input1_multiplier"], v["input1_shift"], v["input2_offset"],
+                -v["input2_multiplier"], v["input2_shift"], v["left_shift"], out, v["output_offset"],
+                v["output_multiplier"], v["output_shift"], v["activation_min"], v["activation_max"],
+                numel(ctx.shape())]
+        return ctx.call("arm_elementwise_add_s8(" + ", ".join(a if isinstance(a, str) else ctx.int_(a)
+                                                                for a in args) + ")")
+    return ctx.block(
+        "const corten_sub_params params = {" + ", ".join(ctx.int_(v[k]) for k in PARAM_NAMES) + "};",
+        broadcast_struct(ctx),
+        ctx.call(f"corten_sub_s8(&params, &shape, {x1}, {x2}, {out})"))
