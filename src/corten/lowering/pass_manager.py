@@ -65,9 +65,11 @@ def _output_chain(node: Node) -> tuple[Node | None, Node | None]:
 def build_match(gm: GraphModule, node: Node) -> Match | None:
     """The quantized pattern around ``node``, or None when ``node`` was not quantized."""
     inputs = []
-    for a in node.args:
-        if isinstance(a, Node) and a.target in DQ_PER_TENSOR and a.args[0].op != "get_attr":
-            inputs.append(Int8Value(a.args[0], qparams_of(a)))
+    for arg in node.args:
+        # a list argument (``aten.cat``'s tensors) contributes its elements, in order
+        for a in arg if isinstance(arg, (list, tuple)) else (arg,):
+            if isinstance(a, Node) and a.target in DQ_PER_TENSOR and a.args[0].op != "get_attr":
+                inputs.append(Int8Value(a.args[0], qparams_of(a)))
     if not inputs:
         return None
     act, out_q = _output_chain(node)

@@ -1,0 +1,188 @@
+"""``quantized_cat``: concatenation of int8 tensors sharing one quantization
+(CMSIS-NN's ``arm_concatenation_s8_{x,y,z,w}``).
+
+``torch.cat(inputs, dim)`` on logical dimensions; all inputs and the output share the first
+input's quantization parameters (the quantizer shares them), so only bytes move.
+
+In storage order (NHWC for 4-D, row-major otherwise) a concatenation along storage position
+``k`` is, for each of the ``outer = prod(dims[:k])`` outer indices, one contiguous chunk of
+``prod(dims_i[k:])`` bytes per input placed side by side (:func:`concat_geometry`).  Along
+channels of an NHWC activation the chunks are the pixels' channel vectors: the inputs
+interleave pixel by pixel; along the batch dimension each input is a single block.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from corten.ops import checks
+from corten.ops.registry import OpFamily, register_family
+from corten.ops.transpose import storage_dim_order, storage_shape
+
+FAMILY = "concat"
+CMSIS_MAX_DIMS = 4  # arm_concatenation_s8_* see a tensor as [w][z][y][x]
+CMSIS_MAX_DIM_SIZE = 65535  # ... with uint16_t sizes
+
+
+def _output_format(rank: int) -> torch.memory_format:
+    return torch.channels_last if rank == 4 else torch.contiguous_format
+
+
+def _check(inputs, dim) -> list[int]:
+    op = "quantized_cat"
+    if len(inputs) == 0:
+        checks.fail(op, "inputs", "expected at least one tensor")
+    first = inputs[0]
+    for i, t in enumerate(inputs):
+        checks.dtype(op, f"inputs[{i}]", t, torch.int8)
+    if first.dim() < 1:
+        checks.fail(op, "inputs[0]", "expected a tensor of at least one dimension, got a scalar")
+    checks.in_range(op, "dim", dim, 0, first.dim() - 1)
+    for i, t in enumerate(inputs[1:], start=1):
+        same = t.dim() == first.dim() and all(t.shape[d] == first.shape[d] for d in range(t.dim()) if d != dim)
+        if not same:
+            checks.fail(op, f"inputs[{i}]", f"shape {tuple(t.shape)} differs from inputs[0]'s {tuple(first.shape)} "
+                                            f"outside dimension {dim}")
+    shape = list(first.shape)
+    shape[dim] = sum(int(t.shape[dim]) for t in inputs)
+    return shape
+
+
+@torch.library.custom_op("corten::quantized_cat", mutates_args=())
+def quantized_cat(inputs: list[torch.Tensor], dim: int) -> torch.Tensor:
+    _check(inputs, dim)
+    return torch.cat([t.contiguous() for t in inputs], dim).contiguous(memory_format=_output_format(inputs[0].dim()))
+
+
+@quantized_cat.register_fake
+def _(inputs, dim):
+    shape = _check(inputs, dim)
+    return inputs[0].new_empty(shape).contiguous(memory_format=_output_format(len(shape)))
+
+
+family = register_family(OpFamily(FAMILY, ("quantized_cat",), doc=__doc__))
+
+
+@dataclass(frozen=True)
+class ConcatChunk:
+    """One input's part of a concatenation in storage order: ``outer`` times, copy ``inner`` bytes
+    from ``input + o * inner`` to ``output + o * output_inner + offset``."""
+
+    outer: int
+    inner: int
+    output_inner: int
+    offset: int
+
+
+def concat_position(rank: int, dim: int) -> int:
+    """Storage position of logical dimension ``dim`` (channels of a 4-D tensor: 3)."""
+    return storage_dim_order(rank).index(dim)
+
+
+def concat_geometry(shapes: Sequence[Sequence[int]], dim: int) -> list[ConcatChunk]:
+    """The byte copies of ``torch.cat`` of tensors of logical ``shapes`` along ``dim``."""
+    k = concat_position(len(shapes[0]), dim)
+    out_dims = storage_shape(shapes[0])
+    out_dims[k] = sum(int(s[dim]) for s in shapes)
+    outer = _prod(out_dims[:k])
+    below = _prod(out_dims[k + 1:])
+    chunks, start = [], 0
+    for s in shapes:
+        size = int(s[dim])
+        chunks.append(ConcatChunk(outer, size * below, out_dims[k] * below, start * below))
+        start += size
+    return chunks
+
+
+def _prod(values) -> int:
+    p = 1
+    for v in values:
+        p *= int(v)
+    return p
+
+
+# ----------------------------------------------------------------------------- lowering
+from corten.lowering.match import LoweringError, Match  # noqa: E402
+from corten.ops.registry import annotates, lowers  # noqa: E402
+
+_aten = torch.ops.aten
+annotates("shared", _aten.cat.default)
+
+
+@lowers(_aten.cat.default)
+def lower_cat(m: Match):
+    """``torch.cat`` of int8 tensors sharing one quantization -> ``quantized_cat``."""
+    tensors = m.node.args[0]
+    dim = m.node.args[1] if len(m.node.args) > 1 else m.node.kwargs.get("dim", 0)
+    if len(m.inputs) != len(tensors):
+        raise LoweringError("cat of a constant or unquantized tensor is not supported; every input must be an "
+                            "int8 activation")
+    if m.activation is not None:
+        raise LoweringError("an activation after a cat is not fused; apply it to the inputs")
+    for i, v in enumerate(m.inputs):
+        if v.qparams != m.output:
+            raise LoweringError(f"cat input {i} has quantization {v.qparams}, the output {m.output}: all inputs "
+                                "must share the output's (CortenQuantizer shares them unless a producer fixes its "
+                                "own, e.g. a sigmoid)")
+    rank = m.inputs[0].node.meta["val"].dim()
+    if len(m.inputs) == 1:
+        return m.inputs[0].node
+    return m.call("quantized_cat", [v.node for v in m.inputs], int(dim) % rank)
+
+
+# ----------------------------------------------------------------------------- scratch memory
+@family.provides("scratch_bytes", "quantized_cat")
+def _cat_scratch(node, target) -> int:
+    """No buffer: each input is copied straight into its place in the output."""
+    return 0
+
+
+# ----------------------------------------------------------------------------- C emission
+_CMSIS_VARIANT = "wzyx"  # storage position (right-aligned to 4 dims) -> arm_concatenation_s8_<axis>
+
+
+def _cmsis_call(ctx, src: str, out: str, in_dims: list[int], out_dims: list[int], k: int, offset: int) -> str:
+    axis = _CMSIS_VARIANT[k]
+    w, z, y, x = in_dims
+    for name, v in zip("wzyx", in_dims):
+        if v > CMSIS_MAX_DIM_SIZE:
+            ctx.fail(f"input size {v} along CMSIS-NN axis {name} exceeds arm_concatenation_s8's uint16_t limit; "
+                     "emit with kernels='portable'")
+    if out_dims[k] > CMSIS_MAX_DIM_SIZE:
+        ctx.fail(f"output size {out_dims[k]} along the concatenated axis exceeds arm_concatenation_s8's uint16_t "
+                 "limit; emit with kernels='portable'")
+    if axis == "w":
+        return f"arm_concatenation_s8_w({src}, {x}, {y}, {z}, {w}, {out}, {offset}u);"
+    return f"arm_concatenation_s8_{axis}({src}, {x}, {y}, {z}, {w}, {out}, {out_dims[k]}, {offset}u);"
+
+
+@family.provides("emit_c", "quantized_cat")
+def _emit_cat_c(ctx) -> str:
+    """One copy per input: ``corten_concat_s8`` (portable) or the ``arm_concatenation_s8_*``
+    variant of the concatenated storage axis (CMSIS-NN, tensors of up to 4 dimensions)."""
+    nodes = list(ctx.arg("inputs"))
+    dim = int(ctx.arg("dim"))
+    shapes = [ctx.shape(n) for n in nodes]
+    out = ctx.out()
+    for n in nodes:
+        if ctx.buffer(n) == out:
+            ctx.fail("the memory plan puts an input in the output buffer; a cat cannot run in place")
+    if ctx.kernels == "portable":
+        calls = [ctx.call(f"corten_concat_s8({ctx.buffer(n)}, {c.outer}, {c.inner}, {c.output_inner}, {c.offset}, "
+                          f"{out})") for n, c in zip(nodes, concat_geometry(shapes, dim))]
+        return "\n".join(calls)
+    rank = len(shapes[0])
+    if rank > CMSIS_MAX_DIMS:
+        ctx.fail(f"a {rank}-D concatenation; arm_concatenation_s8 takes at most {CMSIS_MAX_DIMS} dimensions: "
+                 "emit with kernels='portable'")
+    lead = [1] * (CMSIS_MAX_DIMS - rank)
+    k = len(lead) + concat_position(rank, dim)
+    out_dims = lead + storage_shape(ctx.shape())
+    calls, start = [], 0
+    for n, s in zip(nodes, shapes):
+        in_dims = lead + storage_shape(s)
+        calls.append(_cmsis_call(ctx, ctx.buffer(n), out, in_dims, out_dims, k, start))
+        start += in_dims[k]
+    return "\n".join(calls)

@@ -1,0 +1,217 @@
+"""``quantized_transpose``: a permutation of an int8 tensor's dimensions (``arm_transpose_s8``).
+
+The op's meaning is torch's ``input.permute(perm)`` on *logical* dimensions: output dim ``i`` is
+input dim ``perm[i]``.  The values keep their quantization (the quantizer shares it), so no
+arithmetic is involved, only bytes move.
+
+The C kernel works on *bytes*.  A graph tensor's bytes are in storage order: NHWC for 4-D
+activations (logical NCHW), row-major for every other rank (:func:`storage_dim_order`).  The
+logical permutation is therefore turned into a permutation of storage dimensions
+(:func:`byte_permutation`), simplified by dropping size-1 dimensions and merging dimensions that
+stay adjacent: ``[1, C, H, W].permute(0, 2, 3, 1)`` reads NHWC bytes ``(H, W, C)`` and writes
+the NHWC bytes of ``[1, H, W, C]``, i.e. ``(W, C, H)``: a 2-D transpose of ``[H, W*C]``.
+
+A permutation that keeps the order of the dimensions larger than 1 is a reshape in disguise; the
+lowering turns it into ``aten.reshape`` (free, or a layout copy, as the generator decides).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from corten.ops import checks
+from corten.ops.registry import OpFamily, register_family
+
+FAMILY = "transpose"
+MAX_DIMS = 6  # CORTEN_TRANSPOSE_MAX_DIMS in corten_kernels.h
+CMSIS_MAX_DIMS = 4  # arm_transpose_s8 takes cmsis_nn_dims
+
+
+# ----------------------------------------------------------------------------- byte layout helpers
+def storage_dim_order(rank: int) -> tuple[int, ...]:
+    """The logical dimension held at each storage (byte-order) position, outermost first:
+    ``(0, 2, 3, 1)`` for a 4-D NCHW activation stored NHWC, ``(0, 1, ..., rank - 1)`` otherwise."""
+    return (0, 2, 3, 1) if rank == 4 else tuple(range(rank))
+
+
+def storage_shape(shape: Sequence[int]) -> list[int]:
+    """Sizes of a tensor's storage dimensions, outermost first (NHWC for 4-D)."""
+    return [int(shape[d]) for d in storage_dim_order(len(shape))]
+
+
+def normalize_perm(perm: Sequence[int], rank: int) -> list[int]:
+    """``perm`` with negative entries made positive; ValueError unless it permutes ``range(rank)``."""
+    p = [int(d) + rank if int(d) < 0 else int(d) for d in perm]
+    if sorted(p) != list(range(rank)):
+        raise ValueError(f"{list(perm)} is not a permutation of the {rank} dimensions")
+    return p
+
+
+def simplify_permutation(dims: Sequence[int], perm: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The smallest equivalent ``(dims, perm)`` of a row-major byte permutation.
+
+    ``dims`` are the input's row-major sizes and output dim ``j`` is input dim ``perm[j]``.  Size-1
+    dimensions are dropped and runs of input dims that stay consecutive in the output are merged.
+    An identity (a plain copy) comes back as ``([size], [0])`` or ``([], [])`` for one element.
+    """
+    keep = [d for d in range(len(dims)) if int(dims[d]) != 1]
+    renumber = {d: i for i, d in enumerate(keep)}
+    sizes = [int(dims[d]) for d in keep]
+    order = [renumber[d] for d in perm if d in renumber]
+    # Merge input dims i, i+1 when the output reads them one after the other.
+    groups: list[list[int]] = []
+    for d in order:
+        if groups and groups[-1][-1] + 1 == d:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    # The merged input dims, in input order, and the output order over them.
+    by_input = sorted(groups, key=lambda g: g[0])
+    merged_dims = []
+    for g in by_input:
+        size = 1
+        for d in g:
+            size *= sizes[d]
+        merged_dims.append(size)
+    index = {g[0]: i for i, g in enumerate(by_input)}
+    merged_perm = [index[g[0]] for g in groups]
+    return merged_dims, merged_perm
+
+
+def byte_permutation(in_shape: Sequence[int], perm: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The simplified storage-level ``(dims, perm)`` that ``input.permute(perm)`` performs on bytes.
+
+    Storage position ``j`` of the output holds output logical dim ``order[j]``, which is input
+    logical dim ``perm[order[j]]``, found at input storage position ``inv_order[...]``.
+    """
+    rank = len(in_shape)
+    perm = normalize_perm(perm, rank)
+    order = storage_dim_order(rank)
+    inv = {d: j for j, d in enumerate(order)}
+    byte_perm = [inv[perm[order[j]]] for j in range(rank)]
+    return simplify_permutation(storage_shape(in_shape), byte_perm)
+
+
+def keeps_logical_order(in_shape: Sequence[int], perm: Sequence[int]) -> bool:
+    """True when ``permute(perm)`` only moves size-1 dims: the values keep their logical (row-major)
+    order, so the permute is a reshape."""
+    moved = [d for d in perm if int(in_shape[d]) != 1]
+    return moved == sorted(moved)
+
+
+# ----------------------------------------------------------------------------- the op
+def _output_format(rank: int) -> torch.memory_format:
+    return torch.channels_last if rank == 4 else torch.contiguous_format
+
+
+def _check(input, perm) -> list[int]:
+    op = "quantized_transpose"
+    checks.dtype(op, "input", input, torch.int8)
+    if not 1 <= input.dim() <= MAX_DIMS:
+        checks.fail(op, "input", f"expected 1 to {MAX_DIMS} dimensions, got shape {tuple(input.shape)}")
+    if len(perm) != input.dim():
+        checks.fail(op, "perm", f"{list(perm)} has {len(perm)} entries for a {input.dim()}-D input")
+    if sorted(perm) != list(range(input.dim())):
+        checks.fail(op, "perm", f"{list(perm)} is not a permutation of 0..{input.dim() - 1} (no negative entries)")
+    return [int(input.shape[d]) for d in perm]
+
+
+@torch.library.custom_op("corten::quantized_transpose", mutates_args=())
+def quantized_transpose(input: torch.Tensor, perm: list[int]) -> torch.Tensor:
+    """``input.permute(perm)`` (logical dims), laid out as every graph tensor (NHWC for 4-D)."""
+    _check(input, perm)
+    return input.permute(perm).contiguous(memory_format=_output_format(input.dim()))
+
+
+@quantized_transpose.register_fake
+def _(input, perm):
+    shape = _check(input, perm)
+    return input.new_empty(shape).contiguous(memory_format=_output_format(len(shape)))
+
+
+family = register_family(OpFamily(FAMILY, ("quantized_transpose",), doc=__doc__))
+
+
+# ----------------------------------------------------------------------------- lowering
+from corten.lowering.match import LoweringError, Match  # noqa: E402
+from corten.ops.registry import annotates, lowers  # noqa: E402
+
+_aten = torch.ops.aten
+PERMUTES = (_aten.permute.default, _aten.transpose.int, _aten.t.default)
+annotates("shared", *PERMUTES)
+
+
+def aten_permutation(node) -> list[int]:
+    """The logical permutation of an ``aten.permute`` / ``transpose.int`` / ``t`` node."""
+    rank = node.args[0].meta["val"].dim()
+    if node.target == _aten.permute.default:
+        return normalize_perm(node.args[1], rank)
+    perm = list(range(rank))
+    if node.target == _aten.t.default:
+        a, b = (0, 1) if rank == 2 else (0, 0)
+    else:
+        a, b = (int(d) % rank for d in node.args[1:3])
+    perm[a], perm[b] = perm[b], perm[a]
+    return perm
+
+
+@lowers(*PERMUTES)
+def lower_permute(m: Match):
+    """A permute that moves bytes -> ``quantized_transpose``; one that only moves size-1 dims ->
+    ``aten.reshape`` (the generator makes it an alias or a layout copy)."""
+    x = m.inputs[0]
+    if x.qparams != m.output:
+        raise LoweringError("a permute must keep its input's quantization parameters (CortenQuantizer shares "
+                            "them; another quantizer may not)")
+    if m.activation is not None:
+        raise LoweringError("an activation after a permute is not fused; apply it before the permute")
+    in_shape = [int(d) for d in x.node.meta["val"].shape]
+    if len(in_shape) > MAX_DIMS:
+        raise LoweringError(f"permute of a {len(in_shape)}-D tensor: at most {MAX_DIMS} dimensions are supported")
+    perm = aten_permutation(m.node)
+    out_shape = [in_shape[d] for d in perm]
+    if perm == sorted(perm):
+        return x.node
+    if keeps_logical_order(in_shape, perm):
+        return m.call_aten(_aten.reshape.default, x.node, out_shape)
+    return m.call("quantized_transpose", x.node, perm)
+
+
+# ----------------------------------------------------------------------------- scratch memory
+@family.provides("scratch_bytes", "quantized_transpose")
+def _transpose_scratch(node, target) -> int:
+    """``arm_transpose_s8`` and the portable kernel take no buffer (the output never overlaps the input)."""
+    return 0
+
+
+# ----------------------------------------------------------------------------- C emission
+def _c_list(values) -> str:
+    return "{" + ", ".join(str(int(v)) for v in values) + "}"
+
+
+@family.provides("emit_c", "quantized_transpose")
+def _emit_transpose_c(ctx) -> str:
+    """``corten_transpose_s8`` (portable, up to 6 simplified storage dims) or ``arm_transpose_s8``
+    (CMSIS-NN, up to 4) over the simplified byte permutation; an identity is a plain copy."""
+    x = ctx.arg("input")
+    dims, perm = byte_permutation(ctx.shape(x), ctx.arg("perm"))
+    if not dims:
+        dims, perm = [1], [0]
+    src, out = ctx.input("input"), ctx.out()
+    if ctx.kernels == "portable":
+        return ctx.block(
+            f"const int32_t dims[{len(dims)}] = {_c_list(dims)};",
+            f"const int32_t perm[{len(perm)}] = {_c_list(perm)};",
+            ctx.call(f"corten_transpose_s8({len(dims)}, dims, perm, {src}, {out})"))
+    if len(dims) > CMSIS_MAX_DIMS:
+        ctx.fail(f"the byte permutation has {len(dims)} dimensions {dims} after simplification; arm_transpose_s8 "
+                 f"takes at most {CMSIS_MAX_DIMS}: emit with kernels='portable' or permute fewer dimensions")
+    pad = [1] * (CMSIS_MAX_DIMS - len(dims))
+    out_dims = [dims[p] for p in perm]
+    return ctx.block(
+        ctx.dims("input_dims", "cmsis_nn_dims", *(dims + pad)),
+        ctx.dims("output_dims", "cmsis_nn_dims", *(out_dims + pad)),
+        f"const uint32_t perm[{len(perm)}] = {_c_list(perm)};",
+        f"const cmsis_nn_transpose_params params = {{{len(perm)}, perm}};",
+        ctx.call(f"arm_transpose_s8({src}, {out}, &input_dims, &output_dims, &params)"))
