@@ -69,8 +69,12 @@ family = register_family(OpFamily(FAMILY, ("quantized_lut",), doc=__doc__))
 
 # ----------------------------------------------------------------------------- table construction
 def round_half_away(v: torch.Tensor) -> torch.Tensor:
-    """Round float64 values to integers, ties away from zero (C's ``round``)."""
-    return torch.sign(v) * torch.floor(v.abs() + 0.5)
+    """Round float64 values to integers, ties away from zero (C's ``round``), exactly: the
+    fraction ``|v| - floor(|v|)`` is exact in float64, where ``floor(|v| + 0.5)`` is not (it
+    rounds 0.49999999999999994 up to 1)."""
+    a = v.abs()
+    whole = torch.floor(a)
+    return torch.sign(v) * (whole + (a - whole >= 0.5).to(v.dtype))
 
 
 def input_values(scale: float, zero_point: int) -> torch.Tensor:
@@ -150,7 +154,8 @@ annotates("unary", *CLAMPS)
 
 def real_function(node) -> Callable[[torch.Tensor], torch.Tensor]:
     """The float function of an activation node: its out-of-place ATen op applied with the node's
-    own scalar arguments (``alpha``, ``negative_slope``, ``approximate``, clamp bounds)."""
+    own scalar arguments (``alpha``, ``negative_slope``, ``approximate``, clamp bounds), on one
+    element at a time (see below)."""
     fn = {**FUNCTIONS, **CLAMPS}.get(node.target)
     if fn is None:
         raise LoweringError(f"{node.target} has no table lowering")
@@ -162,7 +167,13 @@ def real_function(node) -> Callable[[torch.Tensor], torch.Tensor]:
                                 "can be folded into a lookup table")
     if fn is _aten.clamp.default and all(v is None for v in (*extra, *kwargs.values())):
         raise LoweringError(f"{node.name}: clamp without min or max")
-    return lambda x: fn(x, *extra, **kwargs)
+    return lambda x: torch.cat([fn(v, *extra, **kwargs) for v in x.split(1)])
+
+
+# Why one element at a time: ATen's vectorised float64 kernels (elu's exp, sigmoid, ...) can differ
+# from the scalar ones by an ulp, and which elements take the vector path depends on the CPU's SIMD
+# width.  An ulp matters where a function reaches a value that is a rounding tie (elu's asymptote
+# -alpha = -2.5 with output scale 1): evaluated per element, the table is the same on every machine.
 
 
 @lowers(*FUNCTIONS, *CLAMPS)
