@@ -84,3 +84,30 @@ def test_budget_refusal(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "does not fit" in err and "peak at step" in err
+
+
+class _TwoInTwoOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, 1, 1)
+        self.b = nn.Conv2d(3, 8, 3, 1, 1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x, y):
+        z = torch.relu(self.a(x)) + self.b(y)
+        return self.fc(nn.functional.adaptive_avg_pool2d(z, 1).flatten(1)), z
+
+
+def test_several_inputs_and_outputs_host_and_qemu(tmp_path):
+    torch.manual_seed(1)
+    x, y = torch.randn(1, 3, 8, 8), torch.randn(1, 3, 8, 8)
+    prog = corten.compile(_TwoInTwoOut().eval(), (x, y), name="two_io")
+    assert len(prog.inputs) == 2 and len(prog.outputs) == 2
+    expected = prog.run_int8(x, y)
+    for on, target in (("host", None), ("qemu", "cortex-m55")):
+        got = prog.run_c(x, y, on=on, target=target, int8=True)
+        assert all(torch.equal(e, g) for e, g in zip(expected, got))
+    lib = prog.emit_c(tmp_path / "lib")
+    header = lib.header.read_text()
+    assert "#define TWO_IO_NUM_INPUTS 2" in header and "#define TWO_IO_OUTPUT1_OFFSET 5" in header
+    assert lib.input_bytes == 2 * 3 * 8 * 8 and lib.outputs[1].offset == 5

@@ -36,6 +36,20 @@ HASH_CHARS = 16
 
 
 @dataclass(frozen=True)
+class IOTensor:
+    """One program input or output at the C boundary: packed at ``offset`` in the caller's buffer."""
+
+    shape: tuple[int, ...]  # logical torch shape (NCHW for 4-D); bytes are NHWC
+    scale: float
+    zero_point: int
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape))
+
+
+@dataclass(frozen=True)
 class EmittedLibrary:
     """What :func:`emit_c` wrote, and the facts a caller needs to run it."""
 
@@ -55,8 +69,10 @@ class EmittedLibrary:
     output_shape: tuple[int, ...]
     output_scale: float
     output_zero_point: int
-    input_bytes: int
-    output_bytes: int
+    input_bytes: int  # all inputs, packed
+    output_bytes: int  # all outputs, packed
+    inputs: tuple[IOTensor, ...]
+    outputs: tuple[IOTensor, ...]
     arena_bytes: int
     arena_align: int
     constant_bytes: int
@@ -149,7 +165,11 @@ class _Generator:
         base = {"arena": "act", "input": "input", "output": "output"}.get(a.region)
         if base is None:
             raise CodegenError(f"tensor {node.name!r} has unknown region {a.region!r} in the memory plan")
-        return f"({base} + {int(a.offset)})" if a.offset else f"({base})"
+        offset = int(a.offset)
+        if a.region != "arena":  # several inputs/outputs are packed in the caller's buffer
+            in_offs, out_offs = self.io_offsets()
+            offset += (in_offs if a.region == "input" else out_offs)[int(getattr(a, "index", 0))]
+        return f"({base} + {offset})" if offset else f"({base})"
 
     def scratch_expr(self, node: torch.fx.Node) -> tuple[str, int]:
         a = getattr(self.plan, "scratch", {}).get(node.name)
@@ -160,13 +180,27 @@ class _Generator:
         return f"(void *)(act + {int(a.offset)})", int(a.nbytes)
 
     # ------------------------------------------------------------------ program walk
-    def io_nodes(self):
+    def io_nodes(self) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+        """(the quantize of each program input, in input order; the dequantize of each output, in
+        output order).  Several inputs (outputs) are packed one after another in the caller's
+        input (output) buffer, at the offsets :meth:`io_offsets` gives."""
         quants = [n for n in self.ep.graph.nodes if n.op == "call_function" and op_name_of(n.target) == QUANTIZE]
-        deqs = [n for n in self.ep.graph.nodes if n.op == "call_function" and op_name_of(n.target) == DEQUANTIZE]
-        if len(quants) != 1 or len(deqs) != 1:
-            raise CodegenError(f"the C library supports one input and one output; the program has {len(quants)} "
-                               f"quantize and {len(deqs)} dequantize nodes")
-        return quants[0], deqs[0]
+        outs = [a for a in self.ep.graph.output_node().args[0]]
+        deqs = [a for a in outs if isinstance(a, torch.fx.Node) and op_name_of(a.target) == DEQUANTIZE]
+        if not quants or len(deqs) != len(outs):
+            raise CodegenError(f"every program input must be quantized and every output dequantized; the program "
+                               f"has {len(quants)} quantize nodes and {len(deqs)} of {len(outs)} outputs dequantized")
+        return quants, deqs
+
+    def io_offsets(self) -> tuple[list[int], list[int]]:
+        quants, deqs = self.io_nodes()
+        def packed(nodes):
+            offs, total = [], 0
+            for n in nodes:
+                offs.append(total)
+                total += int(np.prod(self._shape(n)))
+            return offs
+        return packed(quants), packed([d.args[0] for d in deqs])
 
     def statements(self) -> tuple[list[str], list[str]]:
         """(C statements of <name>_run, canonical op descriptions for the program hash)."""
@@ -207,19 +241,19 @@ class _Generator:
 
     def _output_copy(self, index: int, tensor_name: str, out_index: int) -> str:
         """The plan keeps these bytes elsewhere (e.g. the output *is* the input): copy them at the end."""
-        if out_index != 0:
-            raise CodegenError(f"the memory plan copies {tensor_name!r} to output {out_index}; the C library "
-                               "has a single output")
+        out_offset = self.io_offsets()[1][out_index]
         node = next((n for n in self.ep.graph.nodes if n.name == tensor_name), None)
         if node is None:
             raise CodegenError(f"the memory plan copies unknown tensor {tensor_name!r}; plan the emitted program")
         nbytes = int(np.prod(self._shape(node)))
-        return (f"/* {index}. output copy: tensor '{tensor_name}' ({nbytes} bytes) -> output */\n"
+        dst = f"output + {out_offset}" if out_offset else "output"
+        return (f"/* {index}. output copy: tensor '{tensor_name}' ({nbytes} bytes) -> output {out_index} */\n"
                 "{\n"
                 f"    const int8_t *src = {self.buffer_expr(node)};\n"
+                f"    int8_t *dst = {dst};\n"
                 "    size_t i;\n"
                 f"    for (i = 0; i < {nbytes}u; i++) {{\n"
-                "        output[i] = src[i];\n"
+                "        dst[i] = src[i];\n"
                 "    }\n"
                 "}")
 
@@ -318,6 +352,22 @@ def _shape_macro(shape: tuple[int, ...]) -> tuple[str, str]:
     return "{" + ", ".join(str(d) for d in shape) + "}", "row-major"
 
 
+def _io_macros(m: str, lib: dict) -> str:
+    """Per-tensor macros when the program has several inputs or outputs (packed in one buffer)."""
+    if len(lib["inputs"]) == 1 and len(lib["outputs"]) == 1:
+        return ""
+    out = [f"/* Several inputs/outputs: each is packed at its _OFFSET in the one input/output buffer. */",
+           f"#define {m}_NUM_INPUTS {len(lib['inputs'])}", f"#define {m}_NUM_OUTPUTS {len(lib['outputs'])}"]
+    for kind, tensors in (("INPUT", lib["inputs"]), ("OUTPUT", lib["outputs"])):
+        for i, t in enumerate(tensors):
+            shape, order = _shape_macro(t.shape)
+            p = f"{m}_{kind}{i}"
+            out += [f"#define {p}_OFFSET {t.offset}", f"#define {p}_BYTES {t.nbytes}",
+                    f"#define {p}_SHAPE {shape} /* {order} */", f"#define {p}_SCALE {_float_literal(t.scale)}",
+                    f"#define {p}_ZERO_POINT {t.zero_point}"]
+    return "\n".join(out) + "\n\n"
+
+
 def _header(g: _Generator, lib: dict) -> str:
     m = g.macro
     in_shape, in_order = _shape_macro(lib["input_shape"])
@@ -364,7 +414,7 @@ extern "C" {{
 #define {m}_OUTPUT_SCALE {_float_literal(lib['output_scale'])}
 #define {m}_OUTPUT_ZERO_POINT {lib['output_zero_point']}
 
-/* Return codes of {g.name}_run */
+{_io_macros(m, lib)}/* Return codes of {g.name}_run */
 #define {m}_OK 0
 #define {m}_ERROR_NULL_POINTER (-1)     /* input, output or arena is NULL */
 #define {m}_ERROR_ARENA_ALIGNMENT (-2)  /* arena is not aligned to {m}_ARENA_ALIGN bytes */
@@ -455,7 +505,8 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     out_dir.mkdir(parents=True, exist_ok=True)
 
     g = _Generator(ep, plan, name, target, kernels)
-    quant, dequant = g.io_nodes()
+    quants, dequants = g.io_nodes()
+    quant, dequant = quants[0], dequants[0]
     statements, op_lines = g.statements()
     if not statements:
         raise CodegenError("the program has no operator between its quantize and dequantize; nothing to emit")
@@ -468,10 +519,16 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         hasher.update(_bytes(arr.tensor))
     in_node, out_node = quant, dequant.args[0]
     in_shape, out_shape = tuple(g._shape(in_node)), tuple(g._shape(out_node))
+    in_offs, out_offs = g.io_offsets()
+    inputs = tuple(IOTensor(tuple(g._shape(q)), float(q.args[1]), int(q.args[2]), off)
+                   for q, off in zip(quants, in_offs))
+    outputs = tuple(IOTensor(tuple(g._shape(d.args[0])), float(d.args[1]), int(d.args[2]), off)
+                    for d, off in zip(dequants, out_offs))
     lib = dict(
         input_shape=in_shape, input_scale=float(quant.args[1]), input_zero_point=int(quant.args[2]),
         output_shape=out_shape, output_scale=float(dequant.args[1]), output_zero_point=int(dequant.args[2]),
-        input_bytes=int(np.prod(in_shape)), output_bytes=int(np.prod(out_shape)),
+        input_bytes=sum(t.nbytes for t in inputs), output_bytes=sum(t.nbytes for t in outputs),
+        inputs=inputs, outputs=outputs,
         arena_bytes=int(plan.arena_bytes), arena_align=int(getattr(plan, "alignment", 16) or 16),
         constant_bytes=sum(a.tensor.numel() * a.tensor.element_size() for a in g.arrays.values()),
         program_hash=hasher.hexdigest()[:HASH_CHARS],

@@ -81,8 +81,6 @@ class ProgramRunner:
             raise ValueError(f"on must be 'host' or 'qemu', got {on!r}")
         if kernels not in KERNEL_FLAVOURS:
             raise ValueError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
-        if len(self.program.inputs) != 1 or len(self.program.outputs) != 1:
-            raise NotImplementedError("C runs support programs with one input and one output")
         lib = self.library(kernels, target)
         sources, includes = list(lib.sources), list(lib.include_dirs)
         cflags: tuple[str, ...] = ("-O2",)
@@ -94,7 +92,7 @@ class ProgramRunner:
             sources += nn_sources
             includes += nn_includes
         q_inputs = self.program.quantize_inputs(*inputs)
-        data = tensor_to_c_bytes(q_inputs[0])
+        data = b"".join(tensor_to_c_bytes(q) for q in q_inputs)  # packed at lib.inputs[i].offset
         defines = harness_defines(f"{lib.name}.h", lib.run_symbol, lib.input_bytes, lib.output_bytes,
                                   lib.arena_bytes, lib.arena_align)
         kwargs = {} if progress else {"progress": lambda *a, **k: None}
@@ -105,5 +103,5 @@ class ProgramRunner:
         else:
             res = run_on_qemu(sources, includes, defines, data, lib.output_bytes, target.name, run_dir,
                               cflags=cflags, **kwargs)
-        out = c_bytes_to_tensor(res.output, self.program.outputs[0].shape)
-        return [out], CRun(on, target.name if on == "qemu" else None, kernels, res.wall_s, res.instructions, res)
+        outs = [c_bytes_to_tensor(res.output[t.offset:t.offset + t.nbytes], t.shape) for t in lib.outputs]
+        return outs, CRun(on, target.name if on == "qemu" else None, kernels, res.wall_s, res.instructions, res)
