@@ -1,0 +1,141 @@
+/*
+ * softmax.c - Corten portable int8 softmax over rows (arm_softmax_s8 arithmetic).
+ *
+ * Per row: differences to the row maximum are rescaled to Q5.26 (input_mult, input_shift), their
+ * exponentials (Q0.31) summed in Q12.19, the sum inverted by Newton-Raphson and each output
+ * written as round(exp / sum * 256) - 128 in [-128, 127]; differences below diff_min give -128.
+ * Mirrors corten/ops/softmax.py bit for bit, in well-defined C99 (wrap-around on uint32).
+ *
+ * Where arm_softmax_s8 shifts an int32 by 32 or more (rows whose sum of exponentials reaches
+ * 2**28, i.e. at least 512 elements near the maximum: undefined behaviour in C), this kernel
+ * rounds exactly: the quotient is 0 and the output -128.
+ */
+#include <stddef.h>
+
+#include "corten_internal.h"
+#include "corten_kernels.h"
+
+#define CORTEN_SOFTMAX_ACCUM_BITS 12
+#define CORTEN_SOFTMAX_MAX_ROW 4095 /* 4096 * 2**19 overflows the int32 sum */
+
+/* arm_nn_doubling_high_mult: round(a * b / 2**31), ties towards +inf, INT32_MIN**2 saturating. */
+static int32_t corten_softmax_mul_sat(int32_t a, int32_t b)
+{
+    int64_t p;
+    if (a == INT32_MIN && b == INT32_MIN) {
+        return INT32_MAX;
+    }
+    p = (int64_t)a * (int64_t)b + (((a < 0) != (b < 0)) ? (1 - ((int64_t)1 << 30)) : ((int64_t)1 << 30));
+    return (int32_t)(p / ((int64_t)1 << 31)); /* |quotient| <= 2**31 - 1 here */
+}
+
+/* arm_nn_mult_by_power_of_two: val * 2**exponent, saturated to int32. */
+static int32_t corten_softmax_mul_pow2(int32_t val, int32_t exponent)
+{
+    const int32_t thresh = (int32_t)((((uint32_t)1) << (31 - exponent)) - 1u);
+    if (val > thresh) {
+        return INT32_MAX;
+    }
+    if (val < -thresh) {
+        return INT32_MIN;
+    }
+    return corten_u32_to_i32((uint32_t)val << exponent);
+}
+
+/* arm_nn_exp_on_negative_values: exp(val) for a Q5.26 val <= 0, as Q0.31. */
+static int32_t corten_softmax_exp_on_negative(int32_t val)
+{
+    static const int32_t barrel[7] = {1672461947, 1302514674, 790015084, 290630308, 39332535, 720401, 242};
+    const int32_t val_mod_minus_quarter = (int32_t)((uint32_t)val & 0xFFFFFFu) - (1 << 24);
+    const uint32_t remainder = (uint32_t)val_mod_minus_quarter - (uint32_t)val;
+    const int32_t x = val_mod_minus_quarter * 32 + (1 << 28); /* in [-2**28, 2**28) */
+    const int32_t x2 = corten_softmax_mul_sat(x, x);
+    int32_t poly = corten_add_wrap(corten_divide_by_power_of_two(corten_softmax_mul_sat(x2, x2), 2),
+                                   corten_softmax_mul_sat(x2, x));
+    int32_t result;
+    int32_t k;
+    poly = corten_add_wrap(corten_softmax_mul_sat(poly, 715827883), x2);
+    poly = corten_add_wrap(x, corten_divide_by_power_of_two(poly, 1));
+    result = corten_add_wrap(1895147668, corten_softmax_mul_sat(1895147668, poly));
+    for (k = 0; k < 7; k++) {
+        if (remainder & (((uint32_t)1) << (24 + k))) {
+            result = corten_softmax_mul_sat(result, barrel[k]);
+        }
+    }
+    return val == 0 ? INT32_MAX : result;
+}
+
+/* arm_nn_one_over_one_plus_x_for_x_in_0_1: 1 / (1 + x) for a Q0.31 x, as Q1.30 (Newton-Raphson). */
+static int32_t corten_softmax_one_over_one_plus_x(int32_t val)
+{
+    const int64_t sum = (int64_t)val + INT32_MAX;
+    const int32_t half_denominator = corten_wrap_i32((sum + (sum >= 0 ? 1 : -1)) / 2);
+    int32_t x = corten_add_wrap(1515870810, corten_softmax_mul_sat(half_denominator, -1010580540));
+    int32_t i;
+    for (i = 0; i < 3; i++) {
+        const int32_t err = corten_u32_to_i32((uint32_t)(1 << 29) -
+                                              (uint32_t)corten_softmax_mul_sat(half_denominator, x));
+        x = corten_add_wrap(x, corten_softmax_mul_pow2(corten_softmax_mul_sat(x, err), 2));
+    }
+    return corten_softmax_mul_pow2(x, 1);
+}
+
+static int32_t corten_softmax_clz(uint32_t v)
+{
+    int32_t n = 0;
+    while (n < 32 && !(v & 0x80000000u)) {
+        v <<= 1;
+        n++;
+    }
+    return n;
+}
+
+/* exp of (diff * 2**shift) rescaled by mult; diff * 2**shift fits int32 when diff >= diff_min. */
+static int32_t corten_softmax_exp(int32_t diff, int32_t mult, int32_t shift)
+{
+    const int32_t scaled = (int32_t)((int64_t)diff * ((int64_t)1 << shift));
+    return corten_softmax_exp_on_negative(corten_softmax_mul_sat(scaled, mult));
+}
+
+int corten_softmax_s8(const int8_t *input, int32_t num_rows, int32_t row_size, int32_t mult, int32_t shift,
+                      int32_t diff_min, int8_t *output)
+{
+    int32_t r;
+    if (input == NULL || output == NULL || num_rows < 0 || row_size < 1 || row_size > CORTEN_SOFTMAX_MAX_ROW ||
+        shift < 0 || shift > 31 || diff_min > 0 || (int64_t)diff_min * ((int64_t)1 << shift) < INT32_MIN) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (r = 0; r < num_rows; r++) {
+        const int8_t *in = input + (size_t)r * (size_t)row_size;
+        int8_t *out = output + (size_t)r * (size_t)row_size;
+        int32_t max = in[0];
+        int32_t sum = 0;
+        int32_t headroom, bits_over_unit, scale, c;
+        for (c = 1; c < row_size; c++) {
+            if (in[c] > max) {
+                max = in[c];
+            }
+        }
+        for (c = 0; c < row_size; c++) {
+            const int32_t diff = in[c] - max;
+            if (diff >= diff_min) {
+                sum += corten_divide_by_power_of_two(corten_softmax_exp(diff, mult, shift), CORTEN_SOFTMAX_ACCUM_BITS);
+            }
+        }
+        /* sum >= 2**19 (the maximum's own term) and < 2**31 (row_size <= 4095). */
+        headroom = corten_softmax_clz((uint32_t)sum);
+        bits_over_unit = CORTEN_SOFTMAX_ACCUM_BITS - headroom + 23;
+        scale = corten_softmax_one_over_one_plus_x(corten_u32_to_i32(((uint32_t)sum << headroom) - 0x80000000u));
+        for (c = 0; c < row_size; c++) {
+            const int32_t diff = in[c] - max;
+            int32_t res = -128;
+            if (diff >= diff_min) {
+                const int32_t prod = corten_softmax_mul_sat(scale, corten_softmax_exp(diff, mult, shift));
+                res = (bits_over_unit > 31 ? 0 : corten_divide_by_power_of_two(prod, bits_over_unit)) - 128;
+                res = res > 127 ? 127 : res;
+            }
+            out[c] = (int8_t)res;
+        }
+    }
+    return CORTEN_OK;
+}
