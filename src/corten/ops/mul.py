@@ -226,6 +226,7 @@ def _emit_mul_c(ctx) -> str:
         args = [x1, x2, v["input1_offset"], v["input2_offset"], out, v["output_offset"], v["output_multiplier"],
                 v["output_shift"], v["activation_min"], v["activation_max"], str(numel(ctx.shape()))]
         return ctx.call("arm_elementwise_mul_s8(" + ", ".join(args) + ")")
+    ctx.portable_kernel()
     return ctx.block(
         "const corten_mul_params params = {" + ", ".join(v[k] for k in names) + "};",
         broadcast_struct(ctx),

@@ -138,6 +138,7 @@ def _emit_sub_c(ctx) -> str:
                 numel(ctx.shape())]
         return ctx.call("arm_elementwise_add_s8(" + ", ".join(a if isinstance(a, str) else ctx.int_(a)
                                                                 for a in args) + ")")
+    ctx.portable_kernel()
     return ctx.block(
         "const corten_sub_params params = {" + ", ".join(ctx.int_(v[k]) for k in PARAM_NAMES) + "};",
         broadcast_struct(ctx),

@@ -38,7 +38,8 @@ def c_bytes_to_tensor(data: bytes, shape: tuple[int, ...]) -> torch.Tensor:
 def cmsis_nn_sources(cmsis_nn_path: str | Path) -> tuple[list[Path], list[Path]]:
     """All CMSIS-NN kernel sources and its include directory, from a user's CMSIS-NN tree."""
     root = Path(cmsis_nn_path)
-    sources = sorted(root.glob("Source/*/*.c"))
+    # Integer kernels only: the float ones (*_f16.c, *_f32.c) need CMSIS-NN's float build options.
+    sources = sorted(p for p in root.glob("Source/*/*.c") if not p.name.endswith(("_f16.c", "_f32.c")))
     if not sources or not (root / "Include" / "arm_nnfunctions.h").exists():
         raise FileNotFoundError(f"{root}: not a CMSIS-NN tree (expected Include/arm_nnfunctions.h and "
                                 "Source/*/*.c); set CMSIS_NN_PATH / cmsis_nn_path to your CMSIS-NN checkout")
