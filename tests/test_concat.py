@@ -1,0 +1,230 @@
+"""``corten.quantized_cat``: reference kernel vs a naive oracle, the storage-order copy geometry,
+opcheck, argument errors, the lowering of ``torch.cat`` (a list argument, shared quantization:
+dialect tests), the portable C kernel byte for byte, and two branches -> cat -> conv on the host
+and QEMU.
+
+Case counts: CAT_CASES random concatenations (1 to 4 inputs of 1-D to 4-D tensors, any dim) vs the
+oracle; C_CAT_CASES through ``corten_concat_s8``.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import shutil
+import subprocess
+
+import pytest
+import torch
+from torch import nn
+
+import naive_data_movement as naive
+import op_cases as oc
+from corten.codegen import KERNELS_DIR
+from corten.ops import CortenOpError
+from corten.ops.concat import concat_geometry, concat_position
+from corten.testing import Tester
+
+CAT_CASES = 1500
+C_CAT_CASES = 300
+cat = torch.ops.corten.quantized_cat
+
+
+def _random_case(rng: random.Random) -> tuple[list[torch.Tensor], int]:
+    rank = rng.randint(1, 4)
+    dim = rng.randrange(rank)
+    base = [rng.randint(1, 4) for _ in range(rank)]
+    tensors = []
+    for _ in range(rng.randint(1, 4)):
+        shape = list(base)
+        shape[dim] = rng.randint(1, 4)
+        t = oc.int8_tensor(rng, shape)
+        tensors.append(oc.maybe_channels_last(rng, t) if rank == 4 else t)
+    return tensors, dim
+
+
+def _naive(tensors, dim):
+    return naive.cat([t.contiguous().flatten().tolist() for t in tensors], [list(t.shape) for t in tensors], dim)
+
+
+# ----------------------------------------------------------------------------- reference kernel
+def test_cat_matches_naive():
+    rng = random.Random(9300)
+    for i in range(CAT_CASES):
+        tensors, dim = _random_case(rng)
+        out = cat(tensors, dim)
+        want, want_shape = _naive(tensors, dim)
+        assert list(out.shape) == want_shape and out.dtype == torch.int8
+        assert out.flatten().tolist() == want, f"case {i}: dim {dim}, shapes {[tuple(t.shape) for t in tensors]}"
+        if out.dim() == 4:
+            assert oc.is_channels_last(out)
+
+
+def _apply_geometry(tensors, dim) -> list[int]:
+    """Run the byte copies of concat_geometry on the inputs' storage bytes, as the C kernel does."""
+    chunks = concat_geometry([list(t.shape) for t in tensors], dim)
+    out = [None] * sum(t.numel() for t in tensors)
+    for t, c in zip(tensors, chunks):
+        src = naive.storage_bytes(t.contiguous().flatten().tolist(), list(t.shape))
+        for o in range(c.outer):
+            out[o * c.output_inner + c.offset: o * c.output_inner + c.offset + c.inner] = \
+                src[o * c.inner:(o + 1) * c.inner]
+    return out
+
+
+def test_geometry_reproduces_storage_bytes():
+    rng = random.Random(9301)
+    for i in range(600):
+        tensors, dim = _random_case(rng)
+        want, shape = _naive(tensors, dim)
+        assert _apply_geometry(tensors, dim) == naive.storage_bytes(want, shape), f"case {i}"
+
+
+def test_channel_concat_interleaves_pixels():
+    """NHWC channel concat: per pixel, input 0's channels then input 1's (outer = N*H*W)."""
+    a = torch.zeros((1, 2, 2, 3), dtype=torch.int8)
+    b = torch.ones((1, 1, 2, 3), dtype=torch.int8)
+    chunks = concat_geometry([list(a.shape), list(b.shape)], 1)
+    assert [(c.outer, c.inner, c.output_inner, c.offset) for c in chunks] == [(6, 2, 3, 0), (6, 1, 3, 2)]
+    assert concat_position(4, 1) == 3 and concat_position(2, 1) == 1 and concat_position(4, 0) == 0
+    out = cat([a, b], 1)
+    assert out.permute(0, 2, 3, 1).flatten().tolist() == [0, 0, 1] * 6
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_opcheck_cat(seed):
+    tensors, dim = _random_case(random.Random(seed))
+    torch.library.opcheck(cat.default, (tensors, dim))
+
+
+@pytest.mark.parametrize("inputs, dim, arg", [
+    ([], 0, "inputs"),
+    ([torch.zeros((1, 2), dtype=torch.int8), torch.zeros((1, 2), dtype=torch.int16)], 1, r"inputs\[1\]"),
+    ([torch.zeros((1, 2), dtype=torch.int8), torch.zeros((2, 2), dtype=torch.int8)], 1, r"inputs\[1\]"),
+    ([torch.zeros((1, 2), dtype=torch.int8), torch.zeros((1, 2, 1), dtype=torch.int8)], 1, r"inputs\[1\]"),
+    ([torch.zeros((1, 2), dtype=torch.int8)], 2, "dim"),
+    ([torch.zeros((1, 2), dtype=torch.int8)], -1, "dim"),
+])
+def test_cat_bad_arguments(inputs, dim, arg):
+    with pytest.raises(CortenOpError, match=rf"quantized_cat.*'{arg}'"):
+        cat(inputs, dim)
+
+
+def test_cat_good_arguments_are_accepted():
+    assert cat([torch.zeros((1, 2), dtype=torch.int8), torch.zeros((1, 3), dtype=torch.int8)], 1).shape == (1, 5)
+
+
+# ----------------------------------------------------------------------------- lowering (dialect)
+class BranchCatConv(nn.Module):
+    """Two conv branches with different ranges -> channel cat -> conv."""
+
+    def __init__(self, dim=1):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 5 if dim == 1 else 4, 3, padding=1)
+        self.c = nn.Conv2d(9 if dim == 1 else 4, 4, 1)
+        self.dim = dim
+
+    def forward(self, x):
+        return self.c(torch.cat([self.a(x), torch.relu(self.b(x))], self.dim))
+
+
+LOWERED = {"quantize_per_tensor": 1, "quantized_conv2d": 3, "quantized_cat": 1, "dequantize_per_tensor": 1}
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3, -1], ids=["C", "H", "W", "neg"])
+def test_dialect_branches_cat_conv(dim):
+    torch.manual_seed(0)
+    t = Tester(BranchCatConv(dim).eval(), (torch.randn(1, 3, 5, 6),))
+    t.test_dialect({"aten.cat.default": 1, "aten.conv2d.default": 3}, LOWERED, qtol=1)
+    (node,) = [n for n in t.program.ep.graph.nodes if n.target == cat.default]
+    assert node.args[1] == dim % 4 and len(node.args[0]) == 2
+
+
+def test_quantizer_shares_one_observer_across_cat():
+    """All cat inputs and its output end up with one scale/zero point, the producers' outputs too."""
+    torch.manual_seed(0)
+    t = Tester(BranchCatConv(1).eval(), (torch.randn(1, 3, 5, 6),)).quantize()
+    dq = torch.ops.quantized_decomposed.dequantize_per_tensor.default
+    (cat_node,) = [n for n in t.converted.graph.nodes if n.target == torch.ops.aten.cat.default]
+    qparams = {(float(a.args[1]), int(a.args[2])) for a in cat_node.args[0]}
+    assert all(a.target == dq for a in cat_node.args[0]) and len(qparams) == 1
+
+
+def test_dialect_linear_cat_last_dim_and_program_input():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(6, 3), nn.Linear(6, 5), nn.Linear(14, 2)
+
+        def forward(self, x):
+            return self.c(torch.cat([self.a(x), x, self.b(x)], dim=-1))
+
+    torch.manual_seed(4)
+    t = Tester(Net().eval(), (torch.randn(1, 6),))
+    t.test_dialect({"aten.cat.default": 1}, {"quantize_per_tensor": 1, "quantized_linear": 3, "quantized_cat": 1,
+                                            "dequantize_per_tensor": 1}, qtol=1)
+
+
+def test_cat_of_a_constant_is_refused_with_reason():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(2, 3, 1)
+            self.register_buffer("extra", torch.randn(1, 1, 4, 4))
+
+        def forward(self, x):
+            return torch.cat([self.a(x), self.extra], 1)
+
+    torch.manual_seed(5)
+    t = Tester(Net().eval(), (torch.randn(1, 2, 4, 4),)).lower()
+    reasons = [u.reason for u in t.program.unlowered_ops() if "cat" in u.op]
+    assert reasons and "constant or unquantized" in reasons[0]
+
+
+# ----------------------------------------------------------------------------- C kernel
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    out = tmp_path_factory.mktemp("concat") / "libconcat.so"
+    subprocess.run(["gcc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I",
+                    str(KERNELS_DIR), str(KERNELS_DIR / "concat.c"), "-o", str(out)], check=True, capture_output=True)
+    return ctypes.CDLL(str(out))
+
+
+def test_c_concat_matches_reference(lib):
+    rng = random.Random(9400)
+    for i in range(C_CAT_CASES):
+        tensors, dim = _random_case(rng)
+        want = cat(tensors, dim)
+        out = (ctypes.c_int8 * want.numel())()
+        for t, c in zip(tensors, concat_geometry([list(t.shape) for t in tensors], dim)):
+            src = naive.storage_bytes(t.contiguous().flatten().tolist(), list(t.shape))
+            assert lib.corten_concat_s8((ctypes.c_int8 * len(src))(*src), c.outer, c.inner, c.output_inner, c.offset,
+                                        out) == 0
+        assert list(out) == naive.storage_bytes(want.contiguous().flatten().tolist(), list(want.shape)), f"case {i}"
+
+
+def test_c_concat_rejects_bad_arguments(lib):
+    x, out = (ctypes.c_int8 * 8)(), (ctypes.c_int8 * 16)()
+    assert lib.corten_concat_s8(x, 4, 2, 4, 2, out) == 0
+    assert lib.corten_concat_s8(None, 4, 2, 4, 2, out) == -1
+    assert lib.corten_concat_s8(x, 4, 2, 4, 3, out) == -1  # chunk would spill into the next row
+    assert lib.corten_concat_s8(x, 4, 2, 4, -1, out) == -1
+
+
+# ----------------------------------------------------------------------------- C library end to end
+def test_implementation_branches_cat_conv_host_and_qemu():
+    torch.manual_seed(6)
+    t = Tester(BranchCatConv(1).eval(), (torch.randn(1, 3, 5, 6),))
+    results = t.test_implementation(on=("host", "qemu"), n_inputs=2)
+    assert {(r[0], r[1]) for r in results} == {("host", None), ("qemu", "cortex-m55")}
+
+
+@pytest.mark.skipif(not os.environ.get("CMSIS_NN_PATH"), reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@pytest.mark.parametrize("dim, variant", [(1, "x"), (2, "z"), (3, "y")])
+def test_implementation_cmsis_nn_concatenation(dim, variant, tmp_path):
+    torch.manual_seed(6)
+    t = Tester(BranchCatConv(dim).eval(), (torch.randn(1, 3, 5, 6),))
+    t.test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1)
+    assert f"arm_concatenation_s8_{variant}(" in t.program.emit_c(tmp_path, kernels="cmsis-nn").source.read_text()
