@@ -25,12 +25,17 @@ IDENTITY_OPS = {
     aten.detach.default,
     aten.contiguous.default,
 }
-# Dropout variants: (input, p, train); identities when train is False or p == 0.
+# Dropout variants: (input, p, train); identities when train is False or p == 0.  The in-place ones
+# (``nn.Dropout(inplace=True)``, e.g. torchvision's MobileNetV3 classifier) write nothing then.
 DROPOUT_OPS = {
     aten.dropout.default,
     aten.feature_dropout.default,
     aten.alpha_dropout.default,
     aten.feature_alpha_dropout.default,
+    aten.dropout_.default,
+    aten.feature_dropout_.default,
+    aten.alpha_dropout_.default,
+    aten.feature_alpha_dropout_.default,
 }
 
 

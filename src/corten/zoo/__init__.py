@@ -14,9 +14,13 @@ import torch
 from torch import nn
 
 from corten.zoo.batch_norm_stats import randomize_batch_norm
+from corten.zoo.kws import KWS1D
+from corten.zoo.mlperf_tiny import DSCNN, DeepAutoEncoder, MobileNetV1, ResNet8
 from corten.zoo.mobilenet_v2 import MobileNetV2, make_divisible
+from corten.zoo.mobilenet_v3 import MobileNetV3
 
-__all__ = ["MODELS", "ZooEntry", "get_model", "list_models", "MobileNetV2", "make_divisible"]
+__all__ = ["MODELS", "ZooEntry", "get_model", "list_models", "MobileNetV2", "MobileNetV3", "DSCNN",
+           "ResNet8", "MobileNetV1", "DeepAutoEncoder", "KWS1D", "make_divisible"]
 
 CALIBRATION_BATCH = 2  # images used to measure BatchNorm running statistics
 
@@ -29,6 +33,8 @@ class ZooEntry:
     description: str
     build: Callable[[torch.Generator], nn.Module]
     input_shape: tuple[int, ...]
+    # samples used to measure BatchNorm statistics; BatchNorm1d on [N, C] sees only N values per channel
+    calibration_batch: int = CALIBRATION_BATCH
 
 
 def _mobilenet_v2(width_mult: float) -> Callable[[torch.Generator], nn.Module]:
@@ -42,6 +48,18 @@ MODELS: dict[str, ZooEntry] = {
                  _mobilenet_v2(1.0), (1, 3, 224, 224)),
         ZooEntry("mv2-0.35-96", "MobileNetV2 width 0.35, 96x96x3 input, 1000 classes",
                  _mobilenet_v2(0.35), (1, 3, 96, 96)),
+        ZooEntry("mv3-small", "MobileNetV3-Small width 1.0, 224x224x3 input, 1000 classes (torchvision architecture)",
+                 lambda gen: MobileNetV3(num_classes=1000, generator=gen), (1, 3, 224, 224)),
+        ZooEntry("ds-cnn", "MLPerf Tiny keyword spotting DS-CNN, 49x10 MFCC input, 12 classes",
+                 lambda gen: DSCNN(generator=gen), (1, 1, 49, 10)),
+        ZooEntry("resnet8", "MLPerf Tiny image classification ResNet-8, CIFAR-10 32x32x3 input, 10 classes",
+                 lambda gen: ResNet8(generator=gen), (1, 3, 32, 32)),
+        ZooEntry("mv1-0.25-96", "MLPerf Tiny visual wake words MobileNetV1 width 0.25, 96x96x3 input, 2 classes",
+                 lambda gen: MobileNetV1(num_classes=2, alpha=0.25, generator=gen), (1, 3, 96, 96)),
+        ZooEntry("deep-ae", "MLPerf Tiny anomaly detection deep autoencoder, 640 inputs (5 x 128 log-mel)",
+                 lambda gen: DeepAutoEncoder(generator=gen), (1, 640), calibration_batch=64),
+        ZooEntry("kws-1d", "keyword spotting on 1-D convolutions, 40 MFCC x 49 frames input, 12 classes",
+                 lambda gen: KWS1D(generator=gen), (1, 40, 49)),
     )
 }
 
@@ -64,7 +82,7 @@ def get_model(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, 
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):  # nn layers' default init draws from the global RNG
         model = entry.build(gen)
-    calibration = torch.randn((CALIBRATION_BATCH, *entry.input_shape[1:]), generator=gen)
+    calibration = torch.randn((entry.calibration_batch, *entry.input_shape[1:]), generator=gen)
     randomize_batch_norm(model, calibration, gen)
     example = torch.randn(entry.input_shape, generator=gen)
     return model.eval(), (example,)
