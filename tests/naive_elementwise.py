@@ -107,3 +107,49 @@ def random_broadcast_shapes(rng) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return tuple(d if rng.random() < 0.6 else 1 for d in dims)
 
     return operand(rank1), operand(rank2)
+
+
+# ----------------------------------------------------------------------------- C harness (ctypes)
+def build_kernel_library(tmp_dir, family: str):
+    """Compile ``<family>.c`` into a shared library (gcc -O2, warnings as errors) and load it."""
+    import ctypes
+    import subprocess
+
+    from corten.codegen import KERNELS_DIR
+
+    out = tmp_dir / f"lib{family}.so"
+    cmd = ["gcc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I", str(KERNELS_DIR),
+           str(KERNELS_DIR / f"{family}.c"), "-o", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return ctypes.CDLL(str(out))
+
+
+def c_bytes(t) -> bytes:
+    """A tensor's C bytes: NHWC for 4-D, row-major otherwise."""
+    if t.dim() == 4:
+        t = t.permute(0, 2, 3, 1)
+    return t.contiguous().numpy().tobytes()
+
+
+def c_buffer(t):
+    import ctypes
+
+    data = c_bytes(t)
+    return (ctypes.c_int8 * max(1, len(data))).from_buffer_copy(data + b"\0" * (len(data) == 0))
+
+
+def broadcast_struct(out_shape, shape1, shape2):
+    """The ``corten_broadcast`` of an output and two input shapes (the emitter's geometry)."""
+    import ctypes
+
+    from corten.ops.mul import loop_geometry
+
+    class Dims(ctypes.Structure):
+        _fields_ = [(f, ctypes.c_int32) for f in ("n", "h", "w", "c")]
+
+    class Broadcast(ctypes.Structure):
+        _fields_ = [("output", Dims), ("input1_strides", Dims), ("input2_strides", Dims)]
+
+    dims, _, s1 = loop_geometry(out_shape, shape1)
+    _, _, s2 = loop_geometry(out_shape, shape2)
+    return Broadcast(Dims(*dims), Dims(*s1), Dims(*s2))
