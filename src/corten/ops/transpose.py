@@ -121,7 +121,7 @@ def _check(input, perm) -> list[int]:
 def quantized_transpose(input: torch.Tensor, perm: list[int]) -> torch.Tensor:
     """``input.permute(perm)`` (logical dims), laid out as every graph tensor (NHWC for 4-D)."""
     _check(input, perm)
-    return input.permute(perm).contiguous(memory_format=_output_format(input.dim()))
+    return input.permute(perm).clone(memory_format=_output_format(input.dim()))  # never a view of input
 
 
 @quantized_transpose.register_fake
