@@ -22,7 +22,7 @@ from corten.zoo.mobilenet_v3 import MobileNetV3
 __all__ = ["MODELS", "ZooEntry", "get_model", "list_models", "MobileNetV2", "MobileNetV3", "DSCNN",
            "ResNet8", "MobileNetV1", "DeepAutoEncoder", "KWS1D", "make_divisible"]
 
-CALIBRATION_BATCH = 2  # images used to measure BatchNorm running statistics
+CALIBRATION_BATCH = 2  # default number of samples used to measure BatchNorm running statistics
 
 
 @dataclass(frozen=True)
