@@ -183,10 +183,17 @@ def _transpose_net():
                          nn.ConvTranspose2d(6, 4, 3))
 
 
+def _transpose_fallback_net():
+    """output_padding > padding and dilation 2: arm_transpose_conv_s8 cannot, the portable kernel runs."""
+    return nn.Sequential(nn.ConvTranspose2d(3, 5, 3, stride=2, output_padding=1), nn.ReLU(),
+                         nn.ConvTranspose2d(5, 4, 2, dilation=2))
+
+
 NETS = {
     "kws_like": (KwsLike, (1, 10, 24)),
     "grouped": (_grouped_net, (1, 3, 8, 8)),
     "transpose": (_transpose_net, (1, 3, 8, 8)),
+    "transpose_fallback": (_transpose_fallback_net, (1, 3, 4, 4)),
 }
 
 
@@ -205,7 +212,31 @@ def test_implementation_portable(name):
 
 @needs_qemu
 @pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
-@pytest.mark.parametrize("name", ["grouped", "transpose"])
+@pytest.mark.parametrize("name", ["grouped", "transpose", "transpose_fallback"])
 def test_implementation_cmsis_nn(name):
-    """arm_convolve_s8 (groups) and arm_transpose_conv_s8 on QEMU (Helium) and the host (plain C)."""
+    """arm_convolve_s8 (groups) and arm_transpose_conv_s8 (or the portable fallback) on QEMU (Helium)
+    and the host (plain C)."""
     _tester(name).test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1)
+
+
+def test_cmsis_semantics_match():
+    from corten.ops.conv_transpose import cmsis_semantics_match
+
+    assert cmsis_semantics_match((3, 3), (1, 1), (0, 0), (0, 0), (1, 1))
+    assert cmsis_semantics_match((3, 3), (2, 2), (1, 1), (1, 1), (1, 1))
+    assert not cmsis_semantics_match((3, 3), (2, 2), (0, 0), (1, 0), (1, 1))  # output_padding beyond the crop
+    assert not cmsis_semantics_match((3, 3), (1, 1), (0, 0), (0, 0), (2, 1))  # dilation ignored by CMSIS-NN
+    assert not cmsis_semantics_match((1, 3), (2, 1), (0, 0), (0, 0), (1, 1))  # kernel smaller than the stride
+
+
+def test_emitted_calls(tmp_path):
+    """The cmsis-nn flavour calls arm_transpose_conv_s8 / arm_convolve_s8 where CMSIS-NN computes the
+    op, and Corten's portable kernels (with their source file) where it cannot."""
+    for name, want, absent in (("transpose", "arm_transpose_conv_s8(", "corten_conv_transpose2d_s8("),
+                               ("transpose_fallback", "corten_conv_transpose2d_s8(", "arm_transpose_conv_s8("),
+                               ("grouped", "arm_convolve_s8(", "corten_grouped_conv2d_s8(")):
+        t = _tester(name).lower()
+        lib = t.program.emit_c(tmp_path / name, kernels="cmsis-nn")
+        source = lib.source.read_text()
+        assert want in source and absent not in source, name
+        assert (name == "transpose_fallback") == (tmp_path / name / "conv_transpose.c").exists(), name

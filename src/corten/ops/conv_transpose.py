@@ -215,12 +215,8 @@ def _emit_c(ctx) -> str:
     use_cmsis = ctx.kernels == "cmsis-nn" and cmsis_semantics_match((kh, kw), stride, padding, output_padding,
                                                                      dilation)
     if not use_cmsis:
-        if ctx.kernels != "portable":
-            declare = getattr(ctx, "portable_kernel", None)
-            if declare is None:
-                ctx.fail("arm_transpose_conv_s8 cannot run this dilation/output_padding and this Corten has no "
-                         "portable fallback in the cmsis-nn flavour; compile with kernels='portable'")
-            declare()
+        if ctx.kernels != "portable":  # arm_transpose_conv_s8 cannot: Corten's kernel in this flavour too
+            ctx.portable_kernel()
         per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
         return ctx.block(
             f"const corten_conv_transpose_params params = {{{sh}, {sw}, {ph}, {pw}, {oph}, {opw}, {dh}, {dw}, "
