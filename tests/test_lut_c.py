@@ -123,5 +123,5 @@ def test_cmsis_nn_flavour_runs_the_portable_kernel(tester, tmp_path):
 
 
 @pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
-def test_cmsis_nn_flavour_byte_exact_on_host(tester):
-    tester.test_implementation(on=("host",), kernels="cmsis-nn", n_inputs=2)
+def test_cmsis_nn_flavour_byte_exact_on_host_and_qemu_m55(tester):
+    tester.test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=2)
