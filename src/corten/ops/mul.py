@@ -184,8 +184,8 @@ def check_lowerable_shapes(m: Match, what: str) -> None:
                             "must be int8 activations (compute the constant part in the model, or fold it into "
                             "a neighbouring conv/linear)")
     for v in (*m.inputs, m):
-        node = v.node
-        rank = len(node.meta["val"].shape)
+        val = v.node.meta.get("val")
+        rank = len(val.shape) if isinstance(val, torch.Tensor) else 1
         if not 1 <= rank <= MAX_RANK:
             raise LoweringError(f"{what} of rank-{rank} tensors is not supported (ranks 1 to {MAX_RANK})")
 
