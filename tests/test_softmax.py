@@ -18,6 +18,7 @@ import naive_softmax as naive
 from corten.ops import CortenOpError
 from corten.ops.softmax import (
     MAX_ROW_SIZE,
+    SoftmaxParams,
     calculate_input_radius,
     quantize_multiplier_greater_than_one,
     softmax_params,
@@ -103,7 +104,7 @@ def test_params_match_tflite_preparation():
 
 def test_params_known_values():
     # beta * scale * 2**26 = 2**25 * 1.5: multiplier 1.5 * 2**30, shift 26; radius floor(31 * 2**26 / 2**26)
-    assert softmax_params(0.75) == type(softmax_params(0.75))(3 * 2**29, 26, -31)
+    assert softmax_params(0.75) == SoftmaxParams(3 * 2**29, 26, -31)
     # capped at 2**31 - 1: shift 31, radius floor(31 / 32) = 0 (only the maximum counts)
     p = softmax_params(64.0)
     assert (p.input_multiplier, p.input_left_shift, p.diff_min) == (2**31 - 1, 31, 0)
