@@ -44,14 +44,16 @@ def small_model(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor]]:
     return model.eval(), (torch.randn(1, 3, 8, 8),)
 
 
-class TwoSigmoids(nn.Module):
+class TwoCumsums(nn.Module):
+    """Two ops Corten does not lower (cumsum; sigmoid was the example before it got a table kernel)."""
+
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)
 
     def forward(self, x):
-        y = torch.sigmoid(self.conv(x))  # line marker: sigmoid-1
-        return torch.sigmoid(y)  # line marker: sigmoid-2
+        y = torch.cumsum(self.conv(x), 1)  # line marker: cumsum-1
+        return torch.cumsum(y, 1)  # line marker: cumsum-2
 
 
 class GroupedConv(nn.Module):
@@ -89,25 +91,25 @@ def small():
 # ----------------------------------------------------------------------------- refusals
 def test_unsupported_op_is_named_with_count_and_user_source():
     with pytest.raises(UnsupportedOpsError) as info:
-        corten.compile(TwoSigmoids().eval(), (torch.randn(1, 3, 6, 6),), calibration=one_sample((1, 3, 6, 6)))
+        corten.compile(TwoCumsums().eval(), (torch.randn(1, 3, 6, 6),), calibration=one_sample((1, 3, 6, 6)))
     message = str(info.value)
-    assert "aten.sigmoid.default x2" in message
-    assert "TwoSigmoids" in message
-    assert source_line(TwoSigmoids, "sigmoid-1") in message
-    assert source_line(TwoSigmoids, "sigmoid-2") in message
+    assert "aten.cumsum.default x2" in message
+    assert "TwoCumsums" in message
+    assert source_line(TwoCumsums, "cumsum-1") in message
+    assert source_line(TwoCumsums, "cumsum-2") in message
     assert "allow_unlowered=True" in message and "Workarounds" in message
-    assert [n.op for n in info.value.nodes] == ["aten.sigmoid.default"] * 2
+    assert [n.op for n in info.value.nodes] == ["aten.cumsum.default"] * 2
 
 
 def test_allow_unlowered_lists_the_unlowered_ops():
-    prog = corten.compile(TwoSigmoids().eval(), (torch.randn(1, 3, 6, 6),), calibration=one_sample((1, 3, 6, 6)),
+    prog = corten.compile(TwoCumsums().eval(), (torch.randn(1, 3, 6, 6),), calibration=one_sample((1, 3, 6, 6)),
                           allow_unlowered=True)
     unlowered = prog.unlowered_ops()
-    assert [u.op for u in unlowered] == ["aten.sigmoid.default"] * 2
+    assert [u.op for u in unlowered] == ["aten.cumsum.default"] * 2
     assert {u.location.rsplit(" in ", 1)[0] for u in unlowered} == {
-        source_line(TwoSigmoids, "sigmoid-1"), source_line(TwoSigmoids, "sigmoid-2")}
+        source_line(TwoCumsums, "cumsum-1"), source_line(TwoCumsums, "cumsum-2")}
     assert prog.op_counts()["quantized_conv2d"] == 1
-    assert "NOT LOWERED" in prog.operator_table() and "aten.sigmoid.default" in prog.operator_table()
+    assert "NOT LOWERED" in prog.operator_table() and "aten.cumsum.default" in prog.operator_table()
 
 
 @pytest.mark.parametrize("model, shape, op, reason", [
@@ -432,8 +434,13 @@ def not_a_pair():
     return 42
 
 
-def sigmoid_model():
-    return nn.Sequential(nn.Sigmoid()).eval(), (torch.randn(1, 3, 4, 4),)
+class Cumsum(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, 1)
+
+
+def cumsum_model():
+    return nn.Sequential(Cumsum()).eval(), (torch.randn(1, 3, 4, 4),)
 '''
 
 
@@ -459,7 +466,7 @@ def test_cli_compiles_a_factory_spec(factory_file, tmp_path, capsys):
     ("{dir}/missing.py:make", "no such file"),
     ("{file}:nothing", "has no function 'nothing'"),
     ("{file}:not_a_pair", "must return (model, example_inputs)"),
-    ("{file}:sigmoid_model", "aten.sigmoid.default x1"),
+    ("{file}:cumsum_model", "aten.cumsum.default x1"),
 ], ids=["unknown_name", "missing_file", "missing_function", "bad_return", "unsupported_op"])
 def test_cli_bad_spec_exits_2_with_a_message(factory_file, tmp_path, capsys, spec, message):
     spec = spec.format(dir=tmp_path, file=factory_file)
