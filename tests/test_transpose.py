@@ -132,20 +132,23 @@ def test_dialect_conv_permute_reshape_linear():
                                                  "dequantize_per_tensor": 1}, qtol=1)
 
 
+class TransposeHWTokens(nn.Module):
+    """conv -> swap H and W (3-D byte transpose) -> conv -> [1, tokens, features] (2-D) -> linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(2, 3, 1), nn.Conv2d(3, 4, (1, 3))
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x):
+        y = self.b(self.a(x).transpose(2, 3))  # [1, 4, 6, 3]
+        y = y.flatten(2).transpose(1, 2)  # [1, 18, 4]: tokens x features
+        return self.fc(y)
+
+
 def test_dialect_transpose_hw_between_convs_and_3d_t():
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Conv2d(2, 3, 1), nn.Conv2d(3, 4, (1, 3))
-            self.fc = nn.Linear(4, 5)
-
-        def forward(self, x):
-            y = self.b(self.a(x).transpose(2, 3))  # [1, 4, 6, 3]
-            y = y.flatten(2).transpose(1, 2)  # [1, 18, 4]: tokens x features
-            return self.fc(y)
-
     torch.manual_seed(1)
-    t = Tester(Net().eval(), (torch.randn(1, 2, 5, 6),))
+    t = Tester(TransposeHWTokens().eval(), (torch.randn(1, 2, 5, 6),))
     t.test_dialect({"aten.transpose.int": 2}, {"quantize_per_tensor": 1, "quantized_conv2d": 2,
                                                "quantized_transpose": 2, "quantized_linear": 1,
                                                "dequantize_per_tensor": 1}, qtol=1)
@@ -230,8 +233,10 @@ def test_implementation_conv_permute_reshape_linear_host_and_qemu():
 
 
 @pytest.mark.skipif(not os.environ.get("CMSIS_NN_PATH"), reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
-def test_implementation_cmsis_nn_arm_transpose_s8(tmp_path):
+@pytest.mark.parametrize("model, shape", [(ConvPermuteLinear, (1, 3, 5, 4)), (TransposeHWTokens, (1, 2, 5, 6))],
+                         ids=["2-D", "3-D"])
+def test_implementation_cmsis_nn_arm_transpose_s8(model, shape, tmp_path):
     torch.manual_seed(3)
-    t = Tester(ConvPermuteLinear().eval(), (torch.randn(1, 3, 5, 4),))
+    t = Tester(model().eval(), (torch.randn(*shape),))
     t.test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1)
     assert "arm_transpose_s8(" in t.program.emit_c(tmp_path, kernels="cmsis-nn").source.read_text()
