@@ -228,3 +228,22 @@ def test_implementation_cmsis_nn_concatenation(dim, variant, tmp_path):
     t = Tester(BranchCatConv(dim).eval(), (torch.randn(1, 3, 5, 6),))
     t.test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1)
     assert f"arm_concatenation_s8_{variant}(" in t.program.emit_c(tmp_path, kernels="cmsis-nn").source.read_text()
+
+
+def test_dialect_cat_of_one_tensor_twice():
+    """``cat([y, y])``: the quantizer lists y once (sharing y with itself used to recurse forever)."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.c = nn.Conv2d(3, 4, 1), nn.Conv2d(8, 2, 1)
+
+        def forward(self, x):
+            y = self.a(x)
+            return self.c(torch.cat([y, y], 1))
+
+    torch.manual_seed(7)
+    t = Tester(Net().eval(), (torch.randn(1, 3, 4, 4),))
+    t.test_dialect({"aten.cat.default": 1}, {"quantize_per_tensor": 1, "quantized_conv2d": 2, "quantized_cat": 1,
+                                            "dequantize_per_tensor": 1}, qtol=1)
+    t.test_implementation(on=("host",), n_inputs=1)

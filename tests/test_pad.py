@@ -220,3 +220,22 @@ def test_implementation_cmsis_nn_arm_pad_s8(tmp_path):
     t = Tester(ConvPadConv((1, 2, 2, 0, 0, 1), 0.25).eval(), (torch.randn(1, 3, 7, 6),))
     t.test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1)
     assert "arm_pad_s8(" in t.program.emit_c(tmp_path, kernels="cmsis-nn").source.read_text()
+
+
+def test_dialect_pad_of_linear_features():
+    """2-D (row-major) tensors pad their last dimension; a negative constant lands on the grid."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(5, 4), nn.Linear(7, 3)
+
+        def forward(self, x):
+            return self.b(F.pad(self.a(x), (1, 2), value=-0.3))
+
+    torch.manual_seed(4)
+    t = Tester(Net().eval(), (torch.randn(1, 5),))
+    t.test_dialect({"aten.pad.default": 1}, {"quantize_per_tensor": 1, "quantized_linear": 2, "quantized_pad": 1,
+                                            "dequantize_per_tensor": 1}, qtol=1)
+    assert _pad_node(t).args[1:3] == ([0, 1], [0, 2])
+    t.test_implementation(on=("host",), n_inputs=1)

@@ -216,7 +216,8 @@ class CortenQuantizer(Quantizer):
 
     def _annotate_shared(self, node: Node, act: QuantizationSpec) -> None:
         """Output and every tensor input share the first input's qparams (e.g. pooling, reshape, cat)."""
-        tensors = [a for a in _flat_args(node) if isinstance(a, Node)]
+        # each tensor once: ``cat([y, y])`` lists y twice, and y sharing with itself would loop
+        tensors = list(dict.fromkeys(a for a in _flat_args(node) if isinstance(a, Node)))
         if not tensors:
             return
         first = tensors[0]
