@@ -73,14 +73,16 @@ def test_mul_realistic_params_match_float_product():
 def test_mul_squeeze_excitation_broadcast():
     """[N,C,H,W] * [N,C,1,1]: every pixel of channel c is scaled by gate[c] (either operand order)."""
     g = torch.Generator().manual_seed(3)
-    x = torch.randint(-128, 128, (2, 5, 3, 4), generator=g, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    x = torch.randint(-128, 128, (2, 5, 3, 4), generator=g, dtype=torch.int8)
+    x = x.contiguous(memory_format=torch.channels_last)
     gate = torch.randint(-128, 128, (2, 5, 1, 1), generator=g, dtype=torch.int8)
     args = (-3, 7, 2, 1 << 30, -8, -128, 127)
     out = mul(x, gate, *args)
     assert out.shape == x.shape and oc.is_channels_last(out)
     for n in range(2):
         for c in range(5):
-            single = mul(x[n:n + 1, c:c + 1].contiguous(), gate[n:n + 1, c:c + 1].expand(1, 1, 3, 4).contiguous(), *args)
+            gate_map = gate[n:n + 1, c:c + 1].expand(1, 1, 3, 4).contiguous()
+            single = mul(x[n:n + 1, c:c + 1].contiguous(), gate_map, *args)
             assert torch.equal(out[n:n + 1, c:c + 1], single)
     swapped = mul(gate, x, 7, -3, *args[2:])
     assert torch.equal(swapped, out)

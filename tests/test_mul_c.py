@@ -106,9 +106,22 @@ class RowScale(nn.Module):
         return self.a(x).reshape(2, 3) * self.b(x)
 
 
-class ScalarMul(nn.Module):
+class ConstantMul(nn.Module):
+    """conv(x) * k for a Python number k (folded into the requantization), or * a learned tensor
+    (an int8 constant operand, row-major in C)."""
+
+    def __init__(self, factor):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.factor = nn.Parameter(torch.randn(factor)) if isinstance(factor, tuple) else factor
+
     def forward(self, x):
-        return torch.relu(x) * 0.5
+        return self.factor * self.conv(x) if isinstance(self.factor, nn.Parameter) else self.conv(x) * self.factor
+
+
+class Rank5Square(nn.Module):
+    def forward(self, x):
+        return x * x
 
 
 MUL, CONV = "quantized_mul", "quantized_conv2d"
@@ -120,6 +133,11 @@ MODELS = {
     "same_shape": (TwoConvMul, (1, 3, 5, 5), {**IO, CONV: 2, MUL: 1}, 2),
     "same_shape_relu": (lambda: TwoConvMul(nn.ReLU()), (1, 3, 5, 5), {**IO, CONV: 2, MUL: 1}, 2),
     "rows_2d": (RowScale, (1, 10), {**IO, "quantized_linear": 2, MUL: 1}, 2),
+    # one quantized operand: the constant's own rounding is in the fake-quantized model too
+    "by_negative_number": (lambda: ConstantMul(-3.0), (1, 3, 5, 5), {**IO, CONV: 1, MUL: 1}, 1),
+    "by_number": (lambda: ConstantMul(0.5), (1, 3, 5, 5), {**IO, CONV: 1, MUL: 1}, 1),
+    "by_parameter": (lambda: ConstantMul((1, 4, 5, 5)), (1, 3, 5, 5), {**IO, CONV: 1, MUL: 1}, 1),
+    "by_channel_parameter": (lambda: ConstantMul((4, 1, 1)), (1, 3, 5, 5), {**IO, CONV: 1, MUL: 1}, 1),
 }
 
 
@@ -151,15 +169,15 @@ def test_mul_dialect_fuses_relu():
     assert "aten.relu" in t.program.stages["quantized"]  # the relu was there, and got fused
 
 
-def test_mul_by_python_scalar_is_refused_clearly():
+def test_mul_of_rank5_tensors_is_refused_clearly():
     warnings.simplefilter("ignore")
-    t = Tester(ScalarMul().eval(), (torch.randn(1, 3, 4, 4),)).lower()
+    t = Tester(Rank5Square().eval(), (torch.randn(1, 2, 3, 2, 2),)).lower()
     reasons = [u.reason for u in t.program.unlowered_ops()]
-    assert any("constant or Python scalar" in r for r in reasons), reasons
+    assert any("rank-5" in r for r in reasons), reasons
 
 
 @needs_gcc
-@pytest.mark.parametrize("name", ["rows_2d", "same_shape_relu"])
+@pytest.mark.parametrize("name", ["rows_2d", "by_parameter", "by_channel_parameter"])
 def test_mul_implementation_host(name):
     warnings.simplefilter("ignore")
     _tester(name).test_implementation(on=("host",), n_inputs=2)
@@ -172,7 +190,7 @@ def test_mul_se_implementation_qemu_m55():
 
 
 @pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
-@pytest.mark.parametrize("name", ["se", "same_shape"])
+@pytest.mark.parametrize("name", ["se", "same_shape", "by_parameter"])
 def test_mul_implementation_cmsis_nn(name):
     warnings.simplefilter("ignore")
     _tester(name).test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1)

@@ -12,6 +12,11 @@ Broadcasting follows torch/numpy: shapes are aligned on the right and a dimensio
 repeated.  This covers the squeeze-and-excitation gate ``[N, C, H, W] * [N, C, 1, 1]`` and
 per-row scaling of 2-D tensors.  Ranks up to 4 are supported (the C kernels loop over 4 dims).
 
+A multiply by a constant is lowered too: by a Python number ``k`` the second operand is the
+one-element int8 constant ``[sign(k)]`` with scale ``|k|`` (so ``|k|`` is folded exactly into the
+requantization ``s_x * |k| / s_out``); by a constant tensor, its int8 values (quantized per tensor
+by CortenQuantizer) are the second operand, read from a row-major constant array in C.
+
 This module also holds the broadcast geometry shared by the elementwise families (sub, minmax):
 :func:`loop_geometry` gives, for an output shape and one input shape, the output's dims in C
 storage order and the input's element strides along them (0 where the input is broadcast).
@@ -57,23 +62,25 @@ def storage_order(rank: int) -> tuple[int, ...]:
     return (0, 2, 3, 1) if rank == 4 else tuple(range(rank))
 
 
-def storage_strides(shape: Sequence[int]) -> list[int]:
-    """Element stride of each logical dim of a tensor's C bytes."""
+def storage_strides(shape: Sequence[int], row_major: bool = False) -> list[int]:
+    """Element stride of each logical dim of a tensor's C bytes (``row_major``: a constant array,
+    which the emitter writes in logical order whatever its rank)."""
     strides, step = [0] * len(shape), 1
-    for d in reversed(storage_order(len(shape))):
+    for d in reversed(range(len(shape)) if row_major else storage_order(len(shape))):
         strides[d] = step
         step *= int(shape[d])
     return strides
 
 
-def loop_geometry(out_shape: Sequence[int], in_shape: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+def loop_geometry(out_shape: Sequence[int], in_shape: Sequence[int],
+                  row_major: bool = False) -> tuple[list[int], list[int], list[int]]:
     """``(output dims, input dims, input strides)``, each 4 values in the output's storage order
     (padded with leading 1s / 0s): the loops of a C kernel writing the output bytes in order.
 
     The input is aligned on the right (numpy broadcasting); along a dim where it has size 1 its
     stride is 0 and its dim 1."""
     out_shape, in_shape = [int(d) for d in out_shape], [int(d) for d in in_shape]
-    in_strides = storage_strides(in_shape)
+    in_strides = storage_strides(in_shape, row_major)
     lead = len(out_shape) - len(in_shape)
     dims, idims, strides = [], [], []
     for d in storage_order(len(out_shape)):
@@ -97,20 +104,34 @@ def is_dense(dims: Sequence[int], strides: Sequence[int]) -> bool:
     return True
 
 
+def is_constant(node) -> bool:
+    """A lifted constant of the exported program (not an activation buffer)."""
+    return isinstance(node, torch.fx.Node) and node.op == "placeholder"
+
+
+def operand_geometry(ctx, name: str) -> tuple[list[int], list[int], list[int]]:
+    """:func:`loop_geometry` of the input ``name`` of this node (constants are row-major arrays)."""
+    node = ctx.arg(name)
+    return loop_geometry(ctx.shape(), ctx.shape(node), row_major=is_constant(node))
+
+
+def operand_expr(ctx, name: str) -> str:
+    """C expression of input ``name``: its activation buffer, or its constant array."""
+    return ctx.const(name, torch.int8) if is_constant(ctx.arg(name)) else ctx.input(name)
+
+
 def broadcast_struct(ctx) -> str:
     """C initialiser statement of ``corten_broadcast shape`` for this node's two inputs."""
-    out = ctx.shape()
-    o, _, s1 = loop_geometry(out, ctx.shape(ctx.arg("input1")))
-    _, _, s2 = loop_geometry(out, ctx.shape(ctx.arg("input2")))
+    o, _, s1 = operand_geometry(ctx, "input1")
+    _, _, s2 = operand_geometry(ctx, "input2")
     fmt = lambda v: "{" + ", ".join(str(int(x)) for x in v) + "}"  # noqa: E731
     return f"const corten_broadcast shape = {{{fmt(o)}, {fmt(s1)}, {fmt(s2)}}};"
 
 
 def same_dense_shape(ctx) -> bool:
     """True when both inputs have the output's shape and byte order (a flat elementwise loop)."""
-    out = ctx.shape()
     for name in ("input1", "input2"):
-        dims, idims, strides = loop_geometry(out, ctx.shape(ctx.arg(name)))
+        dims, idims, strides = operand_geometry(ctx, name)
         if idims != dims or not is_dense(idims, strides):
             return False
     return True
@@ -170,7 +191,10 @@ family = register_family(OpFamily(FAMILY, ("quantized_mul",), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
+import math  # noqa: E402
+
 from corten.fixed_point import quantize_multiplier  # noqa: E402
+from corten.lowering.qparams import QParams  # noqa: E402
 from corten.lowering.match import LoweringError, Match  # noqa: E402
 from corten.ops.registry import annotates, lowers  # noqa: E402
 
@@ -183,6 +207,11 @@ def check_lowerable_shapes(m: Match, what: str) -> None:
         raise LoweringError(f"{what} of a tensor and a constant or Python scalar is not supported: both operands "
                             "must be int8 activations (compute the constant part in the model, or fold it into "
                             "a neighbouring conv/linear)")
+    check_ranks(m, what)
+
+
+def check_ranks(m: Match, what: str) -> None:
+    """The activation operands and the output have ranks 1 to 4 (the C kernels' loops)."""
     for v in (*m.inputs, m):
         val = v.node.meta.get("val")
         rank = len(val.shape) if isinstance(val, torch.Tensor) else 1
@@ -192,17 +221,55 @@ def check_lowerable_shapes(m: Match, what: str) -> None:
 
 @lowers(torch.ops.aten.mul.Tensor)
 def lower_mul(m: Match):
-    """``aten.mul.Tensor`` of two int8 tensors (numpy broadcasting) -> ``quantized_mul``."""
-    check_lowerable_shapes(m, "mul")
-    a, b = m.inputs
-    scale = float(a.qparams.scale) * float(b.qparams.scale) / float(m.output.scale)
+    """``aten.mul.Tensor`` -> ``quantized_mul``: of two int8 tensors (numpy broadcasting), or of an
+    int8 tensor and a constant, which becomes the op's second operand (see :func:`constant_operand`)."""
+    if len(m.inputs) == 1:
+        check_ranks(m, "mul")
+        x = m.inputs[0]
+        values, qparams = constant_operand(m, x)
+        b_node, b_qparams = m.add_constant(values, "operand"), qparams
+    else:
+        check_lowerable_shapes(m, "mul")
+        x, b = m.inputs
+        b_node, b_qparams = b.node, b.qparams
+    scale = float(x.qparams.scale) * float(b_qparams.scale) / float(m.output.scale)
     try:
         mult, shift = quantize_multiplier(scale)
     except ValueError as e:
         raise LoweringError(f"mul: effective scale s1 * s2 / s_out = {scale:g} cannot be requantized ({e})") from None
     act_min, act_max = m.activation_bounds
-    return m.call("quantized_mul", a.node, b.node, a.qparams.offset, b.qparams.offset, m.output.zero_point,
+    return m.call("quantized_mul", x.node, b_node, x.qparams.offset, b_qparams.offset, m.output.zero_point,
                   mult, shift, act_min, act_max)
+
+
+def constant_operand(m: Match, x) -> tuple[torch.Tensor, QParams]:
+    """The constant factor of ``x * c`` as an int8 tensor and its qparams.
+
+    * a Python number ``k``: the one-element tensor ``[sign(k)]`` with scale ``|k|`` and zero
+      point 0, so that ``|k|`` folds into the requantization (``s_x * |k| / s_out``) exactly;
+    * a constant tensor the quantizer quantized (``dequantize(int8 constant)``): its int8 values
+      and per-tensor qparams; it is read in place of an activation, broadcast like one."""
+    from corten.lowering.match import DQ_PER_TENSOR
+
+    others = [a for a in m.node.args[:2]
+              if not (isinstance(a, torch.fx.Node) and a.target in DQ_PER_TENSOR and a.args[0] is x.node)]
+    if len(others) != 1:
+        raise LoweringError("mul: expected one int8 activation operand and one constant")
+    c = others[0]
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        if not math.isfinite(c):
+            raise LoweringError(f"mul by {c!r}: the factor must be finite")
+        return torch.tensor([-1 if c < 0 else 1], dtype=torch.int8), QParams(abs(float(c)), 0)
+    if isinstance(c, torch.fx.Node) and c.target in DQ_PER_TENSOR and c.args[0].op == "get_attr":
+        values = m.constant(c.args[0])
+        scale, zero_point = c.args[1], c.args[2]
+        if values.dtype != torch.int8 or not isinstance(scale, float) or not isinstance(zero_point, int):
+            raise LoweringError("mul: the constant operand is not an int8 per-tensor quantized constant")
+        if not 1 <= values.dim() <= MAX_RANK:
+            raise LoweringError(f"mul: a rank-{values.dim()} constant operand is not supported (ranks 1 to {MAX_RANK})")
+        return values, QParams(float(scale), int(zero_point))
+    raise LoweringError("mul of a tensor and an unquantized constant is not supported: both operands must be int8 "
+                        "activations, quantized constants (CortenQuantizer) or a Python number")
 
 
 # ----------------------------------------------------------------------------- scratch memory
@@ -221,7 +288,7 @@ def _emit_mul_c(ctx) -> str:
     names = ("input1_offset", "input2_offset", "output_offset", "output_multiplier", "output_shift",
              "activation_min", "activation_max")
     v = {k: ctx.int_(int(ctx.arg(k))) for k in names}
-    x1, x2, out = ctx.input("input1"), ctx.input("input2"), ctx.out()
+    x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
     if ctx.kernels == "cmsis-nn" and same_dense_shape(ctx):
         args = [x1, x2, v["input1_offset"], v["input2_offset"], out, v["output_offset"], v["output_multiplier"],
                 v["output_shift"], v["activation_min"], v["activation_max"], str(numel(ctx.shape()))]
