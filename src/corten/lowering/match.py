@@ -168,7 +168,8 @@ class Match:
         if isinstance(bias_arg, Node) and bias_arg.op == "get_attr":
             b = self.constant(bias_arg).to(torch.float64)
             q = b / (float(input_scale) * weight_scales.to(torch.float64))
-            q = torch.sign(q) * torch.floor(q.abs() + 0.5)
+            a = q.abs()
+            q = torch.sign(q) * (torch.floor(a) + (a - torch.floor(a) >= 0.5).to(a.dtype))  # exact half-away
             return q.clamp(-(2**31) + 1, 2**31 - 1).to(torch.int32)
         return self.quantized_constant(bias_arg)[0].to(torch.int32)
 

@@ -26,7 +26,12 @@ class QParams:
 
 
 def round_half_away(x: float) -> int:
-    return int(math.copysign(math.floor(abs(x) + 0.5), x))
+    """Round half away from zero, exactly (``floor(|x| + 0.5)`` would round 0.49999999999999994 up)."""
+    a = abs(x)
+    r = math.floor(a)
+    if a - r >= 0.5:  # exact: a - floor(a) is representable
+        r += 1
+    return int(math.copysign(r, x))
 
 
 def quantize_value(x: float, q: QParams) -> int:
