@@ -107,6 +107,20 @@ class CentreChannels(nn.Module):
         return y - self.pool(y)
 
 
+class ConstantSub(nn.Module):
+    """conv(x) - k for a Python number, or parameter - conv(x) (the constant as input1)."""
+
+    def __init__(self, constant):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.constant = nn.Parameter(torch.randn(constant)) if isinstance(constant, tuple) else constant
+
+    def forward(self, x):
+        if isinstance(self.constant, nn.Parameter):
+            return self.constant - self.conv(x)
+        return self.conv(x) - self.constant
+
+
 class SubAlpha(nn.Module):
     def forward(self, x):
         return torch.sub(torch.relu(x), x, alpha=2)
@@ -119,6 +133,8 @@ MODELS = {
     "same_shape": (TwoConvSub, (1, 3, 5, 5), {**IO, CONV: 2, SUB: 1}, 2),
     "same_shape_relu": (lambda: TwoConvSub(nn.ReLU()), (1, 3, 5, 5), {**IO, CONV: 2, SUB: 1}, 2),
     "centre_broadcast": (CentreChannels, (1, 3, 6, 6), {**IO, CONV: 1, "quantized_avg_pool2d": 1, SUB: 1}, 2),
+    "minus_number": (lambda: ConstantSub(0.75), (1, 3, 5, 5), {**IO, CONV: 1, SUB: 1}, 1),
+    "parameter_minus": (lambda: ConstantSub((4, 1, 1)), (1, 3, 5, 5), {**IO, CONV: 1, SUB: 1}, 1),
 }
 _TESTERS: dict[str, Tester] = {}
 
@@ -145,10 +161,19 @@ def test_sub_with_alpha_is_refused_clearly():
     assert any(u.op == "aten.sub.Tensor" and "alpha" in u.reason for u in t.program.unlowered_ops())
 
 
-@needs_gcc
-def test_sub_implementation_host():
+def test_sub_constant_keeps_operand_order():
+    """``parameter - conv(x)``: the constant is input1 (sub does not commute)."""
     warnings.simplefilter("ignore")
-    _tester("same_shape_relu").test_implementation(on=("host",), n_inputs=2)
+    prog = _tester("parameter_minus").lower().program
+    (node,) = [n for n in prog.ep.graph.nodes if "quantized_sub" in str(n.target)]
+    assert node.args[0].op == "placeholder" and node.args[1].op == "call_function"
+
+
+@needs_gcc
+@pytest.mark.parametrize("name", ["same_shape_relu", "parameter_minus"])
+def test_sub_implementation_host(name):
+    warnings.simplefilter("ignore")
+    _tester(name).test_implementation(on=("host",), n_inputs=2)
 
 
 @needs_qemu

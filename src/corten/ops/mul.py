@@ -243,7 +243,7 @@ def lower_mul(m: Match):
 
 
 def constant_operand(m: Match, x) -> tuple[torch.Tensor, QParams]:
-    """The constant factor of ``x * c`` as an int8 tensor and its qparams.
+    """The constant operand of ``x * c`` (or ``x - c``, ``c - x``) as an int8 tensor and its qparams.
 
     * a Python number ``k``: the one-element tensor ``[sign(k)]`` with scale ``|k|`` and zero
       point 0, so that ``|k|`` folds into the requantization (``s_x * |k| / s_out``) exactly;
@@ -253,23 +253,25 @@ def constant_operand(m: Match, x) -> tuple[torch.Tensor, QParams]:
 
     others = [a for a in m.node.args[:2]
               if not (isinstance(a, torch.fx.Node) and a.target in DQ_PER_TENSOR and a.args[0] is x.node)]
+    what = m.node.target.__name__.split(".")[0]
     if len(others) != 1:
-        raise LoweringError("mul: expected one int8 activation operand and one constant")
+        raise LoweringError(f"{what}: expected one int8 activation operand and one constant")
     c = others[0]
     if isinstance(c, (int, float)) and not isinstance(c, bool):
         if not math.isfinite(c):
-            raise LoweringError(f"mul by {c!r}: the factor must be finite")
+            raise LoweringError(f"{what} with {c!r}: the constant must be finite")
         return torch.tensor([-1 if c < 0 else 1], dtype=torch.int8), QParams(abs(float(c)), 0)
     if isinstance(c, torch.fx.Node) and c.target in DQ_PER_TENSOR and c.args[0].op == "get_attr":
         values = m.constant(c.args[0])
         scale, zero_point = c.args[1], c.args[2]
         if values.dtype != torch.int8 or not isinstance(scale, float) or not isinstance(zero_point, int):
-            raise LoweringError("mul: the constant operand is not an int8 per-tensor quantized constant")
+            raise LoweringError(f"{what}: the constant operand is not an int8 per-tensor quantized constant")
         if not 1 <= values.dim() <= MAX_RANK:
-            raise LoweringError(f"mul: a rank-{values.dim()} constant operand is not supported (ranks 1 to {MAX_RANK})")
+            raise LoweringError(f"{what}: a rank-{values.dim()} constant operand is not supported "
+                                f"(ranks 1 to {MAX_RANK})")
         return values, QParams(float(scale), int(zero_point))
-    raise LoweringError("mul of a tensor and an unquantized constant is not supported: both operands must be int8 "
-                        "activations, quantized constants (CortenQuantizer) or a Python number")
+    raise LoweringError(f"{what} of a tensor and an unquantized constant is not supported: both operands must be "
+                        "int8 activations, quantized constants (CortenQuantizer) or a Python number")
 
 
 # ----------------------------------------------------------------------------- scratch memory

@@ -14,6 +14,9 @@ subtracting ``requantize(.., +m)``: the doubling high multiply rounds ties towar
 ``requantize(v, -m) == -requantize(v, m)`` fails on exact ties; this op defines the negated form.
 ``arm_nn_requantize`` documents multipliers in ``[NN_Q31_MIN + 1, Q31_MAX]``, so with CMSIS-NN the
 same-shape case is one ``arm_elementwise_add_s8`` call with ``-input2_multiplier``.
+
+``x - c`` with a Python number or a quantized constant tensor ``c`` (and ``c - x`` for a tensor)
+is lowered with ``c`` as an int8 constant operand, as for mul (``corten.ops.mul.constant_operand``).
 """
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ import torch
 from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
 from corten.ops.mul import (
-    broadcast_shape, broadcast_struct, check_lowerable_shapes, empty_output, numel, output_layout, same_dense_shape,
+    broadcast_shape, broadcast_struct, check_lowerable_shapes, empty_output, numel, operand_expr, output_layout,
+    same_dense_shape,
 )
 from corten.ops.registry import OpFamily, register_family
 
@@ -87,8 +91,9 @@ family = register_family(OpFamily(FAMILY, ("quantized_sub",), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
+from corten.lowering.match import DQ_PER_TENSOR, Int8Value, LoweringError, Match  # noqa: E402
 from corten.lowering.qparams import add_params  # noqa: E402
+from corten.ops.mul import check_ranks, constant_operand  # noqa: E402
 from corten.ops.registry import annotates, lowers  # noqa: E402
 
 annotates("binary", torch.ops.aten.sub.Tensor, torch.ops.aten.sub_.Tensor)
@@ -99,8 +104,15 @@ def lower_sub(m: Match):
     """``aten.sub.Tensor`` (alpha 1) of two int8 tensors (numpy broadcasting) -> ``quantized_sub``."""
     if m.node.kwargs.get("alpha", 1) != 1:
         raise LoweringError("sub with alpha != 1 is not supported")
-    check_lowerable_shapes(m, "sub")
-    a, b = m.inputs
+    if len(m.inputs) == 1:  # x - c or c - x: the constant becomes an int8 operand (see mul.constant_operand)
+        check_ranks(m, "sub")
+        x = m.inputs[0]
+        values, qparams = constant_operand(m, x)
+        const = Int8Value(m.add_constant(values, "operand"), qparams)
+        a, b = (x, const) if _is_activation(m.node.args[0], x) else (const, x)
+    else:
+        check_lowerable_shapes(m, "sub")
+        a, b = m.inputs
     try:
         p = add_params(a.qparams.scale, b.qparams.scale, m.output.scale)
     except ValueError as e:
@@ -109,6 +121,10 @@ def lower_sub(m: Match):
     return m.call("quantized_sub", a.node, b.node, a.qparams.offset, p.input1_multiplier, p.input1_shift,
                   b.qparams.offset, p.input2_multiplier, p.input2_shift, p.left_shift, m.output.zero_point,
                   p.output_multiplier, p.output_shift, act_min, act_max)
+
+
+def _is_activation(arg, x: Int8Value) -> bool:
+    return isinstance(arg, torch.fx.Node) and arg.target in DQ_PER_TENSOR and arg.args[0] is x.node
 
 
 # ----------------------------------------------------------------------------- scratch memory
@@ -130,7 +146,7 @@ def _emit_sub_c(ctx) -> str:
     multiplier negated (CMSIS-NN has no s8 subtract).  Otherwise ``corten_sub_s8`` (portable), also
     in the CMSIS-NN flavour when the operands broadcast: CMSIS-NN's add does not broadcast."""
     v = {k: int(ctx.arg(k)) for k in PARAM_NAMES}
-    x1, x2, out = ctx.input("input1"), ctx.input("input2"), ctx.out()
+    x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
     if ctx.kernels == "cmsis-nn" and same_dense_shape(ctx):
         args = [x1, x2, v["input1_offset"], v["input1_multiplier"], v["input1_shift"], v["input2_offset"],
                 -v["input2_multiplier"], v["input2_shift"], v["left_shift"], out, v["output_offset"],
