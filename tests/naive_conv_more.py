@@ -74,7 +74,8 @@ def conv_transpose2d(x, w, bias, stride, padding, output_padding, dilation, inpu
                             continue
                         for o in range(out_c):
                             for c in range(in_c):
-                                acc[fy][fx][o] = i32(acc[fy][fx][o] + (x[b][iy][ix][c] + input_offset) * w[o][ky][kx][c])
+                                product = (x[b][iy][ix][c] + input_offset) * w[o][ky][kx][c]
+                                acc[fy][fx][o] = i32(acc[fy][fx][o] + product)
         out.append([[[_finish(acc[oy + padding[0]][ox + padding[1]][o], o, mult, shift, output_offset, act_min,
                               act_max) for o in range(out_c)] for ox in range(out_w)] for oy in range(out_h)])
     return out

@@ -145,8 +145,8 @@ def test_transpose_kernel_matches_reference(lib):
         params = TransposeParams(*case["stride"], *case["padding"], *case["output_padding"], *case["dilation"],
                                  case["input_offset"], case["output_offset"], *case["act"])
         rc = lib.corten_conv_transpose2d_s8(ctypes.byref(params), ctypes.byref(quant),
-                                            ctypes.byref(Dims(n, h, wd, c_in)), x, ctypes.byref(Dims(c_out, kh, kw, c_in)),
-                                            w, bias, ctypes.byref(Dims(n, want.shape[2], want.shape[3], c_out)), out)
+                                            ctypes.byref(Dims(n, h, wd, c_in)), x,
+                                            ctypes.byref(Dims(c_out, kh, kw, c_in)), w, bias, ctypes.byref(Dims(n, want.shape[2], want.shape[3], c_out)), out)
         assert rc == 0
         assert bytes(out) == _expected_bytes(want), f"case {i}"
 

@@ -177,7 +177,8 @@ def lower_mean(m: Match):
     if val.dim() == 3 and dims == [2]:
         return _mean_over_time(m, val.shape, keepdim)
     if val.dim() != 4 or dims != [2, 3]:
-        raise LoweringError(f"mean over dims {dims} of a {val.dim()}-D tensor is not supported (only H and W of NCHW, or L of NCL)")
+        raise LoweringError(f"mean over dims {dims} of a {val.dim()}-D tensor is not supported "
+                            "(only H and W of NCHW, or L of NCL)")
     pooled = _global_pool(m, val.shape[2], val.shape[3], 1, 1)
     if keepdim:
         return pooled
