@@ -82,6 +82,8 @@ CASES = [
      {A_MEAN: 1}, lowered(**{CONV: 1, AVG: 1})),
     ("mean_over_time_keepdim", lambda: nn.Sequential(nn.Conv1d(3, 6, 3), Fn(lambda x: x.mean(2, keepdim=True))),
      (1, 3, 9), {A_MEAN: 1}, lowered(**{CONV: 1, AVG: 1})),
+    ("adaptive_avgpool1d", lambda: nn.Sequential(nn.Conv1d(3, 6, 3), nn.AdaptiveAvgPool1d(3)), (1, 3, 11),
+     {"aten.adaptive_avg_pool1d.default": 1}, lowered(**{CONV: 1, AVG: 1})),
     ("kws_like", KwsLike, (1, 10, 24), {A_CONV1D: 2, A_MAX1D: 1, A_MEAN: 1, A_BN: 0},
      lowered(**{CONV: 2, MAX: 1, AVG: 1, LINEAR: 1})),
     ("grouped_conv2d", lambda: nn.Sequential(nn.Conv2d(4, 6, 3, padding=1, groups=2), nn.ReLU()), (1, 4, 6, 6),
@@ -131,6 +133,7 @@ def test_1d_output_is_reshaped_back():
 @pytest.mark.parametrize("build, shape, reason", [
     (lambda: nn.Sequential(nn.Conv1d(3, 6, 1), nn.AvgPool1d(3, 1, 1)), (1, 3, 9), "count_include_pad=False"),
     (lambda: nn.Sequential(nn.Conv1d(3, 6, 1), nn.MaxPool1d(2, ceil_mode=True)), (1, 3, 9), "ceil_mode"),
+    (lambda: nn.Sequential(nn.Conv1d(3, 6, 1), nn.AdaptiveAvgPool1d(2)), (1, 3, 9), "not a uniform pool"),
 ])
 def test_refusals_name_the_reason(build, shape, reason):
     t = _tester(build, shape).lower()

@@ -206,7 +206,7 @@ def lower_max_pool2d(m: Match):
 # corten.ops.conv.as_4d_view: consecutive 1-D ops share the 4-D tensor, no copies in between).
 from corten.ops.conv import as_4d_view, back_to_3d  # noqa: E402
 
-annotates("shared", _aten.max_pool1d.default, _aten.avg_pool1d.default)
+annotates("shared", _aten.max_pool1d.default, _aten.avg_pool1d.default, _aten.adaptive_avg_pool1d.default)
 
 
 def _pool1d(m: Match, op_name: str, kernel: int, stride: int, padding: int):
@@ -250,6 +250,17 @@ def lower_avg_pool1d(m: Match):
         raise LoweringError("avg_pool1d with padding must use count_include_pad=False (CMSIS-NN averages the "
                             "elements inside the input only)")
     return _pool1d(m, "quantized_avg_pool2d", kernel, stride, padding)
+
+
+@lowers(_aten.adaptive_avg_pool1d.default)
+def lower_adaptive_avg_pool1d(m: Match):
+    """``adaptive_avg_pool1d(x, [out])`` with ``L`` a multiple of ``out`` -> a uniform 1-D average pool."""
+    _same_qparams(m)
+    length = int(m.node.args[0].meta["val"].shape[-1])
+    out = _ints(m.node.args[1], 1)[0]
+    if length % out:
+        raise LoweringError(f"adaptive pooling of length {length} -> {out} is not a uniform pool")
+    return _pool1d(m, "quantized_avg_pool2d", length // out, length // out, 0)
 
 
 def _mean_over_time(m: Match, shape3, keepdim: bool):
