@@ -240,3 +240,28 @@ def test_implementation_cmsis_nn_arm_transpose_s8(model, shape, tmp_path):
     t = Tester(model().eval(), (torch.randn(*shape),))
     t.test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1)
     assert "arm_transpose_s8(" in t.program.emit_c(tmp_path, kernels="cmsis-nn").source.read_text()
+
+
+class SixDPermute(nn.Module):
+    """linear -> 6-D view -> permute of five dims > 1 -> flatten -> linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 48), nn.Linear(48, 3)
+
+    def forward(self, x):
+        y = self.a(x).reshape(1, 2, 3, 2, 2, 2).permute(0, 5, 3, 1, 4, 2)
+        return self.b(y.reshape(1, 48))
+
+
+def test_six_dim_permute_portable_on_host_and_refused_by_cmsis_nn(tmp_path):
+    from corten.codegen import CodegenError
+
+    torch.manual_seed(8)
+    t = Tester(SixDPermute().eval(), (torch.randn(1, 4),))
+    t.test_dialect({"aten.permute.default": 1}, {"quantize_per_tensor": 1, "quantized_linear": 2,
+                                                 "quantized_transpose": 1, "dequantize_per_tensor": 1}, qtol=1)
+    assert byte_permutation([1, 2, 3, 2, 2, 2], [0, 5, 3, 1, 4, 2]) == ([2, 3, 2, 2, 2], [4, 2, 0, 3, 1])
+    t.test_implementation(on=("host",), n_inputs=1)
+    with pytest.raises(CodegenError, match=r"quantized_transpose.*arm_transpose_s8 takes at most 4.*portable"):
+        t.program.emit_c(tmp_path, kernels="cmsis-nn")
