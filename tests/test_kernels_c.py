@@ -89,7 +89,7 @@ def _multipliers(rng: random.Random, count: int):
     for _ in range(count):
         kind = rng.random()
         if kind < 0.1:
-            pairs.append((2**31 - 1, rng.randint(-31, 2)))
+            pairs.append((2**31 - 1, rng.randint(-31, 30)))  # up to shift 30: int32 wrap of the offset add
         elif kind < 0.15:
             pairs.append((1 << 30, rng.choice([-31, -1, 0, 30])))
         elif kind < 0.2:

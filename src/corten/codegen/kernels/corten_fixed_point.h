@@ -74,20 +74,13 @@ static inline int32_t corten_requantize(int32_t val, int32_t multiplier, int32_t
 }
 
 /**
- * Add the output offset and clamp to [act_min, act_max] (all within int8), without overflowing
- * for any int32 value: clamping against the offset-shifted range first is equivalent.
+ * Add the output offset (with int32 wrap-around) and clamp to [act_min, act_max].
  */
 static inline int8_t corten_offset_clamp(int32_t val, int32_t offset, int32_t act_min, int32_t act_max)
 {
-    const int32_t lo = act_min - offset;
-    const int32_t hi = act_max - offset;
-    if (val < lo) {
-        val = lo;
-    }
-    if (val > hi) {
-        val = hi;
-    }
-    return (int8_t)(val + offset);
+    /* int32 wrap-around first, exactly as CMSIS-NN and the Python reference kernels compute it. */
+    const int32_t v = corten_add_wrap(val, offset);
+    return (int8_t)(v < act_min ? act_min : (v > act_max ? act_max : v));
 }
 
 /**
