@@ -184,6 +184,8 @@ class CortenQuantizer(Quantizer):
         bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
         if not isinstance(x, Node) or not isinstance(w, Node):
             return
+        if weight_axis == 1 and _transposed_groups(node) != 1:
+            return  # grouped transposed conv: per-channel scales along axis 1 cover only C_out/groups
         inputs = {x: act, w: weight_qspec(self.is_qat, weight_axis)}
         if isinstance(bias, Node):
             inputs[bias] = bias_qspec(x, w, node)
@@ -225,6 +227,11 @@ class CortenQuantizer(Quantizer):
         for other in tensors[1:]:
             inputs[other] = SharedQuantizationSpec((first, node))
         _mark(node, inputs, SharedQuantizationSpec((first, node)))
+
+
+def _transposed_groups(node: Node) -> int:
+    """``groups`` of ``aten.conv_transpose{1,2}d.input(x, w, b, stride, padding, output_padding, groups, ...)``."""
+    return int(node.args[6]) if len(node.args) > 6 else int(node.kwargs.get("groups", 1))
 
 
 def _float_tensors_only(node: Node) -> bool:
