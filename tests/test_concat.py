@@ -247,3 +247,51 @@ def test_dialect_cat_of_one_tensor_twice():
     t.test_dialect({"aten.cat.default": 1}, {"quantize_per_tensor": 1, "quantized_conv2d": 2, "quantized_cat": 1,
                                             "dequantize_per_tensor": 1}, qtol=1)
     t.test_implementation(on=("host",), n_inputs=1)
+
+
+# ----------------------------------------------------------------------------- CMSIS-NN calls
+def test_cmsis_concat_calls_pick_the_axis_variant():
+    from corten.ops.concat import cmsis_concat_calls
+
+    ch = cmsis_concat_calls([[1, 4, 5, 6], [1, 5, 5, 6]], 1)  # NHWC channels: x, pixels interleave
+    assert [(c.axis, c.x, c.y, c.z, c.w, c.output_size, c.offset) for c in ch] == \
+        [("x", 4, 6, 5, 1, 9, 0), ("x", 5, 6, 5, 1, 9, 4)]
+    assert [c.axis for c in cmsis_concat_calls([[2, 3, 4, 5]] * 2, 0)] == ["w", "w"]
+    assert [c.axis for c in cmsis_concat_calls([[2, 3, 4, 5]] * 2, 2)] == ["z", "z"]
+    assert [c.axis for c in cmsis_concat_calls([[2, 3, 4, 5]] * 2, 3)] == ["y", "y"]
+    assert [c.axis for c in cmsis_concat_calls([[3, 7], [3, 2]], 1)] == ["x", "x"]
+    assert cmsis_concat_calls([[2, 7]] * 2, 0)[1].args("in", "out") == "in, 7, 2, 1, 1, out, 4, 2u"
+    with pytest.raises(ValueError, match="uint16_t"):
+        cmsis_concat_calls([[1, 40000], [1, 30000]], 1)
+    with pytest.raises(ValueError, match="at most 4"):
+        cmsis_concat_calls([[1, 2, 2, 2, 2]] * 2, 1)
+
+
+@pytest.fixture(scope="module")
+def cmsis_concat_lib(tmp_path_factory):
+    root = os.environ.get("CMSIS_NN_PATH")
+    if not root or shutil.which("gcc") is None:
+        pytest.skip("set CMSIS_NN_PATH to a CMSIS-NN source tree (and install gcc)")
+    out = tmp_path_factory.mktemp("cmsis_concat") / "libcmsisconcat.so"
+    sources = [os.path.join(root, "Source", "ConcatenationFunctions", f"arm_concatenation_s8_{a}.c") for a in "xyzw"]
+    subprocess.run(["gcc", "-std=c99", "-O1", "-shared", "-fPIC", "-I", os.path.join(root, "Include"), *sources,
+                    "-o", str(out)], check=True, capture_output=True)
+    return ctypes.CDLL(str(out))
+
+
+def test_cmsis_concatenation_functions_match_reference(cmsis_concat_lib):
+    """Every variant, driven by cmsis_concat_calls, reproduces the reference op's bytes."""
+    from corten.ops.concat import cmsis_concat_calls
+
+    rng = random.Random(9700)
+    for i in range(300):
+        tensors, dim = _random_case(rng)
+        want = cat(tensors, dim)
+        out = (ctypes.c_int8 * want.numel())()
+        for t, c in zip(tensors, cmsis_concat_calls([list(t.shape) for t in tensors], dim)):
+            src = naive.storage_bytes(t.contiguous().flatten().tolist(), list(t.shape))
+            fn = getattr(cmsis_concat_lib, f"arm_concatenation_s8_{c.axis}")
+            sizes = [ctypes.c_uint16(v) for v in (c.x, c.y, c.z, c.w)]
+            tail = [] if c.output_size is None else [ctypes.c_uint16(c.output_size)]
+            fn((ctypes.c_int8 * len(src))(*src), *sizes, out, *tail, ctypes.c_uint32(c.offset))
+        assert list(out) == naive.storage_bytes(want.contiguous().flatten().tolist(), list(want.shape)), f"case {i}"

@@ -143,19 +143,47 @@ def _cat_scratch(node, target) -> int:
 _CMSIS_VARIANT = "wzyx"  # storage position (right-aligned to 4 dims) -> arm_concatenation_s8_<axis>
 
 
-def _cmsis_call(ctx, src: str, out: str, in_dims: list[int], out_dims: list[int], k: int, offset: int) -> str:
-    axis = _CMSIS_VARIANT[k]
-    w, z, y, x = in_dims
-    for name, v in zip("wzyx", in_dims):
-        if v > CMSIS_MAX_DIM_SIZE:
-            ctx.fail(f"input size {v} along CMSIS-NN axis {name} exceeds arm_concatenation_s8's uint16_t limit; "
-                     "emit with kernels='portable'")
-    if out_dims[k] > CMSIS_MAX_DIM_SIZE:
-        ctx.fail(f"output size {out_dims[k]} along the concatenated axis exceeds arm_concatenation_s8's uint16_t "
-                 "limit; emit with kernels='portable'")
-    if axis == "w":
-        return f"arm_concatenation_s8_w({src}, {x}, {y}, {z}, {w}, {out}, {offset}u);"
-    return f"arm_concatenation_s8_{axis}({src}, {x}, {y}, {z}, {w}, {out}, {out_dims[k]}, {offset}u);"
+@dataclass(frozen=True)
+class CmsisConcatCall:
+    """One ``arm_concatenation_s8_<axis>(input, x, y, z, w, output[, output_size], offset)`` call."""
+
+    axis: str  # "x" | "y" | "z" | "w"
+    x: int
+    y: int
+    z: int
+    w: int
+    output_size: int | None  # output size along the axis (not taken by the w variant)
+    offset: int
+
+    def args(self, src: str, out: str) -> str:
+        sizes = f"{self.x}, {self.y}, {self.z}, {self.w}, {out}"
+        if self.output_size is None:
+            return f"{src}, {sizes}, {self.offset}u"
+        return f"{src}, {sizes}, {self.output_size}, {self.offset}u"
+
+
+def cmsis_concat_calls(shapes: Sequence[Sequence[int]], dim: int) -> list[CmsisConcatCall]:
+    """The CMSIS-NN calls of ``torch.cat`` of tensors of logical ``shapes`` (rank <= 4) along
+    ``dim``: storage dims right-aligned to CMSIS-NN's ``[w][z][y][x]``, the variant named after
+    the concatenated axis.  ValueError when a size does not fit CMSIS-NN's ``uint16_t``."""
+    rank = len(shapes[0])
+    if rank > CMSIS_MAX_DIMS:
+        raise ValueError(f"a {rank}-D concatenation; arm_concatenation_s8 takes at most {CMSIS_MAX_DIMS} dimensions")
+    lead = [1] * (CMSIS_MAX_DIMS - rank)
+    k = len(lead) + concat_position(rank, dim)
+    total = sum(int(s[dim]) for s in shapes)
+    if total > CMSIS_MAX_DIM_SIZE:
+        raise ValueError(f"output size {total} along the concatenated axis exceeds arm_concatenation_s8's "
+                         "uint16_t limit")
+    calls, start = [], 0
+    for s in shapes:
+        w, z, y, x = lead + storage_shape(s)
+        if max(w, z, y, x) > CMSIS_MAX_DIM_SIZE:
+            raise ValueError(f"input sizes {[w, z, y, x]} exceed arm_concatenation_s8's uint16_t limit")
+        axis = _CMSIS_VARIANT[k]
+        calls.append(CmsisConcatCall(axis, x, y, z, w, None if axis == "w" else total, start))
+        start += int(s[dim])
+    return calls
 
 
 @family.provides("emit_c", "quantized_cat")
@@ -173,16 +201,8 @@ def _emit_cat_c(ctx) -> str:
         calls = [ctx.call(f"corten_concat_s8({ctx.buffer(n)}, {c.outer}, {c.inner}, {c.output_inner}, {c.offset}, "
                           f"{out})") for n, c in zip(nodes, concat_geometry(shapes, dim))]
         return "\n".join(calls)
-    rank = len(shapes[0])
-    if rank > CMSIS_MAX_DIMS:
-        ctx.fail(f"a {rank}-D concatenation; arm_concatenation_s8 takes at most {CMSIS_MAX_DIMS} dimensions: "
-                 "emit with kernels='portable'")
-    lead = [1] * (CMSIS_MAX_DIMS - rank)
-    k = len(lead) + concat_position(rank, dim)
-    out_dims = lead + storage_shape(ctx.shape())
-    calls, start = [], 0
-    for n, s in zip(nodes, shapes):
-        in_dims = lead + storage_shape(s)
-        calls.append(_cmsis_call(ctx, ctx.buffer(n), out, in_dims, out_dims, k, start))
-        start += in_dims[k]
-    return "\n".join(calls)
+    try:
+        calls = cmsis_concat_calls(shapes, dim)
+    except ValueError as e:
+        ctx.fail(f"{e}; emit with kernels='portable'")
+    return "\n".join(f"arm_concatenation_s8_{c.axis}({c.args(ctx.buffer(n), out)});" for n, c in zip(nodes, calls))
