@@ -265,3 +265,58 @@ def test_six_dim_permute_portable_on_host_and_refused_by_cmsis_nn(tmp_path):
     t.test_implementation(on=("host",), n_inputs=1)
     with pytest.raises(CodegenError, match=r"quantized_transpose.*arm_transpose_s8 takes at most 4.*portable"):
         t.program.emit_c(tmp_path, kernels="cmsis-nn")
+
+
+# ----------------------------------------------------------------------------- CMSIS-NN arm_transpose_s8
+class CmsisDims(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_int32), ("h", ctypes.c_int32), ("w", ctypes.c_int32), ("c", ctypes.c_int32)]
+
+
+class CmsisTransposeParams(ctypes.Structure):
+    _fields_ = [("num_dims", ctypes.c_int32), ("permutations", ctypes.POINTER(ctypes.c_uint32))]
+
+
+@pytest.fixture(scope="module")
+def cmsis_transpose_lib(tmp_path_factory):
+    root = os.environ.get("CMSIS_NN_PATH")
+    if not root or shutil.which("gcc") is None:
+        pytest.skip("set CMSIS_NN_PATH to a CMSIS-NN source tree (and install gcc)")
+    out = tmp_path_factory.mktemp("cmsis_transpose") / "libcmsistranspose.so"
+    subprocess.run(["gcc", "-std=c99", "-O1", "-shared", "-fPIC", "-I", os.path.join(root, "Include"),
+                    os.path.join(root, "Source", "TransposeFunctions", "arm_transpose_s8.c"), "-o", str(out)],
+                   check=True, capture_output=True)
+    return ctypes.CDLL(str(out))
+
+
+def test_cmsis_transpose_plan_examples():
+    from corten.ops.transpose import cmsis_transpose_plan
+
+    assert cmsis_transpose_plan([1, 4, 3, 5], [0, 2, 3, 1]) == ([3, 20, 1, 1], [20, 3, 1, 1], [1, 0])
+    assert cmsis_transpose_plan([1, 4, 1, 1], [0, 2, 3, 1]) == ([4, 1, 1, 1], [4, 1, 1, 1], [0])
+    with pytest.raises(ValueError, match="at most 4"):
+        cmsis_transpose_plan([1, 2, 3, 2, 2, 2], [0, 5, 3, 1, 4, 2])
+
+
+def test_cmsis_arm_transpose_s8_matches_reference(cmsis_transpose_lib):
+    """arm_transpose_s8 driven by cmsis_transpose_plan reproduces the reference op's bytes (1 to 4
+    byte dims; tensors of up to 5 dimensions)."""
+    from corten.ops.transpose import cmsis_transpose_plan
+
+    rng = random.Random(9800)
+    checked = 0
+    while checked < 300:
+        x, perm = _random_case(rng, max_rank=5)
+        try:
+            in_dims, out_dims, bperm = cmsis_transpose_plan(list(x.shape), perm)
+        except ValueError:
+            continue
+        want = transpose(x, perm)
+        src = _storage(x)
+        out = (ctypes.c_int8 * want.numel())()
+        p = (ctypes.c_uint32 * len(bperm))(*bperm)
+        params = CmsisTransposeParams(len(bperm), ctypes.cast(p, ctypes.POINTER(ctypes.c_uint32)))
+        assert cmsis_transpose_lib.arm_transpose_s8((ctypes.c_int8 * len(src))(*src), out,
+                                                    ctypes.byref(CmsisDims(*in_dims)), ctypes.byref(CmsisDims(*out_dims)),
+                                                    ctypes.byref(params)) == 0
+        assert list(out) == _storage(want), f"{tuple(x.shape)} {perm} -> {in_dims} {bperm}"
+        checked += 1

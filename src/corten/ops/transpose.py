@@ -190,6 +190,21 @@ def _c_list(values) -> str:
     return "{" + ", ".join(str(int(v)) for v in values) + "}"
 
 
+def cmsis_transpose_plan(in_shape: Sequence[int], perm: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """``(input_dims, output_dims, permutations)`` of the ``arm_transpose_s8`` call doing
+    ``permute(perm)`` on a graph tensor of logical ``in_shape``: the simplified byte permutation,
+    its dims padded with 1s to the 4 ``cmsis_nn_dims`` fields (an identity is a 1-D copy).
+    ValueError when more than 4 byte dims remain."""
+    dims, bperm = byte_permutation(in_shape, perm)
+    if not dims:
+        dims, bperm = [1], [0]
+    if len(dims) > CMSIS_MAX_DIMS:
+        raise ValueError(f"the byte permutation has {len(dims)} dimensions {dims} after simplification; "
+                         f"arm_transpose_s8 takes at most {CMSIS_MAX_DIMS}")
+    pad = [1] * (CMSIS_MAX_DIMS - len(dims))
+    return dims + pad, [dims[p] for p in bperm] + pad, bperm
+
+
 @family.provides("emit_c", "quantized_transpose")
 def _emit_transpose_c(ctx) -> str:
     """``corten_transpose_s8`` (portable, up to 6 simplified storage dims) or ``arm_transpose_s8``
@@ -204,14 +219,13 @@ def _emit_transpose_c(ctx) -> str:
             f"const int32_t dims[{len(dims)}] = {_c_list(dims)};",
             f"const int32_t perm[{len(perm)}] = {_c_list(perm)};",
             ctx.call(f"corten_transpose_s8({len(dims)}, dims, perm, {src}, {out})"))
-    if len(dims) > CMSIS_MAX_DIMS:
-        ctx.fail(f"the byte permutation has {len(dims)} dimensions {dims} after simplification; arm_transpose_s8 "
-                 f"takes at most {CMSIS_MAX_DIMS}: emit with kernels='portable' or permute fewer dimensions")
-    pad = [1] * (CMSIS_MAX_DIMS - len(dims))
-    out_dims = [dims[p] for p in perm]
+    try:
+        in_dims, out_dims, perm = cmsis_transpose_plan(ctx.shape(x), ctx.arg("perm"))
+    except ValueError as e:
+        ctx.fail(f"{e}: emit with kernels='portable' or permute fewer dimensions")
     return ctx.block(
-        ctx.dims("input_dims", "cmsis_nn_dims", *(dims + pad)),
-        ctx.dims("output_dims", "cmsis_nn_dims", *(out_dims + pad)),
+        ctx.dims("input_dims", "cmsis_nn_dims", *in_dims),
+        ctx.dims("output_dims", "cmsis_nn_dims", *out_dims),
         f"const uint32_t perm[{len(perm)}] = {_c_list(perm)};",
         f"const cmsis_nn_transpose_params params = {{{len(perm)}, perm}};",
         ctx.call(f"arm_transpose_s8({src}, {out}, &input_dims, &output_dims, &params)"))
