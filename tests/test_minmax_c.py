@@ -182,4 +182,5 @@ def test_minmax_implementation_qemu_m55(name):
 @pytest.mark.parametrize("name", ["conv_min_max", "max_broadcast", "guard_shape"])
 def test_minmax_implementation_cmsis_nn(name):
     warnings.simplefilter("ignore")
-    _tester(name).test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1)
+    _tester(name).test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1,
+                                      targets=["cortex-m55", "cortex-m4"])  # MVE and DSP code paths

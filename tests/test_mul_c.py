@@ -193,4 +193,5 @@ def test_mul_se_implementation_qemu_m55():
 @pytest.mark.parametrize("name", ["se", "same_shape", "by_parameter"])
 def test_mul_implementation_cmsis_nn(name):
     warnings.simplefilter("ignore")
-    _tester(name).test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1)
+    _tester(name).test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1,
+                                      targets=["cortex-m55", "cortex-m4"])  # MVE and DSP code paths

@@ -186,4 +186,5 @@ def test_sub_broadcast_implementation_qemu_m55():
 @pytest.mark.parametrize("name", ["same_shape", "centre_broadcast"])
 def test_sub_implementation_cmsis_nn(name):
     warnings.simplefilter("ignore")
-    _tester(name).test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1)
+    _tester(name).test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1,
+                                      targets=["cortex-m55", "cortex-m4"])  # MVE and DSP code paths
