@@ -147,7 +147,9 @@ def _emit_sub_c(ctx) -> str:
     in the CMSIS-NN flavour when the operands broadcast: CMSIS-NN's add does not broadcast."""
     v = {k: int(ctx.arg(k)) for k in PARAM_NAMES}
     x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
-    if ctx.kernels == "cmsis-nn" and same_dense_shape(ctx):
+    # arm_elementwise_add_s8's DSP path shifts (x + offset) masked to 16 bits, which is only right
+    # for left shifts >= 16 (the lowering always uses 20); other left shifts run the portable kernel.
+    if ctx.kernels == "cmsis-nn" and same_dense_shape(ctx) and v["left_shift"] >= 16:
         args = [x1, x2, v["input1_offset"], v["input1_multiplier"], v["input1_shift"], v["input2_offset"],
                 -v["input2_multiplier"], v["input2_shift"], v["left_shift"], out, v["output_offset"],
                 v["output_multiplier"], v["output_shift"], v["activation_min"], v["activation_max"],
