@@ -59,6 +59,25 @@ def test_transpose_matches_naive():
             assert oc.is_channels_last(out)
 
 
+def _flat_shape(rng: random.Random, numel: int) -> list[int]:
+    """A random non-4-D shape of ``numel`` elements (what a flatten after the permute asks for)."""
+    divisors = [d for d in range(1, numel + 1) if numel % d == 0]
+    a = rng.choice(divisors)
+    return rng.choice(([numel], [1, numel], [a, numel // a], [1, a, numel // a]))
+
+
+def test_transpose_with_shape_matches_naive():
+    """``shape``: the permuted values reshaped (row-major), e.g. a channels-last flatten."""
+    rng = random.Random(9502)
+    for i in range(PERMUTE_CASES // 3):
+        x, perm = _random_case(rng)
+        shape = _flat_shape(rng, x.numel())
+        out = transpose(x, perm, shape)
+        want, _ = naive.permute(x.contiguous().flatten().tolist(), list(x.shape), perm)
+        assert list(out.shape) == shape and out.is_contiguous()
+        assert out.flatten().tolist() == want, f"case {i}: {tuple(x.shape)} {perm} {shape}"
+
+
 def test_byte_permutation_moves_storage_bytes():
     """Applying the simplified (dims, perm) to the input's C bytes gives the output's C bytes."""
     rng = random.Random(9501)
@@ -70,6 +89,9 @@ def test_byte_permutation_moves_storage_bytes():
         src = np.array(_storage(x), dtype=np.int8)
         got = src.reshape(dims).transpose(bperm).reshape(-1).tolist() if dims else src.tolist()
         assert got == _storage(transpose(x, perm)), f"case {i}: {tuple(x.shape)} {perm} -> {dims} {bperm}"
+        dims, bperm = byte_permutation(list(x.shape), perm, flattened=True)
+        got = src.reshape(dims).transpose(bperm).reshape(-1).tolist() if dims else src.tolist()
+        assert got == transpose(x, perm, [x.numel()]).tolist(), f"flattened case {i}"
 
 
 @pytest.mark.parametrize("shape, perm, dims, bperm", [
@@ -108,6 +130,12 @@ def test_transpose_bad_arguments(x, perm, arg):
         transpose(x, perm)
 
 
+@pytest.mark.parametrize("shape", [[1, 2, 3, 4], [25], [0, 24]])
+def test_transpose_bad_shape(shape):
+    with pytest.raises(CortenOpError, match=r"quantized_transpose.*'shape'"):
+        transpose(torch.zeros((1, 2, 3, 4), dtype=torch.int8), [0, 2, 3, 1], shape)
+
+
 def test_transpose_good_arguments_are_accepted():
     assert transpose(torch.zeros((2, 3, 4), dtype=torch.int8), [2, 0, 1]).shape == (4, 2, 3)
 
@@ -130,6 +158,28 @@ def test_dialect_conv_permute_reshape_linear():
     t.test_dialect({"aten.permute.default": 1}, {"quantize_per_tensor": 1, "quantized_conv2d": 1,
                                                  "quantized_transpose": 1, "quantized_linear": 1,
                                                  "dequantize_per_tensor": 1}, qtol=1)
+    # the permute and the flatten are one transpose to [1, 80]; on NHWC bytes it is a plain copy
+    graph = t.program.ep.graph
+    assert not [n for n in graph.nodes if n.target == torch.ops.aten.reshape.default]
+    (node,) = [n for n in graph.nodes if n.target == transpose.default]
+    assert node.args[1:] == ([0, 2, 3, 1], [1, 80])
+    assert byte_permutation([1, 4, 5, 4], [0, 2, 3, 1], flattened=True) == ([80], [0])
+
+
+def test_permute_read_by_a_conv_and_a_flatten_is_not_fused():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.fc = nn.Conv2d(3, 4, 1), nn.Conv2d(5, 2, 1), nn.Linear(4 * 5 * 3, 2)
+
+        def forward(self, x):
+            y = self.a(x).permute(0, 3, 2, 1)  # [1, 5, 3, 4]
+            return self.fc(y.reshape(1, -1)) + self.b(y).mean()
+
+    torch.manual_seed(9)
+    t = Tester(Net().eval(), (torch.randn(1, 3, 3, 5),)).lower()
+    (node,) = [n for n in t.program.ep.graph.nodes if n.target == transpose.default]
+    assert len(node.args) == 2 or node.args[2] is None
 
 
 class TransposeHWTokens(nn.Module):
@@ -189,8 +239,9 @@ def test_c_transpose_matches_reference(lib):
     rng = random.Random(9600)
     for i in range(C_CASES):
         x, perm = _random_case(rng)
-        want = transpose(x, perm)
-        dims, bperm = byte_permutation(list(x.shape), perm)
+        flattened = rng.random() < 0.3
+        want = transpose(x, perm, [x.numel()] if flattened else None)
+        dims, bperm = byte_permutation(list(x.shape), perm, flattened)
         dims, bperm = (dims, bperm) if dims else ([1], [0])
         src = _storage(x)
         out = (ctypes.c_int8 * want.numel())()

@@ -13,6 +13,10 @@ the NHWC bytes of ``[1, H, W, C]``, i.e. ``(W, C, H)``: a 2-D transpose of ``[H,
 
 A permutation that keeps the order of the dimensions larger than 1 is a reshape in disguise; the
 lowering turns it into ``aten.reshape`` (free, or a layout copy, as the generator decides).
+
+The optional ``shape`` argument reshapes the permuted values (row-major, not 4-D): the lowering
+uses it when every reader of a permute flattens it, so ``conv -> permute(0, 2, 3, 1) -> flatten``
+(a channels-last flatten) is one copy of the NHWC bytes instead of a transpose plus a layout copy.
 """
 from __future__ import annotations
 
@@ -79,16 +83,19 @@ def simplify_permutation(dims: Sequence[int], perm: Sequence[int]) -> tuple[list
     return merged_dims, merged_perm
 
 
-def byte_permutation(in_shape: Sequence[int], perm: Sequence[int]) -> tuple[list[int], list[int]]:
+def byte_permutation(in_shape: Sequence[int], perm: Sequence[int],
+                     flattened: bool = False) -> tuple[list[int], list[int]]:
     """The simplified storage-level ``(dims, perm)`` that ``input.permute(perm)`` performs on bytes.
 
     Storage position ``j`` of the output holds output logical dim ``order[j]``, which is input
     logical dim ``perm[order[j]]``, found at input storage position ``inv_order[...]``.
+    ``flattened``: the permuted values are then reshaped to a row-major (not 4-D) shape, so the
+    output's bytes are in the permuted logical order (``order`` is the identity).
     """
     rank = len(in_shape)
     perm = normalize_perm(perm, rank)
-    order = storage_dim_order(rank)
-    inv = {d: j for j, d in enumerate(order)}
+    order = tuple(range(rank)) if flattened else storage_dim_order(rank)
+    inv = {d: j for j, d in enumerate(storage_dim_order(rank))}
     byte_perm = [inv[perm[order[j]]] for j in range(rank)]
     return simplify_permutation(storage_shape(in_shape), byte_perm)
 
@@ -105,7 +112,7 @@ def _output_format(rank: int) -> torch.memory_format:
     return torch.channels_last if rank == 4 else torch.contiguous_format
 
 
-def _check(input, perm) -> list[int]:
+def _check(input, perm, shape=None) -> list[int]:
     op = "quantized_transpose"
     checks.dtype(op, "input", input, torch.int8)
     if not 1 <= input.dim() <= MAX_DIMS:
@@ -114,20 +121,30 @@ def _check(input, perm) -> list[int]:
         checks.fail(op, "perm", f"{list(perm)} has {len(perm)} entries for a {input.dim()}-D input")
     if sorted(perm) != list(range(input.dim())):
         checks.fail(op, "perm", f"{list(perm)} is not a permutation of 0..{input.dim() - 1} (no negative entries)")
-    return [int(input.shape[d]) for d in perm]
+    if shape is None:
+        return [int(input.shape[d]) for d in perm]
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    if len(shape) == 4 or min(shape, default=1) < 1 or numel != input.numel():
+        checks.fail(op, "shape", f"{list(shape)} must be a shape of {input.numel()} elements that is not 4-D "
+                                 "(its bytes are row-major)")
+    return [int(d) for d in shape]
 
 
 @torch.library.custom_op("corten::quantized_transpose", mutates_args=())
-def quantized_transpose(input: torch.Tensor, perm: list[int]) -> torch.Tensor:
-    """``input.permute(perm)`` (logical dims), laid out as every graph tensor (NHWC for 4-D)."""
-    _check(input, perm)
-    return input.permute(perm).clone(memory_format=_output_format(input.dim()))  # never a view of input
+def quantized_transpose(input: torch.Tensor, perm: list[int], shape: list[int] | None = None) -> torch.Tensor:
+    """``input.permute(perm)`` (logical dims), laid out as every graph tensor (NHWC for 4-D);
+    with ``shape``, ``input.permute(perm).reshape(shape)`` (a channels-last flatten in one copy)."""
+    out_shape = _check(input, perm, shape)
+    out = input.permute(perm).clone(memory_format=_output_format(input.dim()))  # never a view of input
+    return out if shape is None else out.reshape(out_shape).contiguous()
 
 
 @quantized_transpose.register_fake
-def _(input, perm):
-    shape = _check(input, perm)
-    return input.new_empty(shape).contiguous(memory_format=_output_format(len(shape)))
+def _(input, perm, shape=None):
+    out_shape = _check(input, perm, shape)
+    return input.new_empty(out_shape).contiguous(memory_format=_output_format(len(out_shape)))
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_transpose",), doc=__doc__))
@@ -175,7 +192,30 @@ def lower_permute(m: Match):
         return x.node
     if keeps_logical_order(in_shape, perm):
         return m.call_aten(_aten.reshape.default, x.node, out_shape)
-    return m.call("quantized_transpose", x.node, perm)
+    flat = _flattened_shape(m)
+    if flat is None:
+        return m.call("quantized_transpose", x.node, perm)
+    node = m.call("quantized_transpose", x.node, perm, flat)
+    node.meta["val"] = m.out_q.meta["val"].reshape(flat).contiguous()
+    return node
+
+
+def _flattened_shape(m: Match) -> list[int] | None:
+    """The common non-4-D shape every reader of the permute's int8 output reshapes it to (through
+    its dequantize nodes), or None.  Then the permute and the reshape are one transpose: the
+    reshapes' own lowering finds their input already in shape and vanishes."""
+    from corten.lowering.match import DQ_PER_TENSOR
+    from corten.ops.shape import RESHAPES
+
+    dqs = list(m.out_q.users)
+    readers = [r for dq in dqs for r in dq.users]
+    if not dqs or not readers or any(dq.target not in DQ_PER_TENSOR for dq in dqs):
+        return None
+    shapes = {tuple(int(d) for d in r.meta["val"].shape) if "val" in r.meta else None for r in readers}
+    if any(r.target not in RESHAPES for r in readers) or len(shapes) != 1:
+        return None
+    (shape,) = shapes
+    return None if shape is None or len(shape) == 4 else list(shape)
 
 
 # ----------------------------------------------------------------------------- scratch memory
@@ -190,12 +230,13 @@ def _c_list(values) -> str:
     return "{" + ", ".join(str(int(v)) for v in values) + "}"
 
 
-def cmsis_transpose_plan(in_shape: Sequence[int], perm: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+def cmsis_transpose_plan(in_shape: Sequence[int], perm: Sequence[int],
+                         flattened: bool = False) -> tuple[list[int], list[int], list[int]]:
     """``(input_dims, output_dims, permutations)`` of the ``arm_transpose_s8`` call doing
     ``permute(perm)`` on a graph tensor of logical ``in_shape``: the simplified byte permutation,
     its dims padded with 1s to the 4 ``cmsis_nn_dims`` fields (an identity is a 1-D copy).
     ValueError when more than 4 byte dims remain."""
-    dims, bperm = byte_permutation(in_shape, perm)
+    dims, bperm = byte_permutation(in_shape, perm, flattened)
     if not dims:
         dims, bperm = [1], [0]
     if len(dims) > CMSIS_MAX_DIMS:
@@ -210,7 +251,8 @@ def _emit_transpose_c(ctx) -> str:
     """``corten_transpose_s8`` (portable, up to 6 simplified storage dims) or ``arm_transpose_s8``
     (CMSIS-NN, up to 4) over the simplified byte permutation; an identity is a plain copy."""
     x = ctx.arg("input")
-    dims, perm = byte_permutation(ctx.shape(x), ctx.arg("perm"))
+    flattened = ctx.arg("shape") is not None
+    dims, perm = byte_permutation(ctx.shape(x), ctx.arg("perm"), flattened)
     if not dims:
         dims, perm = [1], [0]
     src, out = ctx.input("input"), ctx.out()
@@ -220,7 +262,7 @@ def _emit_transpose_c(ctx) -> str:
             f"const int32_t perm[{len(perm)}] = {_c_list(perm)};",
             ctx.call(f"corten_transpose_s8({len(dims)}, dims, perm, {src}, {out})"))
     try:
-        in_dims, out_dims, perm = cmsis_transpose_plan(ctx.shape(x), ctx.arg("perm"))
+        in_dims, out_dims, perm = cmsis_transpose_plan(ctx.shape(x), ctx.arg("perm"), flattened)
     except ValueError as e:
         ctx.fail(f"{e}: emit with kernels='portable' or permute fewer dimensions")
     return ctx.block(
