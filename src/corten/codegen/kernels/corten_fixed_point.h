@@ -83,18 +83,6 @@ static inline int8_t corten_offset_clamp(int32_t val, int32_t offset, int32_t ac
     return (int8_t)(v < act_min ? act_min : (v > act_max ? act_max : v));
 }
 
-/**
- * Add the output offset with int32 wrap-around, then clamp to [act_min, act_max]: what CMSIS-NN's
- * elementwise kernels do (`requantize(..) + out_offset` in int32, then MAX/MIN), and what the
- * Python references compute (wrap_int32_t then clamp).  Differs from corten_offset_clamp only when
- * val + offset leaves the int32 range (extreme multipliers).
- */
-static inline int8_t corten_wrap_offset_clamp(int32_t val, int32_t offset, int32_t act_min, int32_t act_max)
-{
-    const int32_t v = corten_add_wrap(val, offset);
-    return (int8_t)(v < act_min ? act_min : (v > act_max ? act_max : v));
-}
-
 #ifdef __cplusplus
 }
 #endif

@@ -40,8 +40,8 @@ int corten_mul_s8(const corten_mul_params *params, const corten_broadcast *shape
                     const int32_t x1 = (int32_t)a[c * shape->input1_strides.c] + params->input1_offset;
                     const int32_t x2 = (int32_t)b[c * shape->input2_strides.c] + params->input2_offset;
                     const int32_t y = corten_requantize(x1 * x2, params->output_multiplier, params->output_shift);
-                    *output++ = corten_wrap_offset_clamp(y, params->output_offset, params->activation_min,
-                                                         params->activation_max);
+                    *output++ = corten_offset_clamp(y, params->output_offset, params->activation_min,
+                                                    params->activation_max);
                 }
             }
         }

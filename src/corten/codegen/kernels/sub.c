@@ -45,8 +45,8 @@ int corten_sub_s8(const corten_sub_params *params, const corten_broadcast *shape
                     const int32_t q = corten_requantize(x2, neg_mult2, params->input2_shift);
                     const int32_t y = corten_requantize(corten_add_wrap(p, q), params->output_multiplier,
                                                         params->output_shift);
-                    *output++ = corten_wrap_offset_clamp(y, params->output_offset, params->activation_min,
-                                                         params->activation_max);
+                    *output++ = corten_offset_clamp(y, params->output_offset, params->activation_min,
+                                                    params->activation_max);
                 }
             }
         }
