@@ -132,7 +132,12 @@ def _emit_add_c(ctx) -> str:
              "activation_min", "activation_max")
     v = {k: ctx.int_(int(ctx.arg(k))) for k in names}
     x1, x2, out = ctx.input("input1"), ctx.input("input2"), ctx.out()
-    if ctx.kernels == "portable":
+    # CMSIS-NN's DSP path masks (x + offset) to 16 bits before the left shift: only exact for left
+    # shifts >= 16 (the lowering uses 20). Smaller shifts run Corten's portable kernel instead.
+    use_portable = ctx.kernels == "portable" or int(ctx.arg("left_shift")) < 16
+    if use_portable:
+        if ctx.kernels != "portable":
+            ctx.portable_kernel()
         return ctx.block(
             "const corten_add_params params = {" + ", ".join(v[k] for k in names) + "};",
             ctx.call(f"corten_add_s8(&params, {x1}, {x2}, {out}, {size})"))
