@@ -1,0 +1,70 @@
+"""Every zoo model compiles fully lowered with pinned op counts, and its portable C runs byte-identical
+to the Python reference on the host and on QEMU (Cortex-M55 for all; all four boards for the small ones)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import corten
+from corten.zoo import MODELS, get_model
+
+EXPECTED_OPS = {
+    "mv2": {"quantize_per_tensor": 1, "quantized_conv2d": 35, "quantized_depthwise_conv2d": 17, "quantized_add": 10,
+            "quantized_avg_pool2d": 1, "quantized_linear": 1, "dequantize_per_tensor": 1},
+    "mv2-0.35-96": {"quantize_per_tensor": 1, "quantized_conv2d": 35, "quantized_depthwise_conv2d": 17,
+                    "quantized_add": 10, "quantized_avg_pool2d": 1, "quantized_linear": 1, "dequantize_per_tensor": 1},
+    "mv3-small": {"quantize_per_tensor": 1, "quantized_conv2d": 41, "quantized_lut": 28, "quantized_depthwise_conv2d": 11,
+                  "quantized_avg_pool2d": 10, "quantized_mul": 9, "quantized_add": 6, "quantized_linear": 2,
+                  "dequantize_per_tensor": 1},
+    "ds-cnn": {"quantize_per_tensor": 1, "quantized_conv2d": 5, "quantized_depthwise_conv2d": 4,
+               "quantized_avg_pool2d": 1, "quantized_linear": 1, "dequantize_per_tensor": 1},
+    "resnet8": {"quantize_per_tensor": 1, "quantized_conv2d": 9, "quantized_add": 3, "quantized_avg_pool2d": 1,
+                "quantized_linear": 1, "dequantize_per_tensor": 1},
+    "mv1-0.25-96": {"quantize_per_tensor": 1, "quantized_conv2d": 14, "quantized_depthwise_conv2d": 13,
+                    "quantized_avg_pool2d": 1, "quantized_linear": 1, "dequantize_per_tensor": 1},
+    "deep-ae": {"quantize_per_tensor": 1, "quantized_linear": 10, "dequantize_per_tensor": 1},
+    "kws-1d": {"quantize_per_tensor": 1, "quantized_conv2d": 3, "quantized_max_pool2d": 1, "quantized_avg_pool2d": 1,
+               "quantized_linear": 1, "dequantize_per_tensor": 1},
+}
+SMALL = ["ds-cnn", "resnet8", "mv1-0.25-96", "deep-ae", "kws-1d"]  # all four QEMU boards in every CI run
+BOARDS = ["cortex-m3", "cortex-m4", "cortex-m7", "cortex-m55"]
+_cache: dict[str, tuple] = {}
+
+
+def compiled(name: str):
+    if name not in _cache:
+        warnings.simplefilter("ignore")
+        model, example = get_model(name)
+        prog = corten.compile(model, example, target="cortex-m55", name=name.replace("-", "_").replace(".", "_"))
+        x = torch.randn(example[0].shape, generator=torch.Generator().manual_seed(3))
+        _cache[name] = (prog, x)
+    return _cache[name]
+
+
+def test_every_zoo_model_has_pinned_counts():
+    assert set(EXPECTED_OPS) == set(MODELS)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED_OPS))
+def test_zoo_model_fully_lowered_with_pinned_op_counts(name):
+    prog, _ = compiled(name)
+    assert prog.unlowered_ops() == []
+    assert prog.op_counts() == EXPECTED_OPS[name]
+
+
+@pytest.mark.parametrize("name", [n for n in EXPECTED_OPS if n not in ("mv2-0.35-96",)])
+def test_zoo_model_host_and_m55_byte_exact(name):
+    prog, x = compiled(name)
+    expected = prog.run_int8(x)[0]
+    assert torch.equal(prog.run_c(x, on="host", int8=True)[0], expected)
+    assert torch.equal(prog.run_c(x, on="qemu", target="cortex-m55", int8=True)[0], expected)
+    assert prog.last_c_run.instructions > 0
+
+
+@pytest.mark.parametrize("board", [b for b in BOARDS if b != "cortex-m55"])
+@pytest.mark.parametrize("name", SMALL)
+def test_small_zoo_models_on_every_board(name, board):
+    prog, x = compiled(name)
+    assert torch.equal(prog.run_c(x, on="qemu", target=board, int8=True)[0], prog.run_int8(x)[0])
