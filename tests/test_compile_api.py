@@ -202,9 +202,6 @@ class SamePadding(nn.Module):
         return self.conv(x)
 
 
-@pytest.mark.xfail(strict=True, reason="nn.Conv2d(padding='same') exports as aten.conv2d.padding, which the "
-                   "quantizer annotates but no lowering rule handles: it is refused with no reason although "
-                   "stride-1 'same' padding is plain explicit padding dilation*(k-1)/2")
 def test_conv_with_same_padding_lowers():
     prog = corten.compile(SamePadding().eval(), (torch.randn(1, 3, 6, 6),), calibration=one_sample((1, 3, 6, 6)))
     assert prog.op_counts()["quantized_conv2d"] == 1

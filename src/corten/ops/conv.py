@@ -298,7 +298,7 @@ from corten.lowering.match import LoweringError, Match  # noqa: E402
 from corten.lowering.qparams import per_channel_multipliers  # noqa: E402
 from corten.ops.registry import annotates, lowers  # noqa: E402
 
-annotates("weighted", torch.ops.aten.conv2d.default, torch.ops.aten.conv1d.default)
+annotates("weighted", torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, torch.ops.aten.conv1d.default)
 
 
 def _conv_args(node):
@@ -314,13 +314,34 @@ def _pair(v):
     return [int(v[0]), int(v[-1])]
 
 
-@lowers(torch.ops.aten.conv2d.default)
+def explicit_padding(padding: str, kernel_hw, dilation) -> list[int]:
+    """``padding="valid"|"same"`` as explicit symmetric padding (PyTorch allows "same" at stride 1
+    only). "same" with an even ``dilation * (k - 1)`` pads both sides equally; an odd total pads one
+    side more, which CMSIS-NN's symmetric padding cannot express: refused."""
+    if padding == "valid":
+        return [0, 0]
+    if padding != "same":
+        raise LoweringError(f"padding {padding!r} is not supported")
+    pads = []
+    for k, d in zip(kernel_hw, dilation):
+        total = d * (k - 1)
+        if total % 2:
+            raise LoweringError(f"padding='same' with kernel {list(kernel_hw)} and dilation {list(dilation)} pads "
+                                "one side more than the other; give explicit padding or an odd kernel")
+        pads.append(total // 2)
+    return pads
+
+
+@lowers(torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding)
 def lower_conv2d(m: Match):
     """``aten.conv2d``: groups 1 -> ``quantized_conv2d``; groups == C_in -> depthwise; other groups ->
-    ``quantized_grouped_conv2d``."""
+    ``quantized_grouped_conv2d``.  String padding (the ``conv2d.padding`` overload) becomes explicit."""
     a = _conv_args(m.node)
     if isinstance(a["padding"], str):
-        raise LoweringError(f"string padding {a['padding']!r} is not supported; give explicit padding")
+        kernel_hw = tuple(m.node.args[1].meta["val"].shape[2:]) if "val" in m.node.args[1].meta else None
+        if kernel_hw is None:
+            kernel_hw = tuple(m.quantized_constant(a["weight"])[0].shape[2:])
+        a["padding"] = explicit_padding(a["padding"], kernel_hw, _pair(a["dilation"]))
     weight, w_scales = _conv_weight(m, a)
     c_in = m.node.args[0].meta["val"].shape[1]
     return _lower_conv(m, m.inputs[0].node, weight, w_scales, a, c_in, _pair(a["stride"]), _pair(a["padding"]),
