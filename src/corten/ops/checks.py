@@ -101,3 +101,19 @@ def out_size(op: str, size: int, k: int, stride: int, pad: int, dilation: int, a
     if o < 1:
         fail(op, arg, f"spatial size {size} too small for kernel {k} (dilation {dilation}, padding {pad})")
     return o
+
+
+def rescaled_binary(op: str, *params: int) -> None:
+    """The 12 scalar parameters of the add-style ops, in schema order (``arm_elementwise_add_s8``
+    convention: input1/2 offset, multiplier, shift; left shift; output offset, multiplier, shift;
+    activation min, max)."""
+    (in1_off, in1_mult, in1_shift, in2_off, in2_mult, in2_shift, left_shift, out_off, out_mult, out_shift,
+     act_min, act_max) = params
+    input_offset(op, "input1_offset", in1_off)
+    input_offset(op, "input2_offset", in2_off)
+    output_offset(op, "output_offset", out_off)
+    for name, m, s in (("input1", in1_mult, in1_shift), ("input2", in2_mult, in2_shift), ("output", out_mult, out_shift)):
+        scalar_multiplier(op, f"{name}_multiplier", m)
+        scalar_shift(op, f"{name}_shift", s)
+    in_range(op, "left_shift", left_shift, 0, 22)  # (255 << 22) still fits in int32
+    activation(op, act_min, act_max)

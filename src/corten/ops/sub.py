@@ -40,15 +40,9 @@ def _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input
     checks.dtype(op, "input1", input1, torch.int8)
     checks.dtype(op, "input2", input2, torch.int8)
     shape = broadcast_shape(op, input1, input2)
-    checks.input_offset(op, "input1_offset", input1_offset)
-    checks.input_offset(op, "input2_offset", input2_offset)
-    checks.output_offset(op, "output_offset", output_offset)
-    for name, m, s in (("input1", input1_multiplier, input1_shift), ("input2", input2_multiplier, input2_shift),
-                       ("output", output_multiplier, output_shift)):
-        checks.scalar_multiplier(op, f"{name}_multiplier", m)
-        checks.scalar_shift(op, f"{name}_shift", s)
-    checks.in_range(op, "left_shift", left_shift, 0, 22)  # (255 << 22) still fits in int32
-    checks.activation(op, activation_min, activation_max)
+    checks.rescaled_binary(op, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                           input2_shift, left_shift, output_offset, output_multiplier, output_shift,
+                           activation_min, activation_max)
     return shape
 
 
