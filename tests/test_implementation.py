@@ -77,6 +77,14 @@ def test_cli_run_reports_byte_equality(tmp_path, capsys):
     assert cli_main(["run", str(out), "--on", "host"]) == 0
     text = capsys.readouterr().out
     assert "byte-for-byte equal to the Python reference: YES" in text
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.random.RandomState(0).randn(1, 3, 96, 96).astype("float32"))
+    assert cli_main(["run", str(out), "--on", "host", "--input", str(tmp_path / "x.npy")]) == 0
+    assert "byte-for-byte equal to the Python reference: YES" in capsys.readouterr().out
+    np.save(tmp_path / "bad.npy", np.zeros((1, 3, 8, 8), "float32"))
+    assert cli_main(["run", str(out), "--input", str(tmp_path / "bad.npy")]) == 2
+    assert "(1, 3, 8, 8) != the program's input (1, 3, 96, 96)" in capsys.readouterr().err
 
 
 def test_budget_refusal(tmp_path, capsys):
