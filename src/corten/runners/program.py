@@ -63,7 +63,9 @@ class ProgramRunner:
 
     def __init__(self, program) -> None:
         self.program = program
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"corten-{program.name}-"))
+        # Removed when the runner (the program) goes away or the process exits.
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"corten-{program.name}-")
+        self.workdir = Path(self._tmp.name)
         self._emitted: dict[tuple[str, str], object] = {}
 
     def library(self, kernels: str, target) -> object:
