@@ -178,16 +178,22 @@ def live_bytes_per_step(prog: ProgramTensors, scratch: list[int]) -> list[int]:
 
 
 def in_place_merges(prog: ProgramTensors) -> dict[str, str]:
-    """``{add root: input root}`` for each ``quantized_add`` that can write over an input which
-    dies at the add (same size, in the arena, written by an earlier step)."""
+    """``{output root: input root}`` for each op whose family declares (hook ``"in_place_inputs"``)
+    that its kernel may write over an input, where that input dies at the op (same size, in the
+    arena, written by an earlier step): quantized_add, quantized_lut."""
+    from corten.ops.registry import all_op_names, hook_for
+
+    corten_ops = set(all_op_names())
     merges: dict[str, str] = {}
     for s, (node, op_name) in enumerate(zip(prog.steps, prog.op_names)):
-        if op_name != "quantized_add":
+        hook = hook_for(op_name, "in_place_inputs") if op_name in corten_ops else None
+        if hook is None:
             continue
         out = prog.classes[prog.class_of[node.name]]
         if out.region != "arena":
             continue
-        for arg in node.args[:2]:
+        for i in hook(node):
+            arg = node.args[i]
             cls = prog.classes[prog.class_of[arg.name]]
             if cls.region == "arena" and cls.last == s and cls.first < s and cls.nbytes == out.nbytes:
                 merges[out.root] = cls.root

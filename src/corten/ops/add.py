@@ -139,3 +139,9 @@ def _emit_add_c(ctx) -> str:
             v["input2_multiplier"], v["input2_shift"], v["left_shift"], out, v["output_offset"],
             v["output_multiplier"], v["output_shift"], v["activation_min"], v["activation_max"], str(size)]
     return ctx.call("arm_elementwise_add_s8(" + ", ".join(args) + ")")
+
+
+@family.provides("in_place_inputs", "quantized_add")
+def _quantized_add_in_place_inputs(node) -> tuple[int, ...]:
+    """Inputs the kernel may overwrite with its output (elementwise: each output byte is written after its inputs are read)."""
+    return (0, 1)

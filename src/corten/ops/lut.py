@@ -213,3 +213,9 @@ def _emit_lut_c(ctx) -> str:
         size *= int(d)
     table = ctx.const("table", torch.int8)
     return ctx.call(f"corten_lut_s8({ctx.input('input')}, {table}, {ctx.out()}, {size})")
+
+
+@family.provides("in_place_inputs", "quantized_lut")
+def _quantized_lut_in_place_inputs(node) -> tuple[int, ...]:
+    """Inputs the kernel may overwrite with its output (a table lookup per byte: output may be the input buffer)."""
+    return (0,)
