@@ -19,6 +19,31 @@ static int corten_pool_args_ok(const corten_pool_params *p, const corten_dims *i
            p->pad_w >= 0 && in_dims->n == out_dims->n && in_dims->c == out_dims->c;
 }
 
+/* The taps of the window at output (oy, ox) that fall inside the input: rows iy0 + [ky_begin, ky_end),
+ * columns ix0 + [kx_begin, kx_end).  Shared by both pools, which exclude padding the same way. */
+typedef struct {
+    int32_t iy0, ix0, ky_begin, ky_end, kx_begin, kx_end;
+} corten_pool_window;
+
+static corten_pool_window corten_pool_window_at(const corten_pool_params *p, const corten_dims *in_dims,
+                                                int32_t oy, int32_t ox)
+{
+    corten_pool_window win;
+    win.iy0 = oy * p->stride_h - p->pad_h;
+    win.ix0 = ox * p->stride_w - p->pad_w;
+    win.ky_begin = corten_first_valid_tap(win.iy0, 1);
+    win.ky_end = corten_end_valid_tap(win.iy0, 1, p->kernel_h, in_dims->h);
+    win.kx_begin = corten_first_valid_tap(win.ix0, 1);
+    win.kx_end = corten_end_valid_tap(win.ix0, 1, p->kernel_w, in_dims->w);
+    return win;
+}
+
+static int8_t corten_pool_clamp(int32_t v, const corten_pool_params *p)
+{
+    v = v < p->activation_min ? p->activation_min : v;
+    return (int8_t)(v > p->activation_max ? p->activation_max : v);
+}
+
 int corten_avg_pool2d_s8(const corten_pool_params *params, const corten_dims *input_dims, const int8_t *input,
                          const corten_dims *output_dims, int8_t *output)
 {
@@ -30,14 +55,9 @@ int corten_avg_pool2d_s8(const corten_pool_params *params, const corten_dims *in
         const int32_t ch = input_dims->c;
         const int8_t *in_batch = input + (size_t)b * input_dims->h * input_dims->w * ch;
         for (oy = 0; oy < output_dims->h; oy++) {
-            const int32_t iy0 = oy * params->stride_h - params->pad_h;
-            const int32_t ky_begin = corten_first_valid_tap(iy0, 1);
-            const int32_t ky_end = corten_end_valid_tap(iy0, 1, params->kernel_h, input_dims->h);
             for (ox = 0; ox < output_dims->w; ox++) {
-                const int32_t ix0 = ox * params->stride_w - params->pad_w;
-                const int32_t kx_begin = corten_first_valid_tap(ix0, 1);
-                const int32_t kx_end = corten_end_valid_tap(ix0, 1, params->kernel_w, input_dims->w);
-                const int32_t count = (ky_end - ky_begin) * (kx_end - kx_begin);
+                const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);
+                const int32_t count = (win.ky_end - win.ky_begin) * (win.kx_end - win.kx_begin);
                 int8_t *out_px = output + (((size_t)b * output_dims->h + oy) * output_dims->w + ox) * ch;
                 int32_t c0;
                 if (count <= 0) {
@@ -50,19 +70,18 @@ int corten_avg_pool2d_s8(const corten_pool_params *params, const corten_dims *in
                     for (j = 0; j < CORTEN_BLOCK; j++) {
                         sum[j] = 0;
                     }
-                    for (ky = ky_begin; ky < ky_end; ky++) {
-                        for (kx = kx_begin; kx < kx_end; kx++) {
-                            const int8_t *x = in_batch + ((size_t)(iy0 + ky) * input_dims->w + (ix0 + kx)) * ch + c0;
+                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
+                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
+                            const int8_t *x =
+                                in_batch + ((size_t)(win.iy0 + ky) * input_dims->w + (win.ix0 + kx)) * ch + c0;
                             for (j = 0; j < n; j++) {
                                 sum[j] += x[j];
                             }
                         }
                     }
                     for (j = 0; j < n; j++) {
-                        int32_t avg = (sum[j] > 0 ? sum[j] + count / 2 : sum[j] - count / 2) / count;
-                        avg = avg < params->activation_min ? params->activation_min : avg;
-                        avg = avg > params->activation_max ? params->activation_max : avg;
-                        out_px[c0 + j] = (int8_t)avg;
+                        const int32_t avg = (sum[j] > 0 ? sum[j] + count / 2 : sum[j] - count / 2) / count;
+                        out_px[c0 + j] = corten_pool_clamp(avg, params);
                     }
                 }
             }
@@ -82,30 +101,24 @@ int corten_max_pool2d_s8(const corten_pool_params *params, const corten_dims *in
         const int32_t ch = input_dims->c;
         const int8_t *in_batch = input + (size_t)b * input_dims->h * input_dims->w * ch;
         for (oy = 0; oy < output_dims->h; oy++) {
-            const int32_t iy0 = oy * params->stride_h - params->pad_h;
-            const int32_t ky_begin = corten_first_valid_tap(iy0, 1);
-            const int32_t ky_end = corten_end_valid_tap(iy0, 1, params->kernel_h, input_dims->h);
             for (ox = 0; ox < output_dims->w; ox++) {
-                const int32_t ix0 = ox * params->stride_w - params->pad_w;
-                const int32_t kx_begin = corten_first_valid_tap(ix0, 1);
-                const int32_t kx_end = corten_end_valid_tap(ix0, 1, params->kernel_w, input_dims->w);
+                const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);
                 int8_t *out_px = output + (((size_t)b * output_dims->h + oy) * output_dims->w + ox) * ch;
                 int32_t c;
-                if (ky_end <= ky_begin || kx_end <= kx_begin) {
+                if (win.ky_end <= win.ky_begin || win.kx_end <= win.kx_begin) {
                     return CORTEN_ERROR_ARGUMENT;
                 }
                 for (c = 0; c < ch; c++) {
                     int32_t best = -128;
                     int32_t ky, kx;
-                    for (ky = ky_begin; ky < ky_end; ky++) {
-                        for (kx = kx_begin; kx < kx_end; kx++) {
-                            const int32_t v = in_batch[((size_t)(iy0 + ky) * input_dims->w + (ix0 + kx)) * ch + c];
+                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
+                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
+                            const int32_t v =
+                                in_batch[((size_t)(win.iy0 + ky) * input_dims->w + (win.ix0 + kx)) * ch + c];
                             best = v > best ? v : best;
                         }
                     }
-                    best = best < params->activation_min ? params->activation_min : best;
-                    best = best > params->activation_max ? params->activation_max : best;
-                    out_px[c] = (int8_t)best;
+                    out_px[c] = corten_pool_clamp(best, params);
                 }
             }
         }
