@@ -3,8 +3,9 @@
 Every function here mirrors one C function of CMSIS-NN's ``arm_nnsupportfunctions.h`` bit for bit,
 including two's-complement wrap-around where the C code wraps.  The vectorised forms take and
 return ``torch.int64`` tensors that hold int32 values; the scalar forms take Python ints.  No
-float arithmetic is used on the integer path: the only float function is
-:func:`quantize_multiplier`, which runs ahead of time in the compiler.
+float arithmetic is used on the integer path: the float functions are
+:func:`quantize_multiplier` and the float -> integer rounding :func:`round_half_away` /
+:func:`round_half_away_t` (the edge quantize op, and the compiler ahead of time).
 
 Conventions (as in CMSIS-NN):
 
@@ -33,6 +34,25 @@ SHIFT_MAX = 30
 def wrap_int32(x: int) -> int:
     """Two's-complement wrap of a Python int to int32 (what a C cast or overflowing shift does)."""
     return ((x + 2**31) & 0xFFFFFFFF) - 2**31
+
+
+def round_half_away(x: float) -> int:
+    """Round half away from zero (C's ``round``, TFLite's ``TfLiteRound``), exactly:
+    ``floor(|x| + 0.5)`` would round 0.49999999999999994 up to 1."""
+    a = abs(x)
+    r = math.floor(a)
+    if a - r >= 0.5:  # exact: a - floor(a) is representable
+        r += 1
+    return int(math.copysign(r, x))
+
+
+def round_half_away_t(v: torch.Tensor) -> torch.Tensor:
+    """:func:`round_half_away` on a float tensor, computed in float64 (exact for float32 and
+    float64 inputs); returns float64 integral values."""
+    v = v.to(torch.float64)
+    a = v.abs()
+    whole = torch.floor(a)
+    return torch.sign(v) * (whole + (a - whole >= 0.5).to(torch.float64))
 
 
 def quantize_multiplier(scale: float) -> tuple[int, int]:

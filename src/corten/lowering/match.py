@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx import GraphModule, Node
 
+from corten.fixed_point import round_half_away_t
 from corten.lowering.qparams import QParams, activation_range
 from corten.ops.registry import op as corten_op
 
@@ -168,8 +169,7 @@ class Match:
         if isinstance(bias_arg, Node) and bias_arg.op == "get_attr":
             b = self.constant(bias_arg).to(torch.float64)
             q = b / (float(input_scale) * weight_scales.to(torch.float64))
-            a = q.abs()
-            q = torch.sign(q) * (torch.floor(a) + (a - torch.floor(a) >= 0.5).to(a.dtype))  # exact half-away
+            q = round_half_away_t(q)
             return q.clamp(-(2**31) + 1, 2**31 - 1).to(torch.int32)
         return self.quantized_constant(bias_arg)[0].to(torch.int32)
 

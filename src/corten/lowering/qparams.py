@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from corten.fixed_point import quantize_multiplier
+from corten.fixed_point import quantize_multiplier, round_half_away
 
 INT8_MIN, INT8_MAX = -128, 127
 ADD_LEFT_SHIFT = 20  # TFLite's left shift for int8 add: 255 << 20 still fits in int32
@@ -23,15 +23,6 @@ class QParams:
     def offset(self) -> int:
         """CMSIS-NN's input offset: the negated zero point."""
         return -self.zero_point
-
-
-def round_half_away(x: float) -> int:
-    """Round half away from zero, exactly (``floor(|x| + 0.5)`` would round 0.49999999999999994 up)."""
-    a = abs(x)
-    r = math.floor(a)
-    if a - r >= 0.5:  # exact: a - floor(a) is representable
-        r += 1
-    return int(math.copysign(r, x))
 
 
 def quantize_value(x: float, q: QParams) -> int:

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 
+from corten.fixed_point import round_half_away_t as round_half_away  # exact ties-away rounding
 from corten.ops import checks
 from corten.ops.registry import OpFamily, register_family
 
@@ -68,15 +69,6 @@ family = register_family(OpFamily(FAMILY, ("quantized_lut",), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- table construction
-def round_half_away(v: torch.Tensor) -> torch.Tensor:
-    """Round float64 values to integers, ties away from zero (C's ``round``), exactly: the
-    fraction ``|v| - floor(|v|)`` is exact in float64, where ``floor(|v| + 0.5)`` is not (it
-    rounds 0.49999999999999994 up to 1)."""
-    a = v.abs()
-    whole = torch.floor(a)
-    return torch.sign(v) * (whole + (a - whole >= 0.5).to(v.dtype))
-
-
 def input_values(scale: float, zero_point: int) -> torch.Tensor:
     """The 256 real values ``scale * (q - zero_point)`` of q = -128..127, in float64."""
     q = torch.arange(-INPUT_BIAS, TABLE_SIZE - INPUT_BIAS, dtype=torch.float64)

@@ -1,7 +1,7 @@
 """Edge ops: float <-> int8 at the program's inputs and outputs.
 
 Rounding (checked against TFLite's ``AffineQuantize``, which CMSIS-NN based runtimes use):
-``q = clamp(round_half_away_from_zero(x / scale) + zero_point, -128, 127)`` with the division done
+``q = clamp(round_half_away(x / scale) + zero_point, -128, 127)`` with the division done
 in float32, as TFLite does.  (PyTorch's ``quantize_per_tensor`` multiplies by ``1/scale`` and
 rounds half to even; the two differ only on exact ties and by one ulp of the quotient.)
 Dequantize is ``(q - zero_point) * scale`` in float32.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from corten.fixed_point import round_half_away_t
 from corten.ops import checks
 from corten.ops.registry import OpFamily, register_family
 
@@ -23,16 +24,10 @@ def _check(op: str, x: torch.Tensor, scale: float, zero_point: int, want: torch.
     checks.in_range(op, "zero_point", zero_point, -128, 127)
 
 
-def round_half_away_from_zero(v: torch.Tensor) -> torch.Tensor:
-    """std::round on float32 values, exactly (the +0.5 is done in float64, where it cannot round)."""
-    v64 = v.to(torch.float64)
-    return torch.sign(v64) * torch.floor(v64.abs() + 0.5)
-
-
 @torch.library.custom_op("corten::quantize_per_tensor", mutates_args=())
 def quantize_per_tensor(input: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
     _check("quantize_per_tensor", input, scale, zero_point, torch.float32)
-    q = round_half_away_from_zero(input / torch.tensor(scale, dtype=torch.float32)) + zero_point
+    q = round_half_away_t(input / torch.tensor(scale, dtype=torch.float32)) + zero_point
     return q.clamp(-128, 127).to(torch.int8)
 
 
