@@ -114,7 +114,7 @@ def test_cmsis_nn_flavour_runs_the_portable_kernel(tester, tmp_path):
     """The "cmsis-nn" library calls corten_lut_s8 and ships lut.c with the Corten headers."""
     lib = tester.program.emit_c(tmp_path, kernels="cmsis-nn")
     source = lib.source.read_text()
-    assert source.count("corten_lut_s8(") == 2 and '#include "corten_kernels.h"' in source
+    assert source.count("corten_lut_s8(") == 2 and '#include "corten_kernels/corten_kernels.h"' in source
     assert "arm_convolve_wrapper_s8" in source or "arm_convolve" in source
     names = {p.name for p in lib.kernel_files}
     assert {"lut.c", "corten_kernels.h", "corten_fixed_point.h"} <= names

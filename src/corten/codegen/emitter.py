@@ -1,17 +1,24 @@
-"""``emit_c``: a lowered int8 program + its memory plan -> a self-contained C library.
+"""``emit_c``: a lowered int8 program + its memory plan -> a C library that links beside others.
 
 The generator walks the graph in order and asks each node's op family for its C statements
 (``corten.ops.hook_for(op_name, "emit_c")``, see :mod:`corten.codegen.context`).  Reshapes are
 handled here: nothing when they alias their input's bytes, an NHWC <-> NCHW copy otherwise.
 
-Written files (``<name>`` is the library name)::
+Written files (``<name>`` is the library name; every model symbol starts with ``<name>_``)::
 
-    <name>.h            public API, sizes, shapes, quantization, program hash, error codes
+    <name>.h            public API, sizes, shapes, quantization, program hash, status codes
     <name>.c            <name>_run: the fixed sequence of kernel calls
     <name>_constants.h  declarations of the constant arrays (internal)
     <name>_constants.c  weights, biases, multipliers, shifts, kernel sums (aligned const arrays)
-    corten_*.h, <family>.c   the portable kernels the model uses (only those)
-    CMakeLists.txt, Makefile  static library lib<name>.a for the host or a Cortex-M target
+    <name>.mk, <name>.cmake   the model's sources for the directory's Makefile / CMakeLists.txt
+    Makefile, CMakeLists.txt  build lib<name>.a for every model emitted into the directory, and
+                        libcorten_kernels.a once (host or a Cortex-M target)
+    corten_kernels/     Corten's portable kernels (all of them, identical for every model emitted
+                        by this Corten: any number of models share one copy; symbols corten_*)
+
+Several models emitted into one directory share ``corten_kernels/`` and one Makefile/CMake build;
+models emitted elsewhere link against any one copy of it: each ``<name>.c`` checks at compile time
+that the kernels it includes are the ones it was generated for (``CORTEN_KERNELS_VERSION``).
 """
 from __future__ import annotations
 
@@ -29,6 +36,8 @@ from corten.ops.registry import family_of, hook_for, op_name_of
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 KERNEL_HEADERS = ("corten_fixed_point.h", "corten_internal.h", "corten_kernels.h")
+KERNELS_SUBDIR = "corten_kernels"  # the shared kernel library's directory inside out_dir
+KERNELS_VERSION_HEADER = "corten_kernels_version.h"
 RESHAPE = torch.ops.aten.reshape.default
 QUANTIZE, DEQUANTIZE = "quantize_per_tensor", "dequantize_per_tensor"
 CONST_ALIGN = 16
@@ -79,9 +88,24 @@ class EmittedLibrary:
     program_hash: str
 
     @property
+    def model_sources(self) -> list[Path]:
+        """The model's own C files (every symbol prefixed ``<name>_``)."""
+        return [self.source, self.constants]
+
+    @property
+    def kernel_sources(self) -> list[Path]:
+        """The shared portable kernels this model calls (in ``corten_kernels/``)."""
+        return [p for p in self.kernel_files if p.suffix == ".c"]
+
+    @property
+    def kernels_dir(self) -> Path:
+        return self.out_dir / KERNELS_SUBDIR
+
+    @property
     def sources(self) -> list[Path]:
-        """The C files to compile (the CMSIS-NN sources are not included for kernels="cmsis-nn")."""
-        return [self.source, self.constants] + [p for p in self.kernel_files if p.suffix == ".c"]
+        """The C files to compile for this model alone (the CMSIS-NN sources are not included for
+        kernels="cmsis-nn"); link several models with each one's model_sources + one kernel set."""
+        return self.model_sources + self.kernel_sources
 
     @property
     def include_dirs(self) -> list[Path]:
@@ -441,7 +465,11 @@ def _source(g: _Generator, statements: list[str], arena_bytes: int) -> str:
     if g.kernels == "cmsis-nn":
         includes.append('#include "arm_nnfunctions.h"')
     if g.kernels == "portable" or g.uses_layout or g.portable_families:
-        includes.append('#include "corten_kernels.h"')
+        includes.append(f'#include "{KERNELS_SUBDIR}/corten_kernels.h"')
+        includes.append(f'#include "{KERNELS_SUBDIR}/{KERNELS_VERSION_HEADER}"\n'
+                        f"#if CORTEN_KERNELS_VERSION != 0x{kernels_version()}UL\n"
+                        f'#error "{KERNELS_SUBDIR}/ comes from another Corten version than {g.name}.c: emit the '
+                        'models with one Corten version and link one copy of its kernels"\n#endif')
     body = "\n\n".join(statements)
     body = "\n".join(("    " + line) if line else line for line in body.split("\n"))
     if arena_bytes > 0:
@@ -496,9 +524,9 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         raise CodegenError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
     if c_identifier(name) != name:
         raise CodegenError(f"library name {name!r} is not a C identifier; use e.g. {c_identifier(name)!r}")
-    reserved = {p.stem for p in KERNELS_DIR.iterdir() if p.suffix in (".c", ".h")}
-    if name in reserved:
-        raise CodegenError(f"library name {name!r} clashes with the kernel file {name}.c/.h; choose another name")
+    if name.lower().startswith("corten"):
+        raise CodegenError(f"library name {name!r} starts with 'corten', the prefix of the shared kernel library's "
+                           "symbols and files (corten_kernels/); choose another name")
     if isinstance(target, str):
         target = get_target(target)
     out_dir = Path(out_dir)
@@ -550,20 +578,49 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     if g.uses_layout:
         kernel_names.append("layout.c")
     for kname in kernel_names:
-        src = KERNELS_DIR / kname
-        if not src.exists():
+        if not (KERNELS_DIR / kname).exists():
             raise CodegenError(f"no portable kernel file {kname} in {KERNELS_DIR} (op family without C kernels)")
-        files[kname] = src.read_text()
-    c_sources = [f for f in files if f.endswith(".c")]
-    files["Makefile"] = build_files.makefile(name, c_sources, kernels, target)
-    files["CMakeLists.txt"] = build_files.cmakelists(name, c_sources, kernels, target)
+    model_sources = [f"{name}.c", f"{name}_constants.c"]
+    files[f"{name}.mk"] = build_files.model_makefile(name, model_sources, kernels, target)
+    files[f"{name}.cmake"] = build_files.model_cmake(name, model_sources, kernels, target)
+    files["Makefile"] = build_files.makefile()
+    files["CMakeLists.txt"] = build_files.cmakelists()
+    for rel, text in kernel_library_files().items():
+        files[f"{KERNELS_SUBDIR}/{rel}"] = text
     for fname, text in files.items():
         path = out_dir / fname
+        path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
 
+    kdir = out_dir / KERNELS_SUBDIR
     return EmittedLibrary(
         name=name, out_dir=out_dir, header=out_dir / f"{name}.h", source=out_dir / f"{name}.c",
         constants=out_dir / f"{name}_constants.c", constants_header=out_dir / f"{name}_constants.h",
-        kernel_files=tuple(out_dir / k for k in kernel_names),
-        cmake=out_dir / "CMakeLists.txt", makefile=out_dir / "Makefile", kernels=kernels, **lib)
+        kernel_files=tuple(kdir / k for k in kernel_names),
+        cmake=out_dir / f"{name}.cmake", makefile=out_dir / "Makefile", kernels=kernels, **lib)
+
+
+def kernels_version() -> str:
+    """8 hex digits identifying the portable kernels' sources (the guard each model checks)."""
+    h = hashlib.sha256()
+    for path in sorted(KERNELS_DIR.iterdir()):
+        if path.suffix in (".c", ".h"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:8]
+
+
+def kernel_library_files() -> dict[str, str]:
+    """The files of the shared ``corten_kernels/`` directory (same for every model of this Corten)."""
+    files = {p.name: p.read_text() for p in sorted(KERNELS_DIR.iterdir()) if p.suffix in (".c", ".h")}
+    version = kernels_version()
+    files[KERNELS_VERSION_HEADER] = (
+        "/* corten_kernels_version.h - identifies this copy of Corten's portable kernels (generated).\n"
+        " * Each generated model checks it at compile time, so that models emitted by different Corten\n"
+        " * versions are never linked against kernels they were not generated for. */\n"
+        "#ifndef CORTEN_KERNELS_VERSION_H\n#define CORTEN_KERNELS_VERSION_H\n\n"
+        f"#define CORTEN_KERNELS_VERSION 0x{version}UL\n\n#endif /* CORTEN_KERNELS_VERSION_H */\n")
+    sources = [n for n in files if n.endswith(".c")]
+    files["Makefile"] = build_files.kernels_makefile(sources)
+    files["CMakeLists.txt"] = build_files.kernels_cmakelists(sources)
+    return files

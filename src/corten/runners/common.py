@@ -108,7 +108,7 @@ def harness_defines(
 
 
 def complete_defines(
-    defines: Mapping[str, str], input_size: int, output_size: int
+    defines: Mapping[str, str], input_size: int, output_size: int, custom_main: bool = False
 ) -> dict[str, str]:
     """Check the caller's defines and fill in the I/O sizes the runner knows.
 
@@ -116,6 +116,8 @@ def complete_defines(
     agree with them when given; the model header is quoted if it was passed bare.
     """
     out = {str(k): str(v) for k, v in defines.items()}
+    if custom_main:  # the caller's own main(): it defines what it needs
+        return out
     missing = [name for name in REQUIRED_DEFINES if name not in out]
     if missing:
         raise ValueError(

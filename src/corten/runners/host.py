@@ -39,6 +39,7 @@ def host_build_command(
     binary: Path,
     cflags: Sequence[str] = ("-O2",),
     cc: str = HOST_CC,
+    main: Path | None = None,
 ) -> list[str]:
     """The gcc command line that builds the host harness executable."""
     compile_units, link_inputs = split_sources(sources)
@@ -49,7 +50,7 @@ def host_build_command(
         *include_flags([*include_dirs, HARNESS_DIR]),
         *define_flags(defines),
         *compile_units,
-        str(HARNESS_MAIN),
+        str(main or HARNESS_MAIN),
         str(HOST_TIMER),
         *link_inputs,
         "-o",
@@ -69,6 +70,7 @@ def run_on_host(
     timeout_s: float = 600.0,
     check: bool = True,
     progress: Progress | None = print_progress,
+    main: Path | None = None,
 ) -> CRunResult:
     """Compile sources + the harness with the host gcc (-std=c99 -Wall -Wextra -Werror) and run it.
 
@@ -78,12 +80,12 @@ def run_on_host(
     """
     where = "host"
     workdir = prepare_workdir(Path(workdir), input_bytes)
-    full_defines = complete_defines(defines, len(input_bytes), output_size)
+    full_defines = complete_defines(defines, len(input_bytes), output_size, custom_main=main is not None)
     binary = workdir / HOST_BINARY
     if progress:
         progress(f"building host harness in {workdir}")
     build_log = compile_and_link(
-        host_build_command(sources, include_dirs, full_defines, binary, cflags), where
+        host_build_command(sources, include_dirs, full_defines, binary, cflags, main=main), where
     )
     if progress:
         progress(f"running host harness {binary}")

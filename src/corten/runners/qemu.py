@@ -180,6 +180,7 @@ def arm_build_command(
     board: Board,
     elf: Path,
     cflags: Sequence[str] = ("-O2",),
+    main: Path | None = None,
 ) -> list[str]:
     """The arm-none-eabi-gcc command line that builds the board harness ELF."""
     target = get_target(board.target)
@@ -198,7 +199,7 @@ def arm_build_command(
         *include_flags([*include_dirs, HARNESS_DIR]),
         *define_flags(defines),
         *compile_units,
-        str(HARNESS_MAIN),
+        str(main or HARNESS_MAIN),
         *(str(s) for s in BOARD_SOURCES),
         *link_inputs,
         f"-L{BOARDS_DIR}",
@@ -255,6 +256,7 @@ def run_on_qemu(
     *,
     check: bool = True,
     progress: Progress | None = print_progress,
+    main: Path | None = None,
 ) -> CRunResult:
     """Build sources + harness for ``target`` and run one inference on its QEMU board.
 
@@ -267,13 +269,13 @@ def run_on_qemu(
     board = board_for(target)
     where = board.describe()
     workdir = prepare_workdir(Path(workdir), input_bytes)
-    full_defines = complete_defines(defines, len(input_bytes), output_size)
+    full_defines = complete_defines(defines, len(input_bytes), output_size, custom_main=main is not None)
     elf = workdir / ELF_NAME
     if progress:
         progress(f"building {where} in {workdir}")
     try:
         build_log = compile_and_link(
-            arm_build_command(sources, include_dirs, full_defines, board, elf, cflags), where
+            arm_build_command(sources, include_dirs, full_defines, board, elf, cflags, main=main), where
         )
     except CBuildError as exc:
         if "overflowed" in str(exc) or "will not fit" in str(exc) or "RAM overflow" in str(exc):

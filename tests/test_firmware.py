@@ -1,0 +1,179 @@
+"""The firmware engineer's view of the generated C: several models in one program, the build files."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import corten
+from corten.runners import run_on_host, run_on_qemu
+from corten.runners.program import c_bytes_to_tensor, tensor_to_c_bytes
+
+ARM_GCC = shutil.which("arm-none-eabi-gcc")
+QEMU = shutil.which("qemu-system-arm")
+needs_qemu = pytest.mark.skipif(ARM_GCC is None or QEMU is None, reason="needs arm-none-eabi-gcc and qemu-system-arm")
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        y = torch.relu(self.dw(y)) + y
+        return self.fc(nn.functional.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(20, 16)
+        self.fc2 = nn.Linear(16, 6)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+MULTI_MAIN = r"""
+/* Two generated models in one program: runs head then mlp, input.bin holds both inputs, output.bin
+ * receives both outputs (each model's bytes one after the other). */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "head.h"
+#include "mlp.h"
+
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+static int8_t in_head[HEAD_INPUT_BYTES];
+static int8_t in_mlp[MLP_INPUT_BYTES];
+static int8_t out_head[HEAD_OUTPUT_BYTES];
+static int8_t out_mlp[MLP_OUTPUT_BYTES];
+/* One arena serves both models: they run one after the other. */
+static uint8_t arena[MAX(HEAD_ARENA_BYTES, MLP_ARENA_BYTES)] __attribute__((aligned(16)));
+
+int main(void)
+{
+    FILE *f = fopen("input.bin", "rb");
+    int s1;
+    int s2;
+    if (f == NULL || fread(in_head, 1, sizeof in_head, f) != sizeof in_head ||
+        fread(in_mlp, 1, sizeof in_mlp, f) != sizeof in_mlp) {
+        printf("CORTEN_ERROR input\n");
+        return 2;
+    }
+    fclose(f);
+    s1 = head_run(in_head, out_head, arena);
+    s2 = mlp_run(in_mlp, out_mlp, arena);
+    f = fopen("output.bin", "wb");
+    if (f == NULL || fwrite(out_head, 1, sizeof out_head, f) != sizeof out_head ||
+        fwrite(out_mlp, 1, sizeof out_mlp, f) != sizeof out_mlp || fclose(f) != 0) {
+        printf("CORTEN_ERROR output\n");
+        return 2;
+    }
+    printf("CORTEN_RESULT status=%d elapsed=0 unit=ns\n", s1 != 0 ? s1 : s2);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def two_models():
+    torch.manual_seed(0)
+    x, v = torch.randn(1, 3, 8, 8), torch.randn(1, 20)
+    head = corten.compile(Head().eval(), (x,), name="head", target="cortex-m4")
+    mlp = corten.compile(Mlp().eval(), (v,), name="mlp", target="cortex-m4")
+    return (head, x), (mlp, v)
+
+
+def _emit_both(two_models, out: Path):
+    (head, x), (mlp, v) = two_models
+    libs = [head.emit_c(out), mlp.emit_c(out)]
+    data = tensor_to_c_bytes(head.quantize_inputs(x)[0]) + tensor_to_c_bytes(mlp.quantize_inputs(v)[0])
+    want = [head.run_int8(x)[0], mlp.run_int8(v)[0]]
+    return libs, data, want
+
+
+def _sources(libs) -> list[Path]:
+    """Each model's own sources plus one copy of the shared kernels (the union of what they call)."""
+    kernels = sorted({k.name: k for lib in libs for k in lib.kernel_sources}.values())
+    return [s for lib in libs for s in lib.model_sources] + kernels
+
+
+def _check(libs, res, want):
+    off = 0
+    for lib, w in zip(libs, want):
+        got = c_bytes_to_tensor(res.output[off:off + lib.output_bytes], lib.output_shape)
+        assert torch.equal(got, w), lib.name
+        off += lib.output_bytes
+
+
+def test_kernels_directory_is_shared_and_symbols_are_prefixed(two_models, tmp_path):
+    libs, _, _ = _emit_both(two_models, tmp_path)
+    kdir = tmp_path / "corten_kernels"
+    assert all(lib.kernels_dir == kdir for lib in libs)
+    # the kernel directory is identical whatever model wrote it
+    other = tmp_path / "other"
+    two_models[1][0].emit_c(other)
+    for p in kdir.iterdir():
+        assert (other / "corten_kernels" / p.name).read_bytes() == p.read_bytes(), p.name
+    # every external symbol of a model's objects is <name>_* (the kernels are corten_*)
+    for lib in libs:
+        for src in lib.model_sources:
+            obj = tmp_path / f"{src.stem}.o"
+            subprocess.run(["gcc", "-std=c99", "-c", str(src), "-o", str(obj)], check=True)
+            nm = subprocess.run(["nm", "-g", "--defined-only", str(obj)], capture_output=True, text=True, check=True)
+            names = [line.split()[-1] for line in nm.stdout.splitlines() if line.strip()]
+            assert names and all(n.startswith(f"{lib.name}_") for n in names), names
+
+
+def test_two_models_link_into_one_host_program(two_models, tmp_path):
+    libs, data, want = _emit_both(two_models, tmp_path / "fw")
+    main = tmp_path / "multi_main.c"
+    main.write_text(MULTI_MAIN)
+    out_bytes = sum(lib.output_bytes for lib in libs)
+    res = run_on_host(_sources(libs), [tmp_path / "fw"], {}, data, out_bytes, tmp_path / "run", main=main,
+                      progress=None)
+    _check(libs, res, want)
+
+
+def test_makefile_builds_every_model_and_the_kernels_once(two_models, tmp_path):
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    libs, data, want = _emit_both(two_models, tmp_path / "fw")
+    res = subprocess.run(["make", "-s", "-j2", "CFLAGS=-std=c99 -O1 -Wall -Wextra -Werror"], cwd=tmp_path / "fw",
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    build = tmp_path / "fw" / "build"
+    archives = [build / "libhead.a", build / "libmlp.a", build / "libcorten_kernels.a"]
+    assert all(a.exists() for a in archives)
+    main = tmp_path / "multi_main.c"
+    main.write_text(MULTI_MAIN)
+    out_bytes = sum(lib.output_bytes for lib in libs)
+    run = run_on_host(archives, [tmp_path / "fw"], {}, data, out_bytes, tmp_path / "run", main=main, progress=None)
+    _check(libs, run, want)
+
+
+@needs_qemu
+def test_two_models_link_into_one_qemu_m4_program(two_models, tmp_path):
+    libs, data, want = _emit_both(two_models, tmp_path / "fw")
+    main = tmp_path / "multi_main.c"
+    main.write_text(MULTI_MAIN)
+    out_bytes = sum(lib.output_bytes for lib in libs)
+    res = run_on_qemu(_sources(libs), [tmp_path / "fw"], {}, data, out_bytes, "cortex-m4", tmp_path / "run",
+                      main=main, progress=None)
+    _check(libs, res, want)
+
+
+def test_models_from_another_corten_version_are_refused_at_compile_time(two_models, tmp_path):
+    libs, _, _ = _emit_both(two_models, tmp_path)
+    version = tmp_path / "corten_kernels" / "corten_kernels_version.h"
+    version.write_text(version.read_text().replace("#define CORTEN_KERNELS_VERSION 0x", "#define CORTEN_KERNELS_VERSION 0x1"))
+    res = subprocess.run(["gcc", "-std=c99", "-fsyntax-only", str(libs[0].source)], capture_output=True, text=True)
+    assert res.returncode != 0 and "another Corten version" in res.stderr
