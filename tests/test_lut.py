@@ -203,7 +203,7 @@ def test_input_values_are_the_dequantized_grid():
 def test_real_function_refuses_tensor_arguments():
     from torch.fx import Graph
 
-    from corten.lowering.match import LoweringError
+    from corten.errors import LoweringError
 
     g = Graph()
     x, lo = g.placeholder("x"), g.placeholder("lo")

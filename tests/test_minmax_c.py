@@ -139,8 +139,9 @@ def test_minmax_dialect(name):
 
 def test_minmax_lowering_refuses_different_grids():
     """Quantized with different qparams per input (not CortenQuantizer's sharing): refused, named."""
-    from corten.lowering.match import Int8Value, LoweringError, Match
-    from corten.lowering.qparams import QParams
+    from corten.errors import LoweringError
+    from corten.ops._rules import Int8Value, Match
+    from corten.ops._qparams import QParams
     from corten.ops.minmax import lower_minmax
 
     warnings.simplefilter("ignore")

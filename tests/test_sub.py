@@ -15,7 +15,7 @@ import torch
 import naive
 import naive_elementwise as ne
 import op_cases as oc
-from corten.lowering.qparams import add_params
+from corten.ops._qparams import add_params
 from corten.ops import CortenOpError
 
 SUB_REALISTIC_CASES = 1500

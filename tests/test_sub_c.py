@@ -16,7 +16,7 @@ from torch import nn
 
 import naive_elementwise as ne
 import op_cases as oc
-from corten.lowering.qparams import add_params
+from corten.ops._qparams import add_params
 from corten.testing import Tester
 
 OPS = torch.ops.corten

@@ -8,12 +8,14 @@ import time
 import warnings
 from pathlib import Path
 
+from corten.errors import CortenError
+
 STAGE_FILES = {"exported": "01_exported.txt", "bn_fused": "02_bn_fused.txt",
                "quantized": "03_quantized.txt", "lowered": "04_lowered.txt"}
 
 
-class CliError(Exception):
-    pass
+class CliError(CortenError, ValueError):
+    """A bad command-line argument (model spec, input file)."""
 
 
 def load_model_spec(spec: str):
@@ -61,7 +63,8 @@ def cmd_models(args) -> int:
 def cmd_compile(args) -> int:
     import torch
 
-    from corten.compiler import compile as corten_compile, default_calibration
+    from corten.compiler import compile as corten_compile
+    from corten.compiler import default_calibration
 
     model, example_inputs, default_name = load_model_spec(args.model)
     name = args.name or default_name.replace("-", "_").replace(".", "_")
@@ -169,20 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except CliError as e:
+    except (CortenError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        # Corten's own errors (and files the user named) explain themselves: message only.
+        # Anything else is a bug in Corten and keeps its traceback.
         print(f"corten: error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # user-facing errors from the pipeline carry their own explanation
-        from corten.capture import CaptureError
-        from corten.memory import BudgetError
-        from corten.program import UnsupportedOpsError
-        from corten.runners import CRunnerError
-
-        if isinstance(e, (CaptureError, UnsupportedOpsError, BudgetError, CRunnerError, ValueError,
-                          FileNotFoundError, NotImplementedError)):
-            print(f"corten: error: {e}", file=sys.stderr)
-            return 2
-        raise
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 import torch
 
 from corten.capture import capture, remove_guards_fn
+from corten.errors import UsageError
 from corten.lowering import CortenPassManager, unlowered_nodes
 from corten.program import Program, UnsupportedOpsError
 from corten.quantizer import CortenQuantizer
@@ -59,7 +60,7 @@ def _calibrate(prepared: torch.fx.GraphModule, samples: Iterable[tuple], say: Ca
     samples = list(samples)
     n = len(samples)
     if n == 0:
-        raise ValueError("calibration is empty: pass at least one input tuple (or None for random samples)")
+        raise UsageError("calibration is empty: pass at least one input tuple (or None for random samples)")
     width = 30
     for i, sample in enumerate(samples, 1):
         if isinstance(sample, torch.Tensor):

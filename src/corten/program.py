@@ -6,7 +6,6 @@ the memory planner and the C generator consume.
 """
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 
 import corten.ops  # noqa: F401  (the corten:: ops must exist to load a saved program)
+from corten.errors import ProgramFileError, ProgramNotFoundError, UnsupportedOpsError, UsageError
 from corten.lowering.pass_manager import UnloweredNode, is_lowered, op_display_name, unlowered_nodes
 from corten.ops.registry import op_name_of
 from corten.targets import Target, get_target
@@ -23,26 +23,6 @@ from corten.targets import Target, get_target
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PROGRAM_FILE = "program.pt2"
-
-
-class UnsupportedOpsError(ValueError):
-    """The model has operators Corten cannot lower; the message lists them with their sources."""
-
-    def __init__(self, model_name: str, nodes: list[UnloweredNode]):
-        self.nodes = nodes
-        counts = collections.Counter(n.op for n in nodes)
-        lines = [f"Corten cannot lower {len(nodes)} operator(s) of {model_name} to int8 CMSIS-NN ops:"]
-        for op, count in counts.most_common():
-            lines.append(f"  {op} x{count}")
-            for n in [n for n in nodes if n.op == op][:5]:
-                why = f" -- {n.reason}" if n.reason else ""
-                lines.append(f"      {n.name} at {n.location}{why}")
-        lines.append(
-            "Workarounds: replace the operator with a supported one (conv2d/depthwise, linear, add, "
-            "avg/max pool, mean over H,W, relu/relu6/hardtanh/clamp after those, flatten/reshape), "
-            "move it outside the compiled model (pre/post-processing), or pass allow_unlowered=True "
-            "to corten.compile to get a partly lowered program for inspection (it cannot be emitted as C).")
-        super().__init__("\n".join(lines))
 
 
 @dataclass(frozen=True)
@@ -152,11 +132,11 @@ class Program:
 
     def _check_inputs(self, inputs: tuple) -> None:
         if len(inputs) != len(self.inputs):
-            raise ValueError(f"{self.name}: expected {len(self.inputs)} input(s), got {len(inputs)}")
+            raise UsageError(f"{self.name}: expected {len(self.inputs)} input(s), got {len(inputs)}")
         for i, (x, spec) in enumerate(zip(inputs, self.inputs)):
             if not isinstance(x, torch.Tensor) or tuple(x.shape) != spec.shape or x.dtype != torch.float32:
                 got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
-                raise ValueError(f"{self.name}: input {i} must be a float32 tensor of shape {spec.shape}, got {got}")
+                raise UsageError(f"{self.name}: input {i} must be a float32 tensor of shape {spec.shape}, got {got}")
 
     def run(self, *inputs: torch.Tensor):
         """Float outputs computed by the int8 program with the reference kernels."""
@@ -276,22 +256,22 @@ def load(path: str | Path) -> Program:
     p = Path(path)
     man_path = p / MANIFEST if p.is_dir() else p
     if not man_path.exists():
-        raise FileNotFoundError(f"{p}: no {MANIFEST} here; expected a directory written by Program.save "
+        raise ProgramNotFoundError(f"{p}: no {MANIFEST} here; expected a directory written by Program.save "
                                 "or `corten compile --out DIR`")
     try:
         man = json.loads(man_path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{man_path}: not a valid Corten manifest (JSON error: {e}); recompile or re-save "
+        raise ProgramFileError(f"{man_path}: not a valid Corten manifest (JSON error: {e}); recompile or re-save "
                          "the program") from None
     if not isinstance(man, dict) or man.get("format") != "corten-program":
-        raise ValueError(f"{man_path}: not a Corten program manifest")
+        raise ProgramFileError(f"{man_path}: not a Corten program manifest")
     if man.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{man_path}: format version {man.get('format_version')} is not {FORMAT_VERSION}; "
+        raise ProgramFileError(f"{man_path}: format version {man.get('format_version')} is not {FORMAT_VERSION}; "
                          "recompile the model with this Corten")
     prog_file = man_path.parent / man.get("program_file", PROGRAM_FILE)
     data = prog_file.read_bytes()
     if man.get("program_sha256") and hashlib.sha256(data).hexdigest() != man["program_sha256"]:
-        raise ValueError(f"{prog_file}: contents do not match the manifest's sha256 (file changed or corrupt)")
+        raise ProgramFileError(f"{prog_file}: contents do not match the manifest's sha256 (file changed or corrupt)")
     ep = torch.export.load(prog_file)
     prog = Program(ep, get_target(man["target"]), name=man["name"], info=man.get("info", {}))
     return prog

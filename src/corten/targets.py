@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from corten.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Target:
@@ -40,4 +42,4 @@ def get_target(name: str) -> Target:
     try:
         return TARGETS[name]
     except KeyError:
-        raise ValueError(f"unknown target {name!r}; choose one of: {', '.join(TARGETS)}") from None
+        raise UsageError(f"unknown target {name!r}; choose one of: {', '.join(TARGETS)}") from None

@@ -7,13 +7,11 @@ from typing import Any, Iterable
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx import GraphModule, Node
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-
-class AtenPassError(RuntimeError):
-    """An ATen pass met a graph it cannot handle; the message names the node and what to do."""
+from corten.errors import AtenPassError
 
 
 def attr_of(gm: GraphModule, target: str) -> Any:

@@ -30,13 +30,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from corten.errors import CaptureError
+
 __all__ = ["CaptureError", "capture", "capture_module", "remove_guards_fn", "GUARDS_FN_NAME"]
 
 GUARDS_FN_NAME = "_guards_fn"  # submodule torch.export's .module() adds to check input shapes
-
-
-class CaptureError(ValueError):
-    """The model or its example inputs cannot be captured; the message says what to change."""
 
 
 def _check_model(model: object) -> None:

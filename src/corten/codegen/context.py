@@ -19,14 +19,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from corten.errors import CodegenError  # noqa: F401  (re-exported)
+
 if TYPE_CHECKING:  # pragma: no cover
     from corten.codegen.emitter import _Generator
 
 KERNEL_FLAVOURS = ("portable", "cmsis-nn")
-
-
-class CodegenError(ValueError):
-    """The program cannot be emitted as C; the message names the node and what to do."""
 
 
 C_KEYWORDS = frozenset(

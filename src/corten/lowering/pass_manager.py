@@ -20,11 +20,18 @@ from dataclasses import dataclass
 import torch
 from torch.fx import GraphModule, Node
 
-from corten.lowering.match import (
-    ACTIVATIONS, DQ_PER_CHANNEL, DQ_PER_TENSOR, Q_PER_TENSOR, Int8Value, LoweringError, Match,
-    qparams_of, source_location,
+from corten.errors import LoweringError
+from corten.ops._rules import (
+    ACTIVATIONS,
+    DQ_PER_CHANNEL,
+    DQ_PER_TENSOR,
+    Q_PER_TENSOR,
+    Int8Value,
+    Match,
+    qparams_of,
+    source_location,
 )
-from corten.ops.registry import lowering_rule, op_name_of
+from corten.ops.registry import lowering_rule, op, op_name_of
 
 aten = torch.ops.aten
 SHAPE_ONLY = {aten.reshape.default}
@@ -32,13 +39,11 @@ SHAPE_ONLY = {aten.reshape.default}
 
 class LowerInputQuantizePass:
     def __call__(self, gm: GraphModule) -> GraphModule:
-        from corten.ops.registry import op as corten_op
-
         for node in list(gm.graph.nodes):
             if node.target in Q_PER_TENSOR and node.args[0].op == "placeholder":
                 q = qparams_of(node)
                 with gm.graph.inserting_before(node):
-                    new = gm.graph.call_function(corten_op("quantize_per_tensor"), (node.args[0], q.scale, q.zero_point))
+                    new = gm.graph.call_function(op("quantize_per_tensor"), (node.args[0], q.scale, q.zero_point))
                 new.meta.update(node.meta)
                 node.replace_all_uses_with(new)
                 gm.graph.erase_node(node)
@@ -107,14 +112,12 @@ class LowerComputeOpsPass:
 
 class LowerOutputDequantizePass:
     def __call__(self, gm: GraphModule) -> GraphModule:
-        from corten.ops.registry import op as corten_op
-
         out = gm.graph.output_node()
         for node in list(out.all_input_nodes):
             if node.target in DQ_PER_TENSOR:
                 q = qparams_of(node)
                 with gm.graph.inserting_before(node):
-                    new = gm.graph.call_function(corten_op("dequantize_per_tensor"), (node.args[0], q.scale, q.zero_point))
+                    new = gm.graph.call_function(op("dequantize_per_tensor"), (node.args[0], q.scale, q.zero_point))
                 new.meta.update(node.meta)
                 node.replace_all_uses_with(new)
                 gm.graph.erase_node(node)

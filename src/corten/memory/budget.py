@@ -1,11 +1,8 @@
 """Does a memory plan fit the device?  :func:`check_budget` says what does not, and by how much."""
 from __future__ import annotations
 
+from corten.errors import BudgetError
 from corten.memory.plan import MemoryPlan
-
-
-class BudgetError(ValueError):
-    """The plan needs more RAM (arena) or flash (constant data) than allowed."""
 
 
 def check_budget(plan: MemoryPlan, max_arena: int | None, max_flash: int | None) -> None:

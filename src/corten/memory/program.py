@@ -12,15 +12,12 @@ from dataclasses import dataclass, field
 import torch
 from torch.export import ExportedProgram
 
+from corten.errors import MemoryPlanError
 from corten.memory.views import RESHAPE, reshape_is_alias
 from corten.ops.registry import op_name_of
 
 QUANTIZE = "quantize_per_tensor"
 DEQUANTIZE = "dequantize_per_tensor"
-
-
-class MemoryPlanError(ValueError):
-    """The program handed to the memory planner is not a lowered Corten program."""
 
 
 def constant_tensor(ep: ExportedProgram, node: torch.fx.Node) -> torch.Tensor | None:

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from corten.errors import LoweringError
 from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._common import layout_of
+from corten.ops._qparams import add_params
+from corten.ops._rules import Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "add"
 
@@ -56,13 +60,7 @@ def quantized_add(
     a = requantize((input1.to(torch.int64) + input1_offset) << left_shift, input1_multiplier, input1_shift)
     b = requantize((input2.to(torch.int64) + input2_offset) << left_shift, input2_multiplier, input2_shift)
     out = wrap_int32_t(requantize(wrap_int32_t(a + b), output_multiplier, output_shift) + output_offset)
-    return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=_layout(input1))
-
-
-def _layout(t: torch.Tensor) -> torch.memory_format:
-    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
-        return torch.channels_last
-    return torch.contiguous_format
+    return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=layout_of(input1))
 
 
 @quantized_add.register_fake
@@ -70,16 +68,13 @@ def _(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_off
       input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max):
     _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
            input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max)
-    return torch.empty_like(input1, memory_format=_layout(input1))
+    return torch.empty_like(input1, memory_format=layout_of(input1))
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_add",), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.lowering.qparams import add_params  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 annotates("binary", torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
 

@@ -5,11 +5,8 @@ from typing import Sequence
 
 import torch
 
+from corten.errors import CortenOpError
 from corten.fixed_point import INT32_MAX, SHIFT_MAX, SHIFT_MIN
-
-
-class CortenOpError(ValueError):
-    """A Corten op was called with arguments its kernel cannot take."""
 
 
 def fail(op: str, arg: str, msg: str) -> None:

@@ -17,17 +17,15 @@ from typing import Sequence
 
 import torch
 
+from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
-from corten.ops.transpose import storage_dim_order, storage_shape
+from corten.ops._common import output_format, storage_dim_order, storage_shape
+from corten.ops._rules import Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "concat"
 CMSIS_MAX_DIMS = 4  # arm_concatenation_s8_* see a tensor as [w][z][y][x]
 CMSIS_MAX_DIM_SIZE = 65535  # ... with uint16_t sizes
-
-
-def _output_format(rank: int) -> torch.memory_format:
-    return torch.channels_last if rank == 4 else torch.contiguous_format
 
 
 def _check(inputs, dim) -> list[int]:
@@ -53,13 +51,13 @@ def _check(inputs, dim) -> list[int]:
 @torch.library.custom_op("corten::quantized_cat", mutates_args=())
 def quantized_cat(inputs: list[torch.Tensor], dim: int) -> torch.Tensor:
     _check(inputs, dim)
-    return torch.cat([t.contiguous() for t in inputs], dim).contiguous(memory_format=_output_format(inputs[0].dim()))
+    return torch.cat([t.contiguous() for t in inputs], dim).contiguous(memory_format=output_format(inputs[0].dim()))
 
 
 @quantized_cat.register_fake
 def _(inputs, dim):
     shape = _check(inputs, dim)
-    return inputs[0].new_empty(shape).contiguous(memory_format=_output_format(len(shape)))
+    return inputs[0].new_empty(shape).contiguous(memory_format=output_format(len(shape)))
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_cat",), doc=__doc__))
@@ -104,8 +102,6 @@ def _prod(values) -> int:
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 _aten = torch.ops.aten
 annotates("shared", _aten.cat.default)

@@ -22,40 +22,27 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
+from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._common import (
+    as_4d_view,
+    back_to_3d,
+    check_conv_common,
+    empty_nchw,
+    finish_accumulators,
+)
+from corten.ops._qparams import per_channel_multipliers
+from corten.ops._rules import Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "conv"
 
 
 # ----------------------------------------------------------------------------- shared checks
-def _check_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
-                  output_multiplier, output_shift, activation_min, activation_max, c_out):
-    checks.dtype(op, "input", input, torch.int8)
-    checks.ndim(op, "input", input, 4)
-    checks.dtype(op, "weight", weight, torch.int8)
-    checks.ndim(op, "weight", weight, 4)
-    if bias is not None:
-        checks.dtype(op, "bias", bias, torch.int32)
-        checks.shape(op, "bias", bias, (c_out,))
-    checks.pair(op, "stride", stride, 1)
-    checks.pair(op, "padding", padding, 0)
-    checks.pair(op, "dilation", dilation, 1)
-    checks.input_offset(op, "input_offset", input_offset)
-    checks.output_offset(op, "output_offset", output_offset)
-    checks.multipliers(op, output_multiplier, output_shift, c_out)
-    checks.activation(op, activation_min, activation_max)
-
-
 def _out_hw(op, input, kh, kw, stride, padding, dilation):
     h, w = input.shape[2], input.shape[3]
     return (checks.out_size(op, h, kh, stride[0], padding[0], dilation[0]),
             checks.out_size(op, w, kw, stride[1], padding[1], dilation[1]))
-
-
-def _empty_nchw(n, c, h, w, device):
-    return torch.empty((n, c, h, w), dtype=torch.int8, device=device).contiguous(memory_format=torch.channels_last)
 
 
 # ----------------------------------------------------------------------------- shared arithmetic
@@ -73,31 +60,6 @@ def _windows(x: torch.Tensor, kh, kw, ho, wo, stride, dilation) -> torch.Tensor:
     sn, sh, sw, sc = x.stride()
     return x.as_strided((n, ho, wo, kh, kw, c),
                         (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1], sc))
-
-
-# Elements per block of the output stage: a block's int64 temporaries (~10 of them) stay in the
-# L2 cache instead of streaming whole-layer tensors through memory once per arithmetic step.
-FINISH_BLOCK_ELEMENTS = 1 << 17
-
-
-def _finish(acc: torch.Tensor, bias, output_multiplier, output_shift, output_offset,
-            activation_min, activation_max) -> torch.Tensor:
-    """int64 NHWC accumulators -> int8 NCHW (channels_last) output, block of rows by block."""
-    n, ho, wo, c = acc.shape
-    rows = acc.reshape(n * ho * wo, c)
-    out = torch.empty((n, ho, wo, c), dtype=torch.int8)
-    out_rows = out.view(n * ho * wo, c)
-    mult, shift = output_multiplier.to(torch.int64), output_shift.to(torch.int64)
-    bias = bias.to(torch.int64) if bias is not None else None
-    step = max(1, FINISH_BLOCK_ELEMENTS // c)
-    for r0 in range(0, rows.shape[0], step):
-        block = rows[r0:r0 + step]
-        if bias is not None:
-            block = wrap_int32_t(block + bias)  # the C accumulator is int32 and wraps
-        block = requantize(block, mult, shift)
-        block = wrap_int32_t(block + output_offset)  # int32 addition in C: wraps before the clamp
-        out_rows[r0:r0 + step] = clamp_activation(block, activation_min, activation_max)
-    return out.permute(0, 3, 1, 2)
 
 
 # ----------------------------------------------------------------------------- conv2d
@@ -125,7 +87,7 @@ def conv2d_accumulators(input, weight, stride, padding, dilation, input_offset) 
 def _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                   output_multiplier, output_shift, activation_min, activation_max):
     op = "quantized_conv2d"
-    _check_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+    check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                   output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
     if weight.shape[3] != input.shape[1]:
         checks.fail(op, "weight", f"OHWI weight has C_in={weight.shape[3]} but input has {input.shape[1]} channels")
@@ -150,7 +112,7 @@ def quantized_conv2d(
     _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                   output_multiplier, output_shift, activation_min, activation_max)
     acc = conv2d_accumulators(input, weight, stride, padding, dilation, input_offset)
-    return _finish(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
+    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
 
 
 @quantized_conv2d.register_fake
@@ -158,7 +120,7 @@ def _(input, weight, bias, stride, padding, dilation, input_offset, output_offse
       output_multiplier, output_shift, activation_min, activation_max):
     ho, wo = _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                            output_multiplier, output_shift, activation_min, activation_max)
-    return _empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
+    return empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
 
 
 # ----------------------------------------------------------------------------- depthwise
@@ -188,7 +150,7 @@ def depthwise_accumulators(input, weight, stride, padding, dilation, depth_multi
 def _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset,
                      output_offset, output_multiplier, output_shift, activation_min, activation_max):
     op = "quantized_depthwise_conv2d"
-    _check_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+    check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                   output_multiplier, output_shift, activation_min, activation_max, weight.shape[3])
     if depth_multiplier < 1:
         checks.fail(op, "depth_multiplier", f"must be >= 1, got {depth_multiplier}")
@@ -218,7 +180,7 @@ def quantized_depthwise_conv2d(
     _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset,
                      output_offset, output_multiplier, output_shift, activation_min, activation_max)
     acc = depthwise_accumulators(input, weight, stride, padding, dilation, depth_multiplier, input_offset)
-    return _finish(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
+    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
 
 
 @quantized_depthwise_conv2d.register_fake
@@ -226,7 +188,7 @@ def _(input, weight, bias, stride, padding, dilation, depth_multiplier, input_of
       output_multiplier, output_shift, activation_min, activation_max):
     ho, wo = _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset,
                               output_offset, output_multiplier, output_shift, activation_min, activation_max)
-    return _empty_nchw(input.shape[0], weight.shape[3], ho, wo, input.device)
+    return empty_nchw(input.shape[0], weight.shape[3], ho, wo, input.device)
 
 
 # ----------------------------------------------------------------------------- grouped conv2d
@@ -246,7 +208,7 @@ def grouped_conv2d_accumulators(input, weight, stride, padding, dilation, groups
 def _check_grouped(input, weight, bias, stride, padding, dilation, groups, input_offset, output_offset,
                    output_multiplier, output_shift, activation_min, activation_max):
     op = "quantized_grouped_conv2d"
-    _check_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+    check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                   output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
     if groups < 1:
         checks.fail(op, "groups", f"must be >= 1, got {groups}")
@@ -278,7 +240,7 @@ def quantized_grouped_conv2d(
     _check_grouped(input, weight, bias, stride, padding, dilation, groups, input_offset, output_offset,
                    output_multiplier, output_shift, activation_min, activation_max)
     acc = grouped_conv2d_accumulators(input, weight, stride, padding, dilation, groups, input_offset)
-    return _finish(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
+    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
 
 
 @quantized_grouped_conv2d.register_fake
@@ -286,7 +248,7 @@ def _(input, weight, bias, stride, padding, dilation, groups, input_offset, outp
       output_multiplier, output_shift, activation_min, activation_max):
     ho, wo = _check_grouped(input, weight, bias, stride, padding, dilation, groups, input_offset, output_offset,
                             output_multiplier, output_shift, activation_min, activation_max)
-    return _empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
+    return empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
 
 
 family = register_family(OpFamily(
@@ -294,9 +256,6 @@ family = register_family(OpFamily(
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.lowering.qparams import per_channel_multipliers  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 annotates("weighted", torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, torch.ops.aten.conv1d.default)
 
@@ -386,45 +345,6 @@ def _lower_conv(m: Match, x_node, weight, w_scales, a, c_in: int, stride, paddin
 # free in C (a 3-D tensor's bytes are NCL, the 4-D view's are NHWC = [N, 1, L, C]): the generator
 # copies.  A chain of 1-D ops (conv1d -> max_pool1d -> conv1d ...) keeps the 4-D tensor: the
 # reshape back to 3-D records its 4-D source, and the next 1-D op reads that source directly.
-VIEW_4D_SOURCE = "corten_view_4d_source"  # on a 3-D reshape: the [N, C, 1, L] node it reshapes
-VIEW_4D_SHAPE = "corten_view_4d_shape"  # on a 4-D node made by a 1-D lowering: its shape
-
-
-def _fake_like(m: Match, shape, channels_last: bool):
-    """A FakeTensor of ``shape`` (int8) for a node the rule creates, from the graph's fake mode."""
-    val = m.out_q.meta.get("val")
-    mode = getattr(val, "fake_mode", None)
-    if mode is None:
-        return None
-    with mode:
-        t = torch.empty(list(shape), dtype=torch.int8)
-        return t.contiguous(memory_format=torch.channels_last) if channels_last else t
-
-
-def as_4d_view(m: Match, x_node, shape3) -> torch.fx.Node:
-    """``x_node`` (int8 ``[N, C, L]``) as ``[N, C, 1, L]``: the 4-D tensor it was made from when a
-    1-D lowering produced it, else a new ``aten.reshape``."""
-    n, c, length = (int(d) for d in shape3)
-    shape4 = [n, c, 1, length]
-    source = x_node.meta.get(VIEW_4D_SOURCE)
-    if source is not None and list(source.meta.get(VIEW_4D_SHAPE, ())) == shape4:
-        return source
-    view = m.call_aten(torch.ops.aten.reshape.default, x_node, shape4)
-    view.meta["val"] = _fake_like(m, shape4, channels_last=False)
-    view.meta[VIEW_4D_SHAPE] = shape4
-    return view
-
-
-def back_to_3d(m: Match, y4, shape4) -> torch.fx.Node:
-    """The 4-D result ``y4`` of shape ``[N, C, 1, L]`` reshaped to the op's ``[N, C, L]`` output."""
-    n, c, _, length = (int(d) for d in shape4)
-    y4.meta["val"] = _fake_like(m, shape4, channels_last=True)
-    y4.meta[VIEW_4D_SHAPE] = list(shape4)
-    out = m.call_aten(torch.ops.aten.reshape.default, y4, [n, c, length])
-    out.meta[VIEW_4D_SOURCE] = y4
-    return out
-
-
 def _single(v, default: int) -> int:
     v = list(v) if isinstance(v, (list, tuple)) else [v if v is not None else default]
     return int(v[0]) if v else default

@@ -23,9 +23,12 @@ from typing import Optional
 
 import torch
 
+from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops.conv import _check_common, _empty_nchw, _finish
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._common import check_conv_common, empty_nchw, finish_accumulators
+from corten.ops._qparams import per_channel_multipliers
+from corten.ops._rules import Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "conv_transpose"
 OP = "quantized_conv_transpose2d"
@@ -39,7 +42,7 @@ def transpose_out_size(size: int, k: int, stride: int, padding: int, output_padd
 
 def _check(input, weight, bias, stride, padding, output_padding, dilation, input_offset, output_offset,
            output_multiplier, output_shift, activation_min, activation_max) -> tuple[int, int]:
-    _check_common(OP, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+    check_conv_common(OP, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                   output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
     oph, opw = checks.pair(OP, "output_padding", output_padding, 0)
     if oph >= max(stride[0], dilation[0]) or opw >= max(stride[1], dilation[1]):
@@ -100,7 +103,7 @@ def quantized_conv_transpose2d(
     _check(input, weight, bias, stride, padding, output_padding, dilation, input_offset, output_offset,
            output_multiplier, output_shift, activation_min, activation_max)
     acc = conv_transpose2d_accumulators(input, weight, stride, padding, output_padding, dilation, input_offset)
-    return _finish(acc.contiguous(), bias, output_multiplier, output_shift, output_offset, activation_min,
+    return finish_accumulators(acc.contiguous(), bias, output_multiplier, output_shift, output_offset, activation_min,
                    activation_max)
 
 
@@ -109,16 +112,13 @@ def _(input, weight, bias, stride, padding, output_padding, dilation, input_offs
       output_multiplier, output_shift, activation_min, activation_max):
     ho, wo = _check(input, weight, bias, stride, padding, output_padding, dilation, input_offset, output_offset,
                     output_multiplier, output_shift, activation_min, activation_max)
-    return _empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
+    return empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
 
 
 family = register_family(OpFamily(FAMILY, (OP,), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.lowering.qparams import per_channel_multipliers  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 _aten = torch.ops.aten
 

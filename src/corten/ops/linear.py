@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from corten.errors import LoweringError
 from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._qparams import per_channel_multipliers
+from corten.ops._rules import Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "linear"
 
@@ -80,9 +83,6 @@ family = register_family(OpFamily(FAMILY, ("quantized_linear",), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.lowering.qparams import per_channel_multipliers  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 annotates("weighted", torch.ops.aten.linear.default)
 

@@ -30,9 +30,12 @@ from typing import Any, Callable
 
 import torch
 
+from corten.errors import LoweringError
 from corten.fixed_point import round_half_away_t as round_half_away  # exact ties-away rounding
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._common import layout_of
+from corten.ops._rules import Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "lut"
 TABLE_SIZE = 256
@@ -46,23 +49,17 @@ def _check(input: torch.Tensor, table: torch.Tensor) -> None:
     checks.shape(op, "table", table, (TABLE_SIZE,))
 
 
-def _layout(t: torch.Tensor) -> torch.memory_format:
-    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
-        return torch.channels_last
-    return torch.contiguous_format
-
-
 @torch.library.custom_op("corten::quantized_lut", mutates_args=())
 def quantized_lut(input: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     _check(input, table)
     index = input.to(torch.int64) + INPUT_BIAS
-    return table[index].contiguous(memory_format=_layout(input))
+    return table[index].contiguous(memory_format=layout_of(input))
 
 
 @quantized_lut.register_fake
 def _(input, table):
     _check(input, table)
-    return torch.empty_like(input, memory_format=_layout(input))
+    return torch.empty_like(input, memory_format=layout_of(input))
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_lut",), doc=__doc__))
@@ -96,8 +93,6 @@ def build_table(fn: Callable[[torch.Tensor], torch.Tensor], input_scale: float, 
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 _aten = torch.ops.aten
 

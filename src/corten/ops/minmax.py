@@ -18,11 +18,19 @@ from typing import Sequence
 
 import torch
 
+from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops.mul import (
-    broadcast_shape, broadcast_struct, empty_output, is_dense, loop_geometry, output_layout,
+from corten.ops._broadcast import (
+    broadcast_shape,
+    broadcast_struct,
+    empty_output,
+    is_dense,
+    loop_geometry,
+    output_layout,
 )
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._common import check_lowerable_shapes
+from corten.ops._rules import Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "minmax"
 OPS = {"quantized_maximum": torch.maximum, "quantized_minimum": torch.minimum}
@@ -63,9 +71,6 @@ family = register_family(OpFamily(FAMILY, tuple(OPS), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.ops.mul import check_lowerable_shapes  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 ATEN_OPS = {torch.ops.aten.maximum.default: "quantized_maximum", torch.ops.aten.minimum.default: "quantized_minimum"}
 annotates("shared", *ATEN_OPS)

@@ -17,16 +17,15 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
-from corten.ops.transpose import storage_dim_order
+from corten.ops._common import output_format, storage_dim_order
+from corten.ops._qparams import quantize_value
+from corten.ops._rules import Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "pad"
 MAX_DIMS = 4
-
-
-def _output_format(rank: int) -> torch.memory_format:
-    return torch.channels_last if rank == 4 else torch.contiguous_format
 
 
 def _check(input, pre_pad, post_pad, pad_value) -> list[int]:
@@ -68,13 +67,13 @@ def per_dim_pads(pad: Sequence[int], rank: int) -> tuple[list[int], list[int]]:
 def quantized_pad(input: torch.Tensor, pre_pad: list[int], post_pad: list[int], pad_value: int) -> torch.Tensor:
     _check(input, pre_pad, post_pad, pad_value)
     out = F.pad(input.contiguous(), torch_pad_list(pre_pad, post_pad), mode="constant", value=pad_value)
-    return out.contiguous(memory_format=_output_format(input.dim()))
+    return out.contiguous(memory_format=output_format(input.dim()))
 
 
 @quantized_pad.register_fake
 def _(input, pre_pad, post_pad, pad_value):
     shape = _check(input, pre_pad, post_pad, pad_value)
-    return input.new_empty(shape).contiguous(memory_format=_output_format(len(shape)))
+    return input.new_empty(shape).contiguous(memory_format=output_format(len(shape)))
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_pad",), doc=__doc__))
@@ -91,9 +90,6 @@ def pad_storage_dims(shape: Sequence[int], pre_pad: Sequence[int], post_pad: Seq
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.lowering.qparams import quantize_value  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 _aten = torch.ops.aten
 annotates("shared", _aten.constant_pad_nd.default, _aten.pad.default)

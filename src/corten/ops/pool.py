@@ -15,9 +15,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from corten.errors import LoweringError
 from corten.fixed_point import clamp_activation
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._common import as_4d_view, back_to_3d
+from corten.ops._rules import Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "pool"
 
@@ -110,8 +113,6 @@ family = register_family(OpFamily(FAMILY, ("quantized_avg_pool2d", "quantized_ma
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 _aten = torch.ops.aten
 
@@ -203,8 +204,7 @@ def lower_max_pool2d(m: Match):
 
 # ----------------------------------------------------------------------------- 1-D pooling
 # 1-D pools on ``[N, C, L]`` run as the 2-D pools on the ``[N, C, 1, L]`` view (see
-# corten.ops.conv.as_4d_view: consecutive 1-D ops share the 4-D tensor, no copies in between).
-from corten.ops.conv import as_4d_view, back_to_3d  # noqa: E402
+# corten.ops._common.as_4d_view: consecutive 1-D ops share the 4-D tensor, no copies in between).
 
 annotates("shared", _aten.max_pool1d.default, _aten.avg_pool1d.default, _aten.adaptive_avg_pool1d.default)
 

@@ -1,12 +1,35 @@
-"""The one registry of Corten op families.
+"""The one registry of Corten op families, and the typed extension points the stages use.
 
 An op family is one module in :mod:`corten.ops` that owns everything about a group of related ops:
-their ``torch.library`` schema, fake kernel and bit-exact reference kernel, and - as the later
-pipeline stages grow - the lowering rule that produces them, their scratch-memory needs per ISA
-and their C emission.  Stages never list ops themselves: they ask this registry.
+their ``torch.library`` schema, fake kernel and bit-exact reference kernel, the quantizer
+annotation of the ATen ops it lowers, the lowering rule, the scratch memory per ISA and the C
+emission.  Stages never list ops themselves: they ask this registry.
+
+Extension points (the only ones; each is registered by the family module at import time):
+
+* ``annotates(kind, *aten_ops)`` - how CortenQuantizer annotates the ATen ops (see :class:`Annotation`).
+* ``@lowers(*aten_ops)`` - the lowering rule ``rule(match: corten.ops._rules.Match) -> torch.fx.Node``:
+  builds the Corten node(s) replacing one quantized ATen op (with ``match.call``/``add_constant``)
+  and returns the node that replaces the final quantize; raises
+  :class:`corten.errors.LoweringError` with the reason to refuse (the op then stays unlowered
+  and is reported with that reason).
+* ``@family.provides(Hook.X, *op_names)`` - the per-op hooks of the later stages, one signature each:
+
+  - ``Hook.SCRATCH_BYTES``: ``fn(node: torch.fx.Node, target: corten.targets.Target) -> int``, the
+    bytes of kernel scratch buffer the node needs on ``target``'s ISA (CMSIS-NN's
+    ``*_get_buffer_size``).  Required for every compute op (memory planner).
+  - ``Hook.EMIT_C``: ``fn(ctx: corten.codegen.EmitContext) -> str``, the C statement(s) computing
+    the node for ``ctx.kernels`` (``"portable"`` or ``"cmsis-nn"``).  Required (C generator).
+  - ``Hook.IN_PLACE_INPUTS``: ``fn(node: torch.fx.Node) -> tuple[int, ...]``, the indices of the
+    node's tensor arguments its kernel may overwrite with its output (same size, each element read
+    before it is written).  Optional (memory planner; tests' independent plan checker).
+
+  ``kind`` is the :class:`Hook` member or its string value; anything else raises ValueError when
+  the family module is imported, so a misspelled hook cannot silently disable a feature.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -16,32 +39,52 @@ NAMESPACE = "corten"
 _FAMILIES: dict[str, "OpFamily"] = {}
 
 
+class Hook(str, enum.Enum):
+    """The per-op hook kinds (signatures in the module docstring)."""
+
+    SCRATCH_BYTES = "scratch_bytes"
+    EMIT_C = "emit_c"
+    IN_PLACE_INPUTS = "in_place_inputs"
+
+    @classmethod
+    def of(cls, kind: "Hook | str") -> "Hook":
+        """``kind`` as a :class:`Hook`; ValueError naming the valid kinds for anything else."""
+        try:
+            return cls(kind)
+        except ValueError:
+            valid = ", ".join(repr(h.value) for h in cls)
+            raise ValueError(f"unknown hook kind {kind!r}: one of {valid}") from None
+
+
 @dataclass
 class OpFamily:
-    """What one op-family module contributes.  Hooks not yet provided stay ``None``."""
+    """What one op-family module contributes.  Hooks not provided stay ``None``."""
 
     name: str
     ops: tuple[str, ...]  # op names in the ``corten`` namespace
     doc: str = ""
-    # Hooks used by later stages (lowering, memory plan, C codegen); keyed by op name where
-    # a family has several ops.
-    hooks: dict[tuple[str, str], Callable] = field(default_factory=dict)
+    # Hooks used by later stages (memory plan, C codegen), keyed by (Hook, op name).
+    hooks: dict[tuple[Hook, str], Callable] = field(default_factory=dict)
 
-    def provides(self, kind: str, *op_names: str) -> Callable:
-        """Decorator: register ``fn`` as this family's ``kind`` hook (``"lower"``,
-        ``"scratch_bytes"``, ``"emit_c"``, ...) for the given ops (all the family's ops if none)."""
+    def provides(self, kind: Hook | str, *op_names: str) -> Callable:
+        """Decorator: register ``fn`` as this family's ``kind`` hook (a :class:`Hook`) for the given
+        ops (all the family's ops if none).  An unknown kind or op raises ValueError at once."""
+        hook = Hook.of(kind)
+        for name in op_names:
+            if name not in self.ops:
+                raise ValueError(f"family {self.name!r} has no op {name!r}")
 
         def deco(fn: Callable) -> Callable:
             for name in op_names or self.ops:
-                if name not in self.ops:
-                    raise ValueError(f"family {self.name!r} has no op {name!r}")
-                self.hooks[(kind, name)] = fn
+                if (hook, name) in self.hooks:
+                    raise ValueError(f"family {self.name!r}: two {hook.value!r} hooks for {name!r}")
+                self.hooks[(hook, name)] = fn
             return fn
 
         return deco
 
-    def hook(self, kind: str, op_name: str) -> Callable | None:
-        return self.hooks.get((kind, op_name))
+    def hook(self, kind: Hook | str, op_name: str) -> Callable | None:
+        return self.hooks.get((Hook.of(kind), op_name))
 
 
 def register_family(family: OpFamily) -> OpFamily:
@@ -128,7 +171,7 @@ def family_of(op_name: str) -> OpFamily:
     raise KeyError(f"no Corten op family defines {op_name!r}")
 
 
-def hook_for(op_name: str, kind: str) -> Callable | None:
+def hook_for(op_name: str, kind: Hook | str) -> Callable | None:
     """The ``kind`` hook of the family that defines ``op_name`` (None when it provides none)."""
     return family_of(op_name).hook(kind, op_name)
 

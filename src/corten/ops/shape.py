@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import torch
 
-from corten.lowering.match import LoweringError, Match
+from corten.errors import LoweringError
+from corten.ops._common import RESHAPES
+from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 aten = torch.ops.aten
 
 family = register_family(OpFamily("shape", (), doc=__doc__))
 
-RESHAPES = (aten.flatten.using_ints, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
-            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default)
 IDENTITIES = (aten.dropout.default, aten.clone.default, aten.alias.default, aten.contiguous.default,
               aten.detach.default)
 annotates("shared", *RESHAPES, *IDENTITIES)

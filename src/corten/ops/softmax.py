@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from corten.errors import LoweringError
 from corten.fixed_point import (
     INT32_MAX,
     INT32_MIN,
@@ -37,7 +38,8 @@ from corten.fixed_point import (
     wrap_int32_t,
 )
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._rules import Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "softmax"
 
@@ -205,8 +207,6 @@ family = register_family(OpFamily(FAMILY, ("quantized_softmax",), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 SOFTMAX_OPS = (torch.ops.aten.softmax.int, torch.ops.aten._softmax.default)
 annotates("fixed", *SOFTMAX_OPS, fixed=(OUTPUT_SCALE, OUTPUT_ZERO_POINT))

@@ -7,7 +7,7 @@ Per output element, in int32 exactly as the C kernels (``x1``/``x2`` the broadca
     b = requantize((x2 + input2_offset) << left_shift, -input2_multiplier, input2_shift)
     y = clamp(requantize(a + b, output_multiplier, output_shift) + output_offset, act_min, act_max)
 
-The op takes the *positive* multipliers that the add recipe derives (``corten.lowering.qparams.
+The op takes the *positive* multipliers that the add recipe derives (``corten.ops._qparams.
 add_params``: ``twice_max = 2 * max(s1, s2)``, left shift 20) and negates input2's itself, as
 TFLite's and NNAPI's SUB preparation do to reuse their add kernels.  Negating is not the same as
 subtracting ``requantize(.., +m)``: the doubling high multiply rounds ties towards +inf, so
@@ -16,19 +16,28 @@ subtracting ``requantize(.., +m)``: the doubling high multiply rounds ties towar
 same-shape case is one ``arm_elementwise_add_s8`` call with ``-input2_multiplier``.
 
 ``x - c`` with a Python number or a quantized constant tensor ``c`` (and ``c - x`` for a tensor)
-is lowered with ``c`` as an int8 constant operand, as for mul (``corten.ops.mul.constant_operand``).
+is lowered with ``c`` as an int8 constant operand, as for mul (``corten.ops._common.constant_operand``).
 """
 from __future__ import annotations
 
 import torch
 
+from corten.errors import LoweringError
 from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops.mul import (
-    broadcast_shape, broadcast_struct, check_lowerable_shapes, empty_output, numel, operand_expr, output_layout,
+from corten.ops._broadcast import (
+    broadcast_shape,
+    broadcast_struct,
+    empty_output,
+    numel,
+    operand_expr,
+    output_layout,
     same_dense_shape,
 )
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._common import check_lowerable_shapes, check_ranks, constant_operand, is_activation_operand
+from corten.ops._qparams import add_params
+from corten.ops._rules import Int8Value, Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "sub"
 
@@ -85,10 +94,6 @@ family = register_family(OpFamily(FAMILY, ("quantized_sub",), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import DQ_PER_TENSOR, Int8Value, LoweringError, Match  # noqa: E402
-from corten.lowering.qparams import add_params  # noqa: E402
-from corten.ops.mul import check_ranks, constant_operand  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 annotates("binary", torch.ops.aten.sub.Tensor, torch.ops.aten.sub_.Tensor)
 
@@ -98,12 +103,12 @@ def lower_sub(m: Match):
     """``aten.sub.Tensor`` (alpha 1) of two int8 tensors (numpy broadcasting) -> ``quantized_sub``."""
     if m.node.kwargs.get("alpha", 1) != 1:
         raise LoweringError("sub with alpha != 1 is not supported")
-    if len(m.inputs) == 1:  # x - c or c - x: the constant becomes an int8 operand (see mul.constant_operand)
+    if len(m.inputs) == 1:  # x - c or c - x: the constant becomes an int8 operand (see _common.constant_operand)
         check_ranks(m, "sub")
         x = m.inputs[0]
         values, qparams = constant_operand(m, x)
         const = Int8Value(m.add_constant(values, "operand"), qparams)
-        a, b = (x, const) if _is_activation(m.node.args[0], x) else (const, x)
+        a, b = (x, const) if is_activation_operand(m.node.args[0], x) else (const, x)
     else:
         check_lowerable_shapes(m, "sub")
         a, b = m.inputs
@@ -115,10 +120,6 @@ def lower_sub(m: Match):
     return m.call("quantized_sub", a.node, b.node, a.qparams.offset, p.input1_multiplier, p.input1_shift,
                   b.qparams.offset, p.input2_multiplier, p.input2_shift, p.left_shift, m.output.zero_point,
                   p.output_multiplier, p.output_shift, act_min, act_max)
-
-
-def _is_activation(arg, x: Int8Value) -> bool:
-    return isinstance(arg, torch.fx.Node) and arg.target in DQ_PER_TENSOR and arg.args[0] is x.node
 
 
 # ----------------------------------------------------------------------------- scratch memory

@@ -24,8 +24,11 @@ from typing import Sequence
 
 import torch
 
+from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._common import RESHAPES, output_format, storage_dim_order, storage_shape
+from corten.ops._rules import DQ_PER_TENSOR, Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "transpose"
 MAX_DIMS = 6  # CORTEN_TRANSPOSE_MAX_DIMS in corten_kernels.h
@@ -33,17 +36,6 @@ CMSIS_MAX_DIMS = 4  # arm_transpose_s8 takes cmsis_nn_dims
 
 
 # ----------------------------------------------------------------------------- byte layout helpers
-def storage_dim_order(rank: int) -> tuple[int, ...]:
-    """The logical dimension held at each storage (byte-order) position, outermost first:
-    ``(0, 2, 3, 1)`` for a 4-D NCHW activation stored NHWC, ``(0, 1, ..., rank - 1)`` otherwise."""
-    return (0, 2, 3, 1) if rank == 4 else tuple(range(rank))
-
-
-def storage_shape(shape: Sequence[int]) -> list[int]:
-    """Sizes of a tensor's storage dimensions, outermost first (NHWC for 4-D)."""
-    return [int(shape[d]) for d in storage_dim_order(len(shape))]
-
-
 def normalize_perm(perm: Sequence[int], rank: int) -> list[int]:
     """``perm`` with negative entries made positive; ValueError unless it permutes ``range(rank)``."""
     p = [int(d) + rank if int(d) < 0 else int(d) for d in perm]
@@ -108,10 +100,6 @@ def keeps_logical_order(in_shape: Sequence[int], perm: Sequence[int]) -> bool:
 
 
 # ----------------------------------------------------------------------------- the op
-def _output_format(rank: int) -> torch.memory_format:
-    return torch.channels_last if rank == 4 else torch.contiguous_format
-
-
 def _check(input, perm, shape=None) -> list[int]:
     op = "quantized_transpose"
     checks.dtype(op, "input", input, torch.int8)
@@ -137,22 +125,20 @@ def quantized_transpose(input: torch.Tensor, perm: list[int], shape: list[int] |
     """``input.permute(perm)`` (logical dims), laid out as every graph tensor (NHWC for 4-D);
     with ``shape``, ``input.permute(perm).reshape(shape)`` (a channels-last flatten in one copy)."""
     out_shape = _check(input, perm, shape)
-    out = input.permute(perm).clone(memory_format=_output_format(input.dim()))  # never a view of input
+    out = input.permute(perm).clone(memory_format=output_format(input.dim()))  # never a view of input
     return out if shape is None else out.reshape(out_shape).contiguous()
 
 
 @quantized_transpose.register_fake
 def _(input, perm, shape=None):
     out_shape = _check(input, perm, shape)
-    return input.new_empty(out_shape).contiguous(memory_format=_output_format(len(out_shape)))
+    return input.new_empty(out_shape).contiguous(memory_format=output_format(len(out_shape)))
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_transpose",), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
 
 _aten = torch.ops.aten
 PERMUTES = (_aten.permute.default, _aten.transpose.int, _aten.t.default)
@@ -204,9 +190,6 @@ def _flattened_shape(m: Match) -> list[int] | None:
     """The common non-4-D shape every reader of the permute's int8 output reshapes it to (through
     its dequantize nodes), or None.  Then the permute and the reshape are one transpose: the
     reshapes' own lowering finds their input already in shape and vanishes."""
-    from corten.lowering.match import DQ_PER_TENSOR
-    from corten.ops.shape import RESHAPES
-
     dqs = list(m.out_q.users)
     readers = [r for dq in dqs for r in dq.users]
     if not dqs or not readers or any(dq.target not in DQ_PER_TENSOR for dq in dqs):

@@ -37,18 +37,14 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
+from corten.fixed_point import INT8_MAX, INT8_MIN
+from corten.ops._rules import ACTIVATIONS  # the fusable activations: fused into the op before them
+
 aten = torch.ops.aten
 
-# Activations fused into the op before them (conv/linear/add...): no quantize in between.
-ACTIVATION_OPS = {
-    aten.relu.default, aten.relu_.default, aten.relu6.default,
-    aten.hardtanh.default, aten.hardtanh_.default, aten.clamp.default, aten.clamp_.default,
-}
 # Training-mode BatchNorm that QAT keeps between a conv and its activation.
 QAT_BATCH_NORM_OPS = {aten.batch_norm.default, aten._native_batch_norm_legit.default,
                       aten._native_batch_norm_legit_no_training.default}
-
-INT8_MIN, INT8_MAX = -128, 127
 
 
 # ----------------------------------------------------------------------------- specs
@@ -103,7 +99,7 @@ def _single_user(node: Node) -> Node | None:
 
 
 def _is_fusable_activation(node: Node) -> bool:
-    if node.target not in ACTIVATION_OPS:
+    if node.target not in ACTIVATIONS:
         return False
     if node.target in (aten.clamp.default, aten.clamp_.default):
         # clamp(x, min, max) with constant bounds; tensor bounds are not an activation
@@ -255,4 +251,4 @@ def quantizable_ops() -> Iterable[Callable]:
     import corten.ops  # noqa: F401
     from corten.ops.registry import annotated_aten_ops
 
-    return set(annotated_aten_ops()) | ACTIVATION_OPS
+    return set(annotated_aten_ops()) | set(ACTIVATIONS)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from corten.errors import CBuildError, CRunError, CRunnerError, CRunTimeout  # noqa: F401  (re-exported)
+
 RUNNERS_DIR = Path(__file__).resolve().parent
 HARNESS_DIR = RUNNERS_DIR / "harness"
 HARNESS_MAIN = HARNESS_DIR / "main.c"
@@ -53,22 +55,6 @@ class CRunResult:
     instructions: int | None
     log: str
     where: str = "host"
-
-
-class CRunnerError(RuntimeError):
-    """Base class of runner failures; the message names where the code was built or run."""
-
-
-class CBuildError(CRunnerError):
-    """The C compiler or linker rejected the model library plus harness."""
-
-
-class CRunError(CRunnerError):
-    """The harness ran but did not complete successfully (non-zero status, fault, bad output)."""
-
-
-class CRunTimeout(CRunError):
-    """The harness (or QEMU) did not finish within the timeout."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from corten.errors import UsageError
 from corten.runners.common import CRunResult, harness_defines
 
 KERNEL_FLAVOURS = ("portable", "cmsis-nn")
@@ -81,15 +82,15 @@ class ProgramRunner:
         from corten.runners.qemu import run_on_qemu
 
         if on not in ("host", "qemu"):
-            raise ValueError(f"on must be 'host' or 'qemu', got {on!r}")
+            raise UsageError(f"on must be 'host' or 'qemu', got {on!r}")
         if kernels not in KERNEL_FLAVOURS:
-            raise ValueError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
+            raise UsageError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
         lib = self.library(kernels, target)
         sources, includes = list(lib.sources), list(lib.include_dirs)
         cflags: tuple[str, ...] = ("-O2",)
         if kernels == "cmsis-nn":
             if cmsis_nn_path is None:
-                raise ValueError("kernels='cmsis-nn' needs cmsis_nn_path (or the CMSIS_NN_PATH variable) "
+                raise UsageError("kernels='cmsis-nn' needs cmsis_nn_path (or the CMSIS_NN_PATH variable) "
                                  "pointing at a CMSIS-NN source tree")
             nn_sources, nn_includes = cmsis_nn_sources(cmsis_nn_path)
             sources += nn_sources

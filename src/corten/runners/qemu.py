@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import UnsupportedTargetError
 from ..targets import TARGETS, Target, get_target
 from .common import (
     HARNESS_DIR,
@@ -44,7 +45,6 @@ from .common import (
     WARNING_FLAGS,
     CBuildError,
     CRunError,
-    CRunnerError,
     CRunResult,
     CRunTimeout,
     Progress,
@@ -139,10 +139,6 @@ BOARDS: dict[str, Board] = {
         ),
     )
 }
-
-
-class UnsupportedTargetError(CRunnerError, ValueError):
-    """The target is a valid Corten target but has no emulated board."""
 
 
 def runnable_targets() -> list[str]:

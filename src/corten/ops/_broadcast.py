@@ -1,0 +1,119 @@
+"""Broadcast geometry shared by the elementwise families (mul, sub, minmax, ...).
+
+Broadcasting follows torch/numpy: shapes are aligned on the right and a dimension of size 1 is
+repeated, ranks 1 to :data:`MAX_RANK` (the C kernels loop over 4 dims).  :func:`loop_geometry`
+gives, for an output shape and one input shape, the output's dims in C storage order and the
+input's element strides along them (0 where the input is broadcast); the ``ctx`` helpers turn that
+into the ``corten_broadcast`` struct of the portable kernels.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from corten.ops import checks
+from corten.ops._common import MAX_RANK, output_format, storage_dim_order
+
+
+def broadcast_shape(op: str, input1: torch.Tensor, input2: torch.Tensor) -> tuple[int, ...]:
+    """The numpy broadcast of the two inputs' shapes; errors name ``op`` and the argument."""
+    for name, t in (("input1", input1), ("input2", input2)):
+        if not 1 <= t.dim() <= MAX_RANK:
+            checks.fail(op, name, f"rank {t.dim()} (shape {tuple(t.shape)}) is not 1 to {MAX_RANK}")
+    try:
+        return tuple(int(d) for d in torch.broadcast_shapes(input1.shape, input2.shape))
+    except RuntimeError:
+        checks.fail(op, "input2", f"shape {tuple(input2.shape)} does not broadcast with input1's "
+                                  f"{tuple(input1.shape)}")
+
+
+def output_layout(shape: Sequence[int]) -> torch.memory_format:
+    """4-D activations are channels_last (NHWC bytes); other ranks are row-major."""
+    return output_format(len(shape))
+
+
+def empty_output(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(tuple(shape), dtype=torch.int8, device=like.device, memory_format=output_layout(shape))
+
+
+def storage_strides(shape: Sequence[int], row_major: bool = False) -> list[int]:
+    """Element stride of each logical dim of a tensor's C bytes (``row_major``: a constant array,
+    which the emitter writes in logical order whatever its rank)."""
+    strides, step = [0] * len(shape), 1
+    for d in reversed(range(len(shape)) if row_major else storage_dim_order(len(shape))):
+        strides[d] = step
+        step *= int(shape[d])
+    return strides
+
+
+def loop_geometry(out_shape: Sequence[int], in_shape: Sequence[int],
+                  row_major: bool = False) -> tuple[list[int], list[int], list[int]]:
+    """``(output dims, input dims, input strides)``, each 4 values in the output's storage order
+    (padded with leading 1s / 0s): the loops of a C kernel writing the output bytes in order.
+
+    The input is aligned on the right (numpy broadcasting); along a dim where it has size 1 its
+    stride is 0 and its dim 1."""
+    out_shape, in_shape = [int(d) for d in out_shape], [int(d) for d in in_shape]
+    in_strides = storage_strides(in_shape, row_major)
+    lead = len(out_shape) - len(in_shape)
+    dims, idims, strides = [], [], []
+    for d in storage_dim_order(len(out_shape)):
+        j = d - lead
+        size = in_shape[j] if j >= 0 else 1
+        dims.append(out_shape[d])
+        idims.append(size)
+        strides.append(in_strides[j] if size != 1 else 0)
+    pad = MAX_RANK - len(dims)
+    return [1] * pad + dims, [1] * pad + idims, [0] * pad + strides
+
+
+def is_dense(dims: Sequence[int], strides: Sequence[int]) -> bool:
+    """True when ``strides`` are the row-major strides of ``dims`` (ignoring size-1 dims): the
+    input's bytes are in the output's loop order and the CMSIS-NN kernels can read them."""
+    step = 1
+    for size, stride in zip(reversed(list(dims)), reversed(list(strides))):
+        if size != 1 and stride != step:
+            return False
+        step *= size
+    return True
+
+
+def is_constant(node) -> bool:
+    """A lifted constant of the exported program (not an activation buffer)."""
+    return isinstance(node, torch.fx.Node) and node.op == "placeholder"
+
+
+def operand_geometry(ctx, name: str) -> tuple[list[int], list[int], list[int]]:
+    """:func:`loop_geometry` of the input ``name`` of this node (constants are row-major arrays)."""
+    node = ctx.arg(name)
+    return loop_geometry(ctx.shape(), ctx.shape(node), row_major=is_constant(node))
+
+
+def operand_expr(ctx, name: str) -> str:
+    """C expression of input ``name``: its activation buffer, or its constant array."""
+    return ctx.const(name, torch.int8) if is_constant(ctx.arg(name)) else ctx.input(name)
+
+
+def broadcast_struct(ctx) -> str:
+    """C initialiser statement of ``corten_broadcast shape`` for this node's two inputs."""
+    o, _, s1 = operand_geometry(ctx, "input1")
+    _, _, s2 = operand_geometry(ctx, "input2")
+    fmt = lambda v: "{" + ", ".join(str(int(x)) for x in v) + "}"  # noqa: E731
+    return f"const corten_broadcast shape = {{{fmt(o)}, {fmt(s1)}, {fmt(s2)}}};"
+
+
+def same_dense_shape(ctx) -> bool:
+    """True when both inputs have the output's shape and byte order (a flat elementwise loop)."""
+    for name in ("input1", "input2"):
+        dims, idims, strides = operand_geometry(ctx, name)
+        if idims != dims or not is_dense(idims, strides):
+            return False
+    return True
+
+
+def numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

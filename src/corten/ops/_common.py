@@ -1,0 +1,201 @@
+"""Helpers shared by several op families (they never import one another; they import this).
+
+* byte layout: 4-D activations are NCHW tensors whose bytes are NHWC (``channels_last``), every
+  other rank is row-major;
+* the checks and int32 -> int8 output stage every convolution shares;
+* 1-D ops lowered through their 2-D op on an ``[N, C, 1, L]`` view;
+* the operands of elementwise binary ops (ranks, a constant or Python-number operand).
+
+Like :mod:`corten.ops._rules` this module sits below the families: it imports no family module.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from corten.errors import LoweringError
+from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
+from corten.ops import checks
+from corten.ops._qparams import QParams
+from corten.ops._rules import DQ_PER_TENSOR, Int8Value, Match
+
+MAX_RANK = 4  # elementwise ops: the C kernels loop over 4 dims
+
+aten = torch.ops.aten
+
+# Shape-only ATen ops, lowered by the shape family (to ``aten.reshape``) and recognised by others.
+RESHAPES = (aten.flatten.using_ints, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default)
+
+
+# ----------------------------------------------------------------------------- byte layout
+def storage_dim_order(rank: int) -> tuple[int, ...]:
+    """The logical dimension held at each storage (byte-order) position, outermost first:
+    ``(0, 2, 3, 1)`` for a 4-D NCHW activation stored NHWC, ``(0, 1, ..., rank - 1)`` otherwise."""
+    return (0, 2, 3, 1) if rank == 4 else tuple(range(rank))
+
+
+def storage_shape(shape: Sequence[int]) -> list[int]:
+    """Sizes of a tensor's storage dimensions, outermost first (NHWC for 4-D)."""
+    return [int(shape[d]) for d in storage_dim_order(len(shape))]
+
+
+def output_format(rank: int) -> torch.memory_format:
+    """The memory format of a rank-``rank`` int8 activation: ``channels_last`` (NHWC) for 4-D."""
+    return torch.channels_last if rank == 4 else torch.contiguous_format
+
+
+def layout_of(t: torch.Tensor) -> torch.memory_format:
+    """The memory format ``t`` is in (an elementwise op's output keeps its input's)."""
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+# ----------------------------------------------------------------------------- convolutions
+def check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
+                      output_multiplier, output_shift, activation_min, activation_max, c_out):
+    """The checks conv2d, depthwise, grouped and transposed convolutions share (names ``op``)."""
+    checks.dtype(op, "input", input, torch.int8)
+    checks.ndim(op, "input", input, 4)
+    checks.dtype(op, "weight", weight, torch.int8)
+    checks.ndim(op, "weight", weight, 4)
+    if bias is not None:
+        checks.dtype(op, "bias", bias, torch.int32)
+        checks.shape(op, "bias", bias, (c_out,))
+    checks.pair(op, "stride", stride, 1)
+    checks.pair(op, "padding", padding, 0)
+    checks.pair(op, "dilation", dilation, 1)
+    checks.input_offset(op, "input_offset", input_offset)
+    checks.output_offset(op, "output_offset", output_offset)
+    checks.multipliers(op, output_multiplier, output_shift, c_out)
+    checks.activation(op, activation_min, activation_max)
+
+
+def empty_nchw(n, c, h, w, device):
+    return torch.empty((n, c, h, w), dtype=torch.int8, device=device).contiguous(memory_format=torch.channels_last)
+
+
+# Elements per block of the output stage: a block's int64 temporaries (~10 of them) stay in the
+# L2 cache instead of streaming whole-layer tensors through memory once per arithmetic step.
+FINISH_BLOCK_ELEMENTS = 1 << 17
+
+
+def finish_accumulators(acc: torch.Tensor, bias, output_multiplier, output_shift, output_offset,
+                        activation_min, activation_max) -> torch.Tensor:
+    """int64 NHWC accumulators -> int8 NCHW (channels_last) output, block of rows by block."""
+    n, ho, wo, c = acc.shape
+    rows = acc.reshape(n * ho * wo, c)
+    out = torch.empty((n, ho, wo, c), dtype=torch.int8)
+    out_rows = out.view(n * ho * wo, c)
+    mult, shift = output_multiplier.to(torch.int64), output_shift.to(torch.int64)
+    bias = bias.to(torch.int64) if bias is not None else None
+    step = max(1, FINISH_BLOCK_ELEMENTS // c)
+    for r0 in range(0, rows.shape[0], step):
+        block = rows[r0:r0 + step]
+        if bias is not None:
+            block = wrap_int32_t(block + bias)  # the C accumulator is int32 and wraps
+        block = requantize(block, mult, shift)
+        block = wrap_int32_t(block + output_offset)  # int32 addition in C: wraps before the clamp
+        out_rows[r0:r0 + step] = clamp_activation(block, activation_min, activation_max)
+    return out.permute(0, 3, 1, 2)
+
+
+# ----------------------------------------------------------------------------- 1-D ops via 2-D
+# A 1-D op on ``[N, C, L]`` runs as its 2-D op on the ``[N, C, 1, L]`` view.  The reshapes are not
+# free in C (a 3-D tensor's bytes are NCL, the 4-D view's are NHWC = [N, 1, L, C]): the generator
+# copies.  A chain of 1-D ops (conv1d -> max_pool1d -> conv1d ...) keeps the 4-D tensor: the
+# reshape back to 3-D records its 4-D source, and the next 1-D op reads that source directly.
+VIEW_4D_SOURCE = "corten_view_4d_source"  # on a 3-D reshape: the [N, C, 1, L] node it reshapes
+VIEW_4D_SHAPE = "corten_view_4d_shape"  # on a 4-D node made by a 1-D lowering: its shape
+
+
+def fake_like(m: Match, shape, channels_last: bool):
+    """A FakeTensor of ``shape`` (int8) for a node the rule creates, from the graph's fake mode."""
+    val = m.out_q.meta.get("val")
+    mode = getattr(val, "fake_mode", None)
+    if mode is None:
+        return None
+    with mode:
+        t = torch.empty(list(shape), dtype=torch.int8)
+        return t.contiguous(memory_format=torch.channels_last) if channels_last else t
+
+
+def as_4d_view(m: Match, x_node, shape3) -> torch.fx.Node:
+    """``x_node`` (int8 ``[N, C, L]``) as ``[N, C, 1, L]``: the 4-D tensor it was made from when a
+    1-D lowering produced it, else a new ``aten.reshape``."""
+    n, c, length = (int(d) for d in shape3)
+    shape4 = [n, c, 1, length]
+    source = x_node.meta.get(VIEW_4D_SOURCE)
+    if source is not None and list(source.meta.get(VIEW_4D_SHAPE, ())) == shape4:
+        return source
+    view = m.call_aten(torch.ops.aten.reshape.default, x_node, shape4)
+    view.meta["val"] = fake_like(m, shape4, channels_last=False)
+    view.meta[VIEW_4D_SHAPE] = shape4
+    return view
+
+
+def back_to_3d(m: Match, y4, shape4) -> torch.fx.Node:
+    """The 4-D result ``y4`` of shape ``[N, C, 1, L]`` reshaped to the op's ``[N, C, L]`` output."""
+    n, c, _, length = (int(d) for d in shape4)
+    y4.meta["val"] = fake_like(m, shape4, channels_last=True)
+    y4.meta[VIEW_4D_SHAPE] = list(shape4)
+    out = m.call_aten(torch.ops.aten.reshape.default, y4, [n, c, length])
+    out.meta[VIEW_4D_SOURCE] = y4
+    return out
+
+
+# ----------------------------------------------------------------------------- binary operands
+def check_lowerable_shapes(m: Match, what: str) -> None:
+    """Both operands int8 activations of rank <= 4 (broadcasting allowed)."""
+    if len(m.inputs) != 2:
+        raise LoweringError(f"{what} of a tensor and a constant or Python scalar is not supported: both operands "
+                            "must be int8 activations (compute the constant part in the model, or fold it into "
+                            "a neighbouring conv/linear)")
+    check_ranks(m, what)
+
+
+def check_ranks(m: Match, what: str) -> None:
+    """The activation operands and the output have ranks 1 to 4 (the C kernels' loops)."""
+    for v in (*m.inputs, m):
+        val = v.node.meta.get("val")
+        rank = len(val.shape) if isinstance(val, torch.Tensor) else 1
+        if not 1 <= rank <= MAX_RANK:
+            raise LoweringError(f"{what} of rank-{rank} tensors is not supported (ranks 1 to {MAX_RANK})")
+
+
+def constant_operand(m: Match, x) -> tuple[torch.Tensor, QParams]:
+    """The constant operand of ``x * c`` (or ``x - c``, ``c - x``) as an int8 tensor and its qparams.
+
+    * a Python number ``k``: the one-element tensor ``[sign(k)]`` with scale ``|k|`` and zero
+      point 0, so that ``|k|`` folds into the requantization (``s_x * |k| / s_out``) exactly;
+    * a constant tensor the quantizer quantized (``dequantize(int8 constant)``): its int8 values
+      and per-tensor qparams; it is read in place of an activation, broadcast like one."""
+    others = [a for a in m.node.args[:2]
+              if not (isinstance(a, torch.fx.Node) and a.target in DQ_PER_TENSOR and a.args[0] is x.node)]
+    what = m.node.target.__name__.split(".")[0]
+    if len(others) != 1:
+        raise LoweringError(f"{what}: expected one int8 activation operand and one constant")
+    c = others[0]
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        if not math.isfinite(c):
+            raise LoweringError(f"{what} with {c!r}: the constant must be finite")
+        return torch.tensor([-1 if c < 0 else 1], dtype=torch.int8), QParams(abs(float(c)), 0)
+    if isinstance(c, torch.fx.Node) and c.target in DQ_PER_TENSOR and c.args[0].op == "get_attr":
+        values = m.constant(c.args[0])
+        scale, zero_point = c.args[1], c.args[2]
+        if values.dtype != torch.int8 or not isinstance(scale, float) or not isinstance(zero_point, int):
+            raise LoweringError(f"{what}: the constant operand is not an int8 per-tensor quantized constant")
+        if not 1 <= values.dim() <= MAX_RANK:
+            raise LoweringError(f"{what}: a rank-{values.dim()} constant operand is not supported "
+                                f"(ranks 1 to {MAX_RANK})")
+        return values, QParams(float(scale), int(zero_point))
+    raise LoweringError(f"{what} of a tensor and an unquantized constant is not supported: both operands must be "
+                        "int8 activations, quantized constants (CortenQuantizer) or a Python number")
+
+
+def is_activation_operand(arg, x: Int8Value) -> bool:
+    """True when the ATen argument ``arg`` reads the int8 activation ``x`` (through its dequantize)."""
+    return isinstance(arg, torch.fx.Node) and arg.target in DQ_PER_TENSOR and arg.args[0] is x.node

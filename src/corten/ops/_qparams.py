@@ -1,0 +1,75 @@
+"""Quantization-parameter math done ahead of time by the lowering rules (pure functions).
+
+Part of the rule API below the op families (see :mod:`corten.ops._rules`)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from corten.fixed_point import INT8_MAX, INT8_MIN, quantize_multiplier, round_half_away
+
+ADD_LEFT_SHIFT = 20  # TFLite's left shift for int8 add: 255 << 20 still fits in int32
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Per-tensor affine int8 parameters: ``real = scale * (q - zero_point)``."""
+
+    scale: float
+    zero_point: int
+
+    @property
+    def offset(self) -> int:
+        """CMSIS-NN's input offset: the negated zero point."""
+        return -self.zero_point
+
+
+def quantize_value(x: float, q: QParams) -> int:
+    """A real value on the int8 grid of ``q``, saturated (TFLite ``CalculateActivationRangeQuantized``)."""
+    if math.isinf(x):
+        return INT8_MAX if x > 0 else INT8_MIN
+    v = q.zero_point + round_half_away(x / q.scale)
+    return max(INT8_MIN, min(INT8_MAX, v))
+
+
+def activation_range(q: QParams, lo: float | None, hi: float | None) -> tuple[int, int]:
+    """int8 ``[activation_min, activation_max]`` of a fused clamp to ``[lo, hi]`` (None: unbounded)."""
+    amin = INT8_MIN if lo is None else quantize_value(lo, q)
+    amax = INT8_MAX if hi is None else quantize_value(hi, q)
+    return amin, amax
+
+
+def per_channel_multipliers(input_scale: float, weight_scales: torch.Tensor,
+                            output_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_scale * weight_scale[c] / output_scale`` -> int32 multiplier and shift tensors.
+
+    The effective scale is formed in float64 from the float32 scales, as TFLite does in double.
+    """
+    mults, shifts = [], []
+    for ws in weight_scales.to(torch.float64).tolist():
+        m, s = quantize_multiplier(float(input_scale) * ws / float(output_scale))
+        mults.append(m)
+        shifts.append(s)
+    return torch.tensor(mults, dtype=torch.int32), torch.tensor(shifts, dtype=torch.int32)
+
+
+@dataclass(frozen=True)
+class AddParams:
+    input1_multiplier: int
+    input1_shift: int
+    input2_multiplier: int
+    input2_shift: int
+    output_multiplier: int
+    output_shift: int
+    left_shift: int = ADD_LEFT_SHIFT
+
+
+def add_params(s1: float, s2: float, s_out: float) -> AddParams:
+    """TFLite int8 ADD preparation: both inputs rescaled to ``2 * max(s1, s2)`` after a left shift."""
+    twice_max = 2.0 * max(s1, s2)
+    m1, sh1 = quantize_multiplier(s1 / twice_max)
+    m2, sh2 = quantize_multiplier(s2 / twice_max)
+    mo, sho = quantize_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT) * s_out))
+    return AddParams(m1, sh1, m2, sh2, mo, sho)

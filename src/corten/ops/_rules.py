@@ -1,0 +1,207 @@
+"""The rule API: what a lowering rule sees, one quantized ATen op with its q/dq neighbourhood resolved.
+
+This module sits below the op families (they import it at the top; it never imports a family or
+:mod:`corten.lowering`); :mod:`corten.lowering` builds the :class:`Match` objects and calls the
+rules the families registered with :func:`corten.ops.registry.lowers`.
+
+In a PT2E-converted graph every int8 tensor is the output of a ``quantize_per_tensor`` node and is
+read through ``dequantize_per_tensor`` nodes.  A compute op ``op(dq(x), dq_w(w), ...)`` followed by
+an optional fused activation and ``quantize_per_tensor`` becomes one Corten op reading ``x`` (int8)
+and replacing that final quantize.  The :class:`Match` hands a rule the int8 inputs with their
+qparams, the constant int8 weights and int32 biases, the output qparams and the fused activation,
+and lets it add constants and Corten nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.fx import GraphModule, Node
+
+from corten.errors import LoweringError
+from corten.fixed_point import INT8_MAX, INT8_MIN, round_half_away_t
+from corten.ops._qparams import QParams, activation_range
+from corten.ops.registry import op as corten_op
+
+aten = torch.ops.aten
+
+
+class _QDQTargets:
+    """The ``quantized_decomposed`` q/dq overloads PT2E's convert emits, resolved on first use (the
+    namespace is registered on first use, keeping ``import corten`` light)."""
+
+    def __init__(self, *names: str):
+        self.names = names
+        self._set: frozenset | None = None
+
+    def _targets(self) -> frozenset:
+        if self._set is None:
+            from torch.ao.quantization.fx._decomposed import quantized_decomposed_lib  # noqa: F401
+
+            qd = torch.ops.quantized_decomposed
+            self._set = frozenset(getattr(getattr(qd, op), ov) for op, ov in (n.split(".") for n in self.names))
+        return self._set
+
+    def __contains__(self, target) -> bool:
+        return target in self._targets()
+
+
+Q_PER_TENSOR = _QDQTargets("quantize_per_tensor.default", "quantize_per_tensor.tensor")
+DQ_PER_TENSOR = _QDQTargets("dequantize_per_tensor.default", "dequantize_per_tensor.tensor")
+DQ_PER_CHANNEL = _QDQTargets("dequantize_per_channel.default")
+
+# The one table of fusable activations: the quantizer fuses them into the op before them (no
+# quantize in between) and the lowering folds them into activation_min/max.  (lo, hi) in real
+# numbers for the node's arguments (None: unbounded).
+ACTIVATIONS = {
+    aten.relu.default: lambda n: (0.0, None),
+    aten.relu_.default: lambda n: (0.0, None),
+    aten.relu6.default: lambda n: (0.0, 6.0),
+    aten.hardtanh.default: lambda n: (_arg(n, 1, "min_val", -1.0), _arg(n, 2, "max_val", 1.0)),
+    aten.hardtanh_.default: lambda n: (_arg(n, 1, "min_val", -1.0), _arg(n, 2, "max_val", 1.0)),
+    aten.clamp.default: lambda n: (_arg(n, 1, "min", None), _arg(n, 2, "max", None)),
+    aten.clamp_.default: lambda n: (_arg(n, 1, "min", None), _arg(n, 2, "max", None)),
+}
+
+
+def _arg(node: Node, i: int, name: str, default):
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+@dataclass
+class Int8Value:
+    """An int8 tensor of the lowered graph and its quantization parameters."""
+
+    node: Node
+    qparams: QParams
+
+
+def qparams_of(q_or_dq: Node) -> QParams:
+    scale, zp = q_or_dq.args[1], q_or_dq.args[2]
+    if isinstance(scale, Node) or isinstance(zp, Node):
+        raise LoweringError(f"{q_or_dq.name}: quantization parameters are not constants")
+    if q_or_dq.args[5] != torch.int8 or q_or_dq.args[3] != INT8_MIN or q_or_dq.args[4] != INT8_MAX:
+        raise LoweringError(f"{q_or_dq.name}: only int8 [-128, 127] quantization is supported")
+    return QParams(float(scale), int(zp))
+
+
+def source_location(node: Node) -> str:
+    """``file:line in fn`` of the user's code that created ``node`` (last frame of its stack trace)."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip().startswith("File ")]
+    if not lines:
+        return "<unknown source>"
+    # Prefer the innermost frame in the user's code over torch's own layers (nn.Conv2d.forward...).
+    user = [ln for ln in lines if not _is_library_frame(ln)]
+    # 'File "/path/m.py", line 12, in forward'
+    last = (user or lines)[-1]
+    try:
+        path = last.split('"')[1]
+        rest = last.split('"', 2)[2].strip(", ")
+        return f"{path}:{rest.replace('line ', '').replace(', in ', ' in ')}"
+    except IndexError:
+        return last
+
+
+def _is_library_frame(line: str) -> bool:
+    import os
+
+    path = line.split('"')[1] if line.count('"') >= 2 else line
+    roots = [os.path.dirname(torch.__file__)]
+    try:
+        import torchao
+
+        roots.append(os.path.dirname(torchao.__file__))
+    except ImportError:  # pragma: no cover
+        pass
+    return any(path.startswith(r + os.sep) for r in roots)
+
+
+@dataclass
+class Match:
+    gm: GraphModule
+    node: Node  # the ATen compute node
+    inputs: list[Int8Value]  # the dequantized activation arguments, in argument order
+    out_q: Node  # the quantize_per_tensor that ends the pattern (replaced by the rule's result)
+    output: QParams
+    activation: Node | None = None
+    new_nodes: list[Node] = field(default_factory=list)
+
+    # -- reading the pattern
+    @property
+    def activation_bounds(self) -> tuple[int, int]:
+        if self.activation is None:
+            return INT8_MIN, INT8_MAX
+        lo, hi = ACTIVATIONS[self.activation.target](self.activation)
+        return activation_range(self.output, lo, hi)
+
+    def constant(self, node: Node) -> torch.Tensor:
+        if node.op != "get_attr":
+            raise LoweringError(f"{self.node.name}: {node.name} is not a constant")
+        obj = self.gm
+        for part in node.target.split("."):
+            obj = getattr(obj, part)
+        return obj.detach()
+
+    def quantized_constant(self, dq: Node) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+        """``dequantize_per_channel/tensor(const)`` -> (integer tensor, scales, channel axis)."""
+        if not isinstance(dq, Node):
+            raise LoweringError(f"{self.node.name}: expected a quantized constant argument, got {dq!r}")
+        if dq.target in DQ_PER_CHANNEL:
+            values = self.constant(dq.args[0])
+            scales = self.constant(dq.args[1])
+            zps = self.constant(dq.args[2])
+            if torch.any(zps != 0):
+                raise LoweringError(f"{self.node.name}: weights must be symmetric (zero point 0)")
+            return values, scales.to(torch.float64), int(dq.args[3])
+        if dq.target in DQ_PER_TENSOR:
+            values = self.constant(dq.args[0])
+            if int(dq.args[2]) != 0:
+                raise LoweringError(f"{self.node.name}: weights must be symmetric (zero point 0)")
+            return values, torch.tensor([float(dq.args[1])], dtype=torch.float64), None
+        raise LoweringError(f"{self.node.name}: argument {dq.name} is not a quantized constant "
+                            "(weights must be constants quantized by CortenQuantizer)")
+
+    def bias_int32(self, bias_arg, input_scale: float, weight_scales: torch.Tensor) -> torch.Tensor | None:
+        """The int32 bias: from its quantized constant, or - for a float bias the quantizer did not
+        see (QAT's conv-BN folding adds one) - quantized here with scale input_scale * weight_scale."""
+        if bias_arg is None:
+            return None
+        if isinstance(bias_arg, Node) and bias_arg.op == "get_attr":
+            b = self.constant(bias_arg).to(torch.float64)
+            q = b / (float(input_scale) * weight_scales.to(torch.float64))
+            q = round_half_away_t(q)
+            return q.clamp(-(2**31) + 1, 2**31 - 1).to(torch.int32)
+        return self.quantized_constant(bias_arg)[0].to(torch.int32)
+
+    # -- building the replacement
+    def add_constant(self, tensor: torch.Tensor, hint: str) -> Node:
+        # Named after the node it serves, so that compiling a model twice gives the same program.
+        name = f"_corten_{self.node.name}_{hint}"
+        while hasattr(self.gm, name):
+            name += "_"
+        self.gm.register_buffer(name, tensor.detach().clone().contiguous())
+        with self.gm.graph.inserting_before(self.out_q):
+            n = self.gm.graph.get_attr(name)
+        self.new_nodes.append(n)
+        return n
+
+    def call(self, op_name: str, *args) -> Node:
+        with self.gm.graph.inserting_before(self.out_q):
+            n = self.gm.graph.call_function(corten_op(op_name), tuple(args))
+        n.meta["stack_trace"] = self.node.meta.get("stack_trace")
+        n.meta["corten_source"] = self.node.name
+        # The quantize this node replaces has its int8 shape; the final export recomputes it.
+        n.meta["val"] = self.out_q.meta.get("val")
+        self.new_nodes.append(n)
+        return n
+
+    def call_aten(self, target, *args) -> Node:
+        with self.gm.graph.inserting_before(self.out_q):
+            n = self.gm.graph.call_function(target, tuple(args))
+        n.meta["stack_trace"] = self.node.meta.get("stack_trace")
+        n.meta["val"] = self.out_q.meta.get("val")
+        self.new_nodes.append(n)
+        return n
