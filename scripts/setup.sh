@@ -10,6 +10,7 @@ command -v arm-none-eabi-gcc >/dev/null || need_apt+=(gcc-arm-none-eabi)
 command -v qemu-system-arm >/dev/null || need_apt+=(qemu-system-arm)
 command -v gcc >/dev/null || need_apt+=(gcc)
 command -v make >/dev/null || need_apt+=(make)
+command -v clang >/dev/null || need_apt+=(clang)  # strict-warning builds of the generated C (tests)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== apt-get install ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -60,13 +60,13 @@ static void corten_conv_window_acc(const corten_conv_params *p, const corten_win
         for (r = 0; r < runs; r++) {
             const int32_t kx = win->kx_begin + r;
             const int32_t ix = win->ix0 + kx * p->dilation_w;
-            const int8_t *x = in_batch + ((size_t)iy * in_w + ix) * c_in;
-            const int8_t *w = w_oc + ((size_t)ky * kw + kx) * c_in;
+            const int8_t *x = in_batch + ((ptrdiff_t)iy * in_w + ix) * c_in;
+            const int8_t *w = w_oc + ((ptrdiff_t)ky * kw + kx) * c_in;
             if (group == 4) {
                 corten_dot4_offset_s8(x, w, filter_row, run, p->input_offset, acc);
             } else {
                 for (g = 0; g < group; g++) {
-                    acc[g] += (uint32_t)corten_dot_offset_s8(x, w + (size_t)g * filter_row, run, p->input_offset);
+                    acc[g] += (uint32_t)corten_dot_offset_s8(x, w + (ptrdiff_t)g * filter_row, run, p->input_offset);
                 }
             }
         }
@@ -105,10 +105,10 @@ static void corten_conv2d_patch(const corten_conv_params *p, const corten_quant 
     int16_t patch[CORTEN_PATCH_MAX];
     int32_t b, oy, ox, oc, ky, kx, c, k;
     for (b = 0; b < in_dims->n; b++) {
-        const int8_t *in_batch = input + (size_t)b * in_h * in_w * c_in;
+        const int8_t *in_batch = input + (ptrdiff_t)b * in_h * in_w * c_in;
         for (oy = 0; oy < out_dims->h; oy++) {
             for (ox = 0; ox < out_dims->w; ox++) {
-                int8_t *out_px = output + (((size_t)b * out_dims->h + oy) * out_dims->w + ox) * c_out;
+                int8_t *out_px = output + (((ptrdiff_t)b * out_dims->h + oy) * out_dims->w + ox) * c_out;
                 const int32_t iy0 = oy * p->stride_h - p->pad_h, ix0 = ox * p->stride_w - p->pad_w;
                 k = 0;
                 for (ky = 0; ky < kh; ky++) {
@@ -116,7 +116,7 @@ static void corten_conv2d_patch(const corten_conv_params *p, const corten_quant 
                     for (kx = 0; kx < kw; kx++) {
                         const int32_t ix = ix0 + kx * p->dilation_w;
                         if (iy >= 0 && iy < in_h && ix >= 0 && ix < in_w) {
-                            const int8_t *x = in_batch + ((size_t)iy * in_w + ix) * c_in;
+                            const int8_t *x = in_batch + ((ptrdiff_t)iy * in_w + ix) * c_in;
                             for (c = 0; c < c_in; c++) {
                                 patch[k++] = (int16_t)(x[c] + off16);
                             }
@@ -132,14 +132,14 @@ static void corten_conv2d_patch(const corten_conv_params *p, const corten_quant 
                 }
                 for (oc = 0; oc < c_out; oc += 4) {
                     const int32_t group = (c_out - oc) < 4 ? (c_out - oc) : 4;
-                    const int8_t *w = filter + (size_t)oc * filter_row;
+                    const int8_t *w = filter + (ptrdiff_t)oc * filter_row;
                     uint32_t acc[4] = {0u, 0u, 0u, 0u};
                     if (group == 4 && (oc + 3) * filter_row + padded <= c_out * filter_row) {
                         corten_dot4_patch(patch, w, filter_row, padded, acc);
                     } else {
                         int32_t g;
                         for (g = 0; g < group; g++) {
-                            acc[g] = corten_dot_patch(patch, w + (size_t)g * filter_row, filter_row);
+                            acc[g] = corten_dot_patch(patch, w + (ptrdiff_t)g * filter_row, filter_row);
                         }
                     }
                     corten_conv_store(p, q, bias, acc, oc, group, out_px);
@@ -163,8 +163,8 @@ static void corten_conv2d_tiled(const corten_conv_params *p, const corten_quant 
     corten_window win[CORTEN_PIXEL_TILE];
     int32_t b, p0, t, oc;
     for (b = 0; b < in_dims->n; b++) {
-        const int8_t *in_batch = input + (size_t)b * in_h * in_w * c_in;
-        int8_t *out_batch = output + (size_t)b * pixels * c_out;
+        const int8_t *in_batch = input + (ptrdiff_t)b * in_h * in_w * c_in;
+        int8_t *out_batch = output + (ptrdiff_t)b * pixels * c_out;
         for (p0 = 0; p0 < pixels; p0 += CORTEN_PIXEL_TILE) {
             const int32_t count = (pixels - p0) < CORTEN_PIXEL_TILE ? (pixels - p0) : CORTEN_PIXEL_TILE;
             for (t = 0; t < count; t++) {
@@ -172,11 +172,11 @@ static void corten_conv2d_tiled(const corten_conv_params *p, const corten_quant 
             }
             for (oc = 0; oc < c_out; oc += 4) {
                 const int32_t group = (c_out - oc) < 4 ? (c_out - oc) : 4;
-                const int8_t *w_oc = filter + (size_t)oc * filter_row;
+                const int8_t *w_oc = filter + (ptrdiff_t)oc * filter_row;
                 for (t = 0; t < count; t++) {
                     uint32_t acc[4] = {0u, 0u, 0u, 0u};
                     corten_conv_window_acc(p, &win[t], in_batch, in_w, c_in, w_oc, kw, filter_row, group, acc);
-                    corten_conv_store(p, q, bias, acc, oc, group, out_batch + (size_t)(p0 + t) * c_out);
+                    corten_conv_store(p, q, bias, acc, oc, group, out_batch + (ptrdiff_t)(p0 + t) * c_out);
                 }
             }
         }
@@ -212,7 +212,7 @@ static void corten_depthwise_mult1(const corten_conv_params *p, const corten_qua
     const int16_t off16 = (int16_t)p->input_offset;
     int32_t b, oy, ox;
     for (b = 0; b < in_dims->n; b++) {
-        const int8_t *in_batch = input + (size_t)b * in_h * in_w * ch;
+        const int8_t *in_batch = input + (ptrdiff_t)b * in_h * in_w * ch;
         for (oy = 0; oy < out_dims->h; oy++) {
             const int32_t iy0 = oy * p->stride_h - p->pad_h;
             const int32_t ky_begin = corten_first_valid_tap(iy0, p->dilation_h);
@@ -221,7 +221,7 @@ static void corten_depthwise_mult1(const corten_conv_params *p, const corten_qua
                 const int32_t ix0 = ox * p->stride_w - p->pad_w;
                 const int32_t kx_begin = corten_first_valid_tap(ix0, p->dilation_w);
                 const int32_t kx_end = corten_end_valid_tap(ix0, p->dilation_w, kw, in_w);
-                int8_t *out_px = output + (((size_t)b * out_dims->h + oy) * out_dims->w + ox) * ch;
+                int8_t *out_px = output + (((ptrdiff_t)b * out_dims->h + oy) * out_dims->w + ox) * ch;
                 int32_t c0;
                 for (c0 = 0; c0 < ch; c0 += CORTEN_BLOCK) {
                     const int32_t count = (ch - c0) < CORTEN_BLOCK ? (ch - c0) : CORTEN_BLOCK;
@@ -234,15 +234,15 @@ static void corten_depthwise_mult1(const corten_conv_params *p, const corten_qua
                         const int32_t iy = iy0 + ky * p->dilation_h;
                         for (kx = kx_begin; kx < kx_end; kx++) {
                             const int32_t ix = ix0 + kx * p->dilation_w;
-                            const int8_t *x = in_batch + ((size_t)iy * in_w + ix) * ch + c0;
-                            const int8_t *w = filter + ((size_t)ky * kw + kx) * ch + c0;
+                            const int8_t *x = in_batch + ((ptrdiff_t)iy * in_w + ix) * ch + c0;
+                            const int8_t *w = filter + ((ptrdiff_t)ky * kw + kx) * ch + c0;
                             if (count == CORTEN_BLOCK) {
                                 for (j = 0; j < CORTEN_BLOCK; j++) {
-                                    acc[j] += (uint32_t)(int32_t)corten_mul_s16((int16_t)(x[j] + off16), w[j]);
+                                    acc[j] += corten_widen_s16(corten_mul_s16((int16_t)(x[j] + off16), w[j]));
                                 }
                             } else {
                                 for (j = 0; j < count; j++) {
-                                    acc[j] += (uint32_t)(int32_t)corten_mul_s16((int16_t)(x[j] + off16), w[j]);
+                                    acc[j] += corten_widen_s16(corten_mul_s16((int16_t)(x[j] + off16), w[j]));
                                 }
                             }
                         }
@@ -269,7 +269,7 @@ static void corten_depthwise_general(const corten_conv_params *p, const corten_q
     const int32_t c_out = out_dims->c, mult = p->depth_multiplier;
     int32_t b, oy, ox, o;
     for (b = 0; b < in_dims->n; b++) {
-        const int8_t *in_batch = input + (size_t)b * in_h * in_w * c_in;
+        const int8_t *in_batch = input + (ptrdiff_t)b * in_h * in_w * c_in;
         for (oy = 0; oy < out_dims->h; oy++) {
             const int32_t iy0 = oy * p->stride_h - p->pad_h;
             const int32_t ky_begin = corten_first_valid_tap(iy0, p->dilation_h);
@@ -278,7 +278,7 @@ static void corten_depthwise_general(const corten_conv_params *p, const corten_q
                 const int32_t ix0 = ox * p->stride_w - p->pad_w;
                 const int32_t kx_begin = corten_first_valid_tap(ix0, p->dilation_w);
                 const int32_t kx_end = corten_end_valid_tap(ix0, p->dilation_w, kw, in_w);
-                int8_t *out_px = output + (((size_t)b * out_dims->h + oy) * out_dims->w + ox) * c_out;
+                int8_t *out_px = output + (((ptrdiff_t)b * out_dims->h + oy) * out_dims->w + ox) * c_out;
                 for (o = 0; o < c_out; o++) {
                     const int32_t c = o / mult;
                     uint32_t acc = bias != NULL ? (uint32_t)bias[o] : 0u;
@@ -287,8 +287,8 @@ static void corten_depthwise_general(const corten_conv_params *p, const corten_q
                         const int32_t iy = iy0 + ky * p->dilation_h;
                         for (kx = kx_begin; kx < kx_end; kx++) {
                             const int32_t ix = ix0 + kx * p->dilation_w;
-                            const int32_t xv = (int32_t)in_batch[((size_t)iy * in_w + ix) * c_in + c] + p->input_offset;
-                            acc += (uint32_t)(xv * (int32_t)filter[((size_t)ky * kw + kx) * c_out + o]);
+                            const int32_t xv = (int32_t)in_batch[((ptrdiff_t)iy * in_w + ix) * c_in + c] + p->input_offset;
+                            acc += (uint32_t)(xv * (int32_t)filter[((ptrdiff_t)ky * kw + kx) * c_out + o]);
                         }
                     }
                     out_px[o] = corten_finish(corten_u32_to_i32(acc), o, q->multiplier, q->shift, q->per_channel,
@@ -346,23 +346,23 @@ int corten_grouped_conv2d_s8(const corten_conv_params *params, const corten_quan
     }
     per_group = c_out / groups;
     for (b = 0; b < input_dims->n; b++) {
-        const int8_t *in_batch = input + (size_t)b * in_h * in_w * c_in;
+        const int8_t *in_batch = input + (ptrdiff_t)b * in_h * in_w * c_in;
         for (oy = 0; oy < output_dims->h; oy++) {
             for (ox = 0; ox < output_dims->w; ox++) {
                 corten_window win;
-                int8_t *out_px = output + (((size_t)b * output_dims->h + oy) * output_dims->w + ox) * c_out;
+                int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * c_out;
                 corten_window_at(p, oy, ox, kh, kw, in_h, in_w, &win);
                 for (o = 0; o < c_out; o++) {
                     const int32_t first_channel = (o / per_group) * ck;
-                    const int8_t *w_o = filter + (size_t)o * kh * kw * ck;
+                    const int8_t *w_o = filter + (ptrdiff_t)o * kh * kw * ck;
                     uint32_t acc = bias != NULL ? (uint32_t)bias[o] : 0u;
                     int32_t ky, kx;
                     for (ky = win.ky_begin; ky < win.ky_end; ky++) {
                         const int32_t iy = win.iy0 + ky * p->dilation_h;
                         for (kx = win.kx_begin; kx < win.kx_end; kx++) {
                             const int32_t ix = win.ix0 + kx * p->dilation_w;
-                            const int8_t *x = in_batch + ((size_t)iy * in_w + ix) * c_in + first_channel;
-                            acc += (uint32_t)corten_dot_offset_s8(x, w_o + ((size_t)ky * kw + kx) * ck, ck,
+                            const int8_t *x = in_batch + ((ptrdiff_t)iy * in_w + ix) * c_in + first_channel;
+                            acc += (uint32_t)corten_dot_offset_s8(x, w_o + ((ptrdiff_t)ky * kw + kx) * ck, ck,
                                                                   p->input_offset);
                         }
                     }

@@ -63,12 +63,12 @@ int corten_conv_transpose2d_s8(const corten_conv_transpose_params *params, const
     kw = filter_dims->w;
     c_out = output_dims->c;
     for (b = 0; b < input_dims->n; b++) {
-        const int8_t *in_batch = input + (size_t)b * in_h * in_w * c_in;
+        const int8_t *in_batch = input + (ptrdiff_t)b * in_h * in_w * c_in;
         for (oy = 0; oy < output_dims->h; oy++) {
             for (ox = 0; ox < output_dims->w; ox++) {
-                int8_t *out_px = output + (((size_t)b * output_dims->h + oy) * output_dims->w + ox) * c_out;
+                int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * c_out;
                 for (o = 0; o < c_out; o++) {
-                    const int8_t *w_o = filter + (size_t)o * kh * kw * c_in;
+                    const int8_t *w_o = filter + (ptrdiff_t)o * kh * kw * c_in;
                     uint32_t acc = bias != NULL ? (uint32_t)bias[o] : 0u;
                     for (ky = 0; ky < kh; ky++) {
                         const int32_t iy = corten_transpose_source(oy, ky, p->pad_h, p->stride_h, p->dilation_h, in_h);
@@ -81,8 +81,8 @@ int corten_conv_transpose2d_s8(const corten_conv_transpose_params *params, const
                             if (ix < 0) {
                                 continue;
                             }
-                            acc += (uint32_t)corten_dot_offset_s8(in_batch + ((size_t)iy * in_w + ix) * c_in,
-                                                                  w_o + ((size_t)ky * kw + kx) * c_in, c_in,
+                            acc += (uint32_t)corten_dot_offset_s8(in_batch + ((ptrdiff_t)iy * in_w + ix) * c_in,
+                                                                  w_o + ((ptrdiff_t)ky * kw + kx) * c_in, c_in,
                                                                   p->input_offset);
                         }
                     }

@@ -23,6 +23,13 @@ static inline int16_t corten_mul_s16(int16_t x_plus_offset, int8_t w)
     return (int16_t)(x_plus_offset * (int16_t)w);
 }
 
+/** An int16 product as the uint32 addend of a wrapping sum (two's complement; no sign conversion). */
+static inline uint32_t corten_widen_s16(int16_t v)
+{
+    const int32_t wide = v;
+    return (uint32_t)wide;
+}
+
 /** sum_k (x[k] + offset) * w[k], wrapped to int32. */
 static inline int32_t corten_dot_offset_s8(const int8_t *x, const int8_t *w, int32_t n, int32_t offset)
 {
@@ -33,7 +40,7 @@ static inline int32_t corten_dot_offset_s8(const int8_t *x, const int8_t *w, int
         uint32_t part = 0;
         int32_t j;
         for (j = 0; j < CORTEN_BLOCK; j++) {
-            part += (uint32_t)(int32_t)corten_mul_s16((int16_t)(x[k + j] + off16), w[k + j]);
+            part += corten_widen_s16(corten_mul_s16((int16_t)(x[k + j] + off16), w[k + j]));
         }
         sum += part;
     }
@@ -41,12 +48,12 @@ static inline int32_t corten_dot_offset_s8(const int8_t *x, const int8_t *w, int
         uint32_t part = 0;
         int32_t j;
         for (j = 0; j < CORTEN_HALF_BLOCK; j++) {
-            part += (uint32_t)(int32_t)corten_mul_s16((int16_t)(x[k + j] + off16), w[k + j]);
+            part += corten_widen_s16(corten_mul_s16((int16_t)(x[k + j] + off16), w[k + j]));
         }
         sum += part;
     }
     for (; k < n; k++) {
-        sum += (uint32_t)(int32_t)corten_mul_s16((int16_t)(x[k] + off16), w[k]);
+        sum += corten_widen_s16(corten_mul_s16((int16_t)(x[k] + off16), w[k]));
     }
     return corten_u32_to_i32(sum);
 }
@@ -67,10 +74,10 @@ static inline void corten_dot4_offset_s8(const int8_t *x, const int8_t *w, int32
         int32_t j;
         for (j = 0; j < CORTEN_BLOCK; j++) {
             const int16_t xv = (int16_t)(x[k + j] + off16);
-            p0 += (uint32_t)(int32_t)corten_mul_s16(xv, w0[k + j]);
-            p1 += (uint32_t)(int32_t)corten_mul_s16(xv, w1[k + j]);
-            p2 += (uint32_t)(int32_t)corten_mul_s16(xv, w2[k + j]);
-            p3 += (uint32_t)(int32_t)corten_mul_s16(xv, w3[k + j]);
+            p0 += corten_widen_s16(corten_mul_s16(xv, w0[k + j]));
+            p1 += corten_widen_s16(corten_mul_s16(xv, w1[k + j]));
+            p2 += corten_widen_s16(corten_mul_s16(xv, w2[k + j]));
+            p3 += corten_widen_s16(corten_mul_s16(xv, w3[k + j]));
         }
         s0 += p0;
         s1 += p1;
@@ -82,10 +89,10 @@ static inline void corten_dot4_offset_s8(const int8_t *x, const int8_t *w, int32
         int32_t j;
         for (j = 0; j < CORTEN_HALF_BLOCK; j++) {
             const int16_t xv = (int16_t)(x[k + j] + off16);
-            p0 += (uint32_t)(int32_t)corten_mul_s16(xv, w0[k + j]);
-            p1 += (uint32_t)(int32_t)corten_mul_s16(xv, w1[k + j]);
-            p2 += (uint32_t)(int32_t)corten_mul_s16(xv, w2[k + j]);
-            p3 += (uint32_t)(int32_t)corten_mul_s16(xv, w3[k + j]);
+            p0 += corten_widen_s16(corten_mul_s16(xv, w0[k + j]));
+            p1 += corten_widen_s16(corten_mul_s16(xv, w1[k + j]));
+            p2 += corten_widen_s16(corten_mul_s16(xv, w2[k + j]));
+            p3 += corten_widen_s16(corten_mul_s16(xv, w3[k + j]));
         }
         s0 += p0;
         s1 += p1;
@@ -94,10 +101,10 @@ static inline void corten_dot4_offset_s8(const int8_t *x, const int8_t *w, int32
     }
     for (; k < n; k++) {
         const int16_t xv = (int16_t)(x[k] + off16);
-        s0 += (uint32_t)(int32_t)corten_mul_s16(xv, w0[k]);
-        s1 += (uint32_t)(int32_t)corten_mul_s16(xv, w1[k]);
-        s2 += (uint32_t)(int32_t)corten_mul_s16(xv, w2[k]);
-        s3 += (uint32_t)(int32_t)corten_mul_s16(xv, w3[k]);
+        s0 += corten_widen_s16(corten_mul_s16(xv, w0[k]));
+        s1 += corten_widen_s16(corten_mul_s16(xv, w1[k]));
+        s2 += corten_widen_s16(corten_mul_s16(xv, w2[k]));
+        s3 += corten_widen_s16(corten_mul_s16(xv, w3[k]));
     }
     out[0] += s0;
     out[1] += s1;
@@ -123,10 +130,10 @@ static inline void corten_dot4_patch(const int16_t *patch, const int8_t *w, int3
         int32_t j;
         for (j = 0; j < CORTEN_BLOCK; j++) {
             const int16_t xv = patch[k + j];
-            p0 += (uint32_t)(int32_t)corten_mul_s16(xv, w0[k + j]);
-            p1 += (uint32_t)(int32_t)corten_mul_s16(xv, w1[k + j]);
-            p2 += (uint32_t)(int32_t)corten_mul_s16(xv, w2[k + j]);
-            p3 += (uint32_t)(int32_t)corten_mul_s16(xv, w3[k + j]);
+            p0 += corten_widen_s16(corten_mul_s16(xv, w0[k + j]));
+            p1 += corten_widen_s16(corten_mul_s16(xv, w1[k + j]));
+            p2 += corten_widen_s16(corten_mul_s16(xv, w2[k + j]));
+            p3 += corten_widen_s16(corten_mul_s16(xv, w3[k + j]));
         }
         s0 += p0;
         s1 += p1;
@@ -145,7 +152,7 @@ static inline uint32_t corten_dot_patch(const int16_t *patch, const int8_t *w, i
     uint32_t sum = 0;
     int32_t k;
     for (k = 0; k < n; k++) {
-        sum += (uint32_t)(int32_t)corten_mul_s16(patch[k], w[k]);
+        sum += corten_widen_s16(corten_mul_s16(patch[k], w[k]));
     }
     return sum;
 }

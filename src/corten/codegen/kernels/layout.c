@@ -13,14 +13,14 @@ int corten_nhwc_to_nchw_s8(const corten_dims *dims, const int8_t *input, int8_t 
         return CORTEN_ERROR_ARGUMENT;
     }
     for (b = 0; b < dims->n; b++) {
-        const size_t plane = (size_t)dims->h * dims->w;
-        const int8_t *in_batch = input + (size_t)b * plane * dims->c;
-        int8_t *out_batch = output + (size_t)b * plane * dims->c;
+        const ptrdiff_t plane = (ptrdiff_t)dims->h * dims->w;
+        const int8_t *in_batch = input + (ptrdiff_t)b * plane * dims->c;
+        int8_t *out_batch = output + (ptrdiff_t)b * plane * dims->c;
         for (y = 0; y < dims->h; y++) {
             for (x = 0; x < dims->w; x++) {
-                const size_t px = (size_t)y * dims->w + x;
+                const ptrdiff_t px = (ptrdiff_t)y * dims->w + x;
                 for (c = 0; c < dims->c; c++) {
-                    out_batch[(size_t)c * plane + px] = in_batch[px * dims->c + c];
+                    out_batch[(ptrdiff_t)c * plane + px] = in_batch[px * dims->c + c];
                 }
             }
         }
@@ -35,14 +35,14 @@ int corten_nchw_to_nhwc_s8(const corten_dims *dims, const int8_t *input, int8_t 
         return CORTEN_ERROR_ARGUMENT;
     }
     for (b = 0; b < dims->n; b++) {
-        const size_t plane = (size_t)dims->h * dims->w;
-        const int8_t *in_batch = input + (size_t)b * plane * dims->c;
-        int8_t *out_batch = output + (size_t)b * plane * dims->c;
+        const ptrdiff_t plane = (ptrdiff_t)dims->h * dims->w;
+        const int8_t *in_batch = input + (ptrdiff_t)b * plane * dims->c;
+        int8_t *out_batch = output + (ptrdiff_t)b * plane * dims->c;
         for (y = 0; y < dims->h; y++) {
             for (x = 0; x < dims->w; x++) {
-                const size_t px = (size_t)y * dims->w + x;
+                const ptrdiff_t px = (ptrdiff_t)y * dims->w + x;
                 for (c = 0; c < dims->c; c++) {
-                    out_batch[px * dims->c + c] = in_batch[(size_t)c * plane + px];
+                    out_batch[px * dims->c + c] = in_batch[(ptrdiff_t)c * plane + px];
                 }
             }
         }

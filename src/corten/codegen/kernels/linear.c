@@ -20,17 +20,17 @@ int corten_linear_s8(const corten_linear_params *params, const corten_quant *qua
         return CORTEN_ERROR_ARGUMENT;
     }
     for (b = 0; b < batches; b++) {
-        const int8_t *x = input + (size_t)b * in_features;
-        int8_t *y = output + (size_t)b * out_features;
+        const int8_t *x = input + (ptrdiff_t)b * in_features;
+        int8_t *y = output + (ptrdiff_t)b * out_features;
         for (o = 0; o < out_features; o += 4) {
             const int32_t group = (out_features - o) < 4 ? (out_features - o) : 4;
             uint32_t acc[4] = {0u, 0u, 0u, 0u};
-            const int8_t *w = weight + (size_t)o * in_features;
+            const int8_t *w = weight + (ptrdiff_t)o * in_features;
             if (group == 4) {
                 corten_dot4_offset_s8(x, w, in_features, in_features, 0, acc);
             } else {
                 for (g = 0; g < group; g++) {
-                    acc[g] = (uint32_t)corten_dot_offset_s8(x, w + (size_t)g * in_features, in_features, 0);
+                    acc[g] = (uint32_t)corten_dot_offset_s8(x, w + (ptrdiff_t)g * in_features, in_features, 0);
                 }
             }
             for (g = 0; g < group; g++) {

@@ -53,12 +53,12 @@ int corten_avg_pool2d_s8(const corten_pool_params *params, const corten_dims *in
     }
     for (b = 0; b < input_dims->n; b++) {
         const int32_t ch = input_dims->c;
-        const int8_t *in_batch = input + (size_t)b * input_dims->h * input_dims->w * ch;
+        const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;
         for (oy = 0; oy < output_dims->h; oy++) {
             for (ox = 0; ox < output_dims->w; ox++) {
                 const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);
                 const int32_t count = (win.ky_end - win.ky_begin) * (win.kx_end - win.kx_begin);
-                int8_t *out_px = output + (((size_t)b * output_dims->h + oy) * output_dims->w + ox) * ch;
+                int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch;
                 int32_t c0;
                 if (count <= 0) {
                     return CORTEN_ERROR_ARGUMENT;
@@ -73,7 +73,7 @@ int corten_avg_pool2d_s8(const corten_pool_params *params, const corten_dims *in
                     for (ky = win.ky_begin; ky < win.ky_end; ky++) {
                         for (kx = win.kx_begin; kx < win.kx_end; kx++) {
                             const int8_t *x =
-                                in_batch + ((size_t)(win.iy0 + ky) * input_dims->w + (win.ix0 + kx)) * ch + c0;
+                                in_batch + ((ptrdiff_t)(win.iy0 + ky) * input_dims->w + (win.ix0 + kx)) * ch + c0;
                             for (j = 0; j < n; j++) {
                                 sum[j] += x[j];
                             }
@@ -99,11 +99,11 @@ int corten_max_pool2d_s8(const corten_pool_params *params, const corten_dims *in
     }
     for (b = 0; b < input_dims->n; b++) {
         const int32_t ch = input_dims->c;
-        const int8_t *in_batch = input + (size_t)b * input_dims->h * input_dims->w * ch;
+        const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;
         for (oy = 0; oy < output_dims->h; oy++) {
             for (ox = 0; ox < output_dims->w; ox++) {
                 const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);
-                int8_t *out_px = output + (((size_t)b * output_dims->h + oy) * output_dims->w + ox) * ch;
+                int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch;
                 int32_t c;
                 if (win.ky_end <= win.ky_begin || win.kx_end <= win.kx_begin) {
                     return CORTEN_ERROR_ARGUMENT;
@@ -114,7 +114,7 @@ int corten_max_pool2d_s8(const corten_pool_params *params, const corten_dims *in
                     for (ky = win.ky_begin; ky < win.ky_end; ky++) {
                         for (kx = win.kx_begin; kx < win.kx_end; kx++) {
                             const int32_t v =
-                                in_batch[((size_t)(win.iy0 + ky) * input_dims->w + (win.ix0 + kx)) * ch + c];
+                                in_batch[((ptrdiff_t)(win.iy0 + ky) * input_dims->w + (win.ix0 + kx)) * ch + c];
                             best = v > best ? v : best;
                         }
                     }
