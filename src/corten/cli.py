@@ -45,9 +45,9 @@ def load_model_spec(spec: str):
     if not (isinstance(result, tuple) and len(result) == 2):
         raise CliError(f"{path}:{func}() must return (model, example_inputs), got {type(result).__name__}")
     model, example_inputs = result
-    if not isinstance(example_inputs, tuple):
-        example_inputs = (example_inputs,)
-    return model, example_inputs, path.stem
+    from corten.validation import as_input_tuple
+
+    return model, as_input_tuple(example_inputs, f"{path}:{func}()'s example_inputs"), path.stem
 
 
 def cmd_models(args) -> int:
@@ -65,9 +65,14 @@ def cmd_compile(args) -> int:
 
     from corten.compiler import compile as corten_compile
     from corten.compiler import default_calibration
+    from corten.outdir import check_destination, staged_dir
 
     model, example_inputs, default_name = load_model_spec(args.model)
     name = args.name or default_name.replace("-", "_").replace(".", "_")
+    if not name.isidentifier() or not name.isascii():
+        raise CliError(f"program name {name!r} is not a C identifier; pass --name NAME (letters, digits, _)")
+    source = str(args.model)
+    check_destination(Path(args.out), name, args.force, "--force", source)  # before minutes of compiling
     calibration = default_calibration(example_inputs, args.calib, args.seed)
     t0 = time.perf_counter()
     torch.set_num_threads(max(1, args.threads)) if args.threads else None
@@ -75,33 +80,66 @@ def cmd_compile(args) -> int:
                           name=name, progress=True)
     elapsed = time.perf_counter() - t0
     out = Path(args.out)
-    prog.save(out)
-    graphs = out / "graphs"
-    graphs.mkdir(parents=True, exist_ok=True)
-    for stage, fname in STAGE_FILES.items():
-        (graphs / fname).write_text(prog.stages.get(stage, ""))
-    report = [f"Corten program {name!r} for {prog.target.name} ({prog.target.isa})",
-              f"compiled from {args.model} with {args.calib} calibration samples, seed {args.seed}", "",
-              prog.operator_table()]
-    if not prog.unlowered_ops():
-        report += ["", prog.memory_report()]
-    text = "\n".join(report) + "\n"
-    (out / "report.txt").write_text(text)
-    print(text, end="")
-    if args.max_arena is not None or args.max_flash is not None:
-        from corten.memory import check_budget
+    # Everything is written into a temporary directory beside --out, renamed into place only once
+    # the program, its reports, the budget check and --emit-c all succeeded.
+    prog.info["compiled_from"] = source
+    with staged_dir(out, name, force=args.force, flag="--force", source=source) as tmp:
+        prog._check_saveable()
+        prog.write_files(tmp)
+        graphs = tmp / "graphs"
+        graphs.mkdir(parents=True, exist_ok=True)
+        for stage, fname in STAGE_FILES.items():
+            (graphs / fname).write_text(prog.stages.get(stage, ""))
+        report = [f"Corten program {name!r} for {prog.target.name} ({prog.target.isa})",
+                  f"compiled from {args.model} with {args.calib} calibration samples, seed {args.seed}", "",
+                  prog.operator_table()]
+        if not prog.unlowered_ops():
+            report += ["", prog.memory_report()]
+        text = "\n".join(report) + "\n"
+        (tmp / "report.txt").write_text(text)
+        print(text, end="")
+        if args.max_arena is not None or args.max_flash is not None:
+            from corten.memory import check_budget
 
-        check_budget(prog.memory, args.max_arena, args.max_flash)  # BudgetError -> exit code 2
-        print(f"budget: fits (arena {prog.memory.arena_bytes:,} B, flash constants {prog.memory.constant_bytes:,} B)")
-    if args.emit_c:
-        lib = prog.emit_c(out / "c", kernels=args.kernels)
-        print(f"C model library ({args.kernels} kernels): {lib.out_dir}/ ({lib.name}.h, {lib.name}.c, "
-              f"{lib.constants.name}, Makefile, CMakeLists.txt)")
+            check_budget(prog.memory, args.max_arena, args.max_flash)  # BudgetError -> exit code 2
+            print(f"budget: fits (arena {prog.memory.arena_bytes:,} B, flash constants {prog.memory.constant_bytes:,} B)")
+        if args.emit_c:
+            lib = prog.emit_c(tmp / "c", kernels=args.kernels)
+            print(f"C model library ({args.kernels} kernels): {out / 'c'}/ ({lib.name}.h, {lib.name}.c, "
+                  f"{lib.constants.name}, Makefile, CMakeLists.txt)")
     t = prog.info.get("timings_s", {})
     print(f"compiled in {elapsed:.2f} s (capture {t.get('capture', 0):.2f} s, quantize+calibrate "
           f"{t.get('quantize', 0):.2f} s, lower {t.get('lower', 0):.2f} s); wrote {out}/ "
           f"(manifest.json, program.pt2, report.txt, graphs/)")
     return 0
+
+
+def load_input_file(path: str, prog) -> "torch.Tensor":
+    """A ``.npy`` file as the program's (first) input: real numbers, the program's input shape."""
+    import numpy as np
+    import torch
+
+    p = Path(path)
+    if not p.is_file():
+        raise CliError(f"--input {path}: no such file")
+    try:
+        arr = np.load(p, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise CliError(f"--input {path}: not a .npy array file ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                       "save one with numpy.save") from None
+    if not isinstance(arr, np.ndarray):
+        raise CliError(f"--input {path}: holds several arrays (.npz); pass one .npy file")
+    if arr.dtype.kind not in "fiu":
+        kind = {"c": "complex", "O": "object", "U": "text", "S": "bytes", "V": "structured"}.get(arr.dtype.kind,
+                                                                                                  str(arr.dtype))
+        raise CliError(f"--input {path}: dtype {arr.dtype} ({kind}) is not a real number type; save a float32 array")
+    shape = prog.inputs[0].shape
+    if tuple(arr.shape) != shape:
+        raise CliError(f"--input {path}: shape {tuple(arr.shape)} != the program's input {shape}")
+    x = torch.from_numpy(np.ascontiguousarray(arr).astype(np.float32))
+    if bool(torch.isnan(x).any()):
+        raise CliError(f"--input {path}: holds {int(torch.isnan(x).sum())} NaN value(s); pass finite values")
+    return x
 
 
 def cmd_run(args) -> int:
@@ -111,23 +149,24 @@ def cmd_run(args) -> int:
     from corten.program import load
 
     prog = load(args.dir)
+    if len(prog.inputs) != 1 and args.input:
+        raise CliError(f"{args.dir}: the program takes {len(prog.inputs)} inputs; --input gives one")
     if args.input:
-        arr = np.load(args.input)
-        x = torch.from_numpy(np.ascontiguousarray(arr)).to(torch.float32)
-        if tuple(x.shape) != prog.inputs[0].shape:
-            raise CliError(f"{args.input}: shape {tuple(x.shape)} != the program's input {prog.inputs[0].shape}")
+        x = load_input_file(args.input, prog)
+        xs = (x,)
     else:
         g = torch.Generator().manual_seed(args.seed)
-        x = torch.randn(prog.inputs[0].shape, generator=g)
+        xs = tuple(torch.randn(s.shape, generator=g) for s in prog.inputs)
     target = args.target or prog.target.name
     print(f"corten: running {prog.name} ({args.kernels} kernels) on {args.on}"
           + (f" ({target})" if args.on == "qemu" else ""), flush=True)
-    expected = prog.run_int8(x)[0]
-    got = prog.run_c(x, on=args.on, kernels=args.kernels, target=target, int8=True, progress=True)[0]
+    expected = prog.run_int8(*xs)
+    got = prog.run_c(*xs, on=args.on, kernels=args.kernels, target=target, int8=True, progress=True,
+                     cflags=args.cflags or ())
     run = prog.last_c_run
-    same = torch.equal(expected, got)
-    differing = int((expected != got).sum())
-    print(f"output: {got.numel()} int8 bytes; byte-for-byte equal to the Python reference: "
+    same = all(torch.equal(e, g) for e, g in zip(expected, got))
+    differing = sum(int((e != g).sum()) for e, g in zip(expected, got))
+    print(f"output: {sum(g.numel() for g in got)} int8 bytes; byte-for-byte equal to the Python reference: "
           f"{'YES' if same else f'NO ({differing} bytes differ)'}")
     if run.instructions is not None:
         print(f"instructions (inference only, QEMU -icount): {run.instructions:,}")
@@ -155,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-arena", type=int, default=None, metavar="BYTES", help="fail if the arena is larger")
     c.add_argument("--max-flash", type=int, default=None, metavar="BYTES",
                    help="fail if the constants (weights etc.) are larger")
+    c.add_argument("--force", action="store_true",
+                   help="replace --out whole even if it holds another program or other files")
     c.set_defaults(func=cmd_compile)
     r = sub.add_parser("run", help="run a compiled program's C library on the host or QEMU and compare bytes")
     r.add_argument("dir", help="directory written by `corten compile --out DIR`")
@@ -163,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", default=None, help="QEMU target (default: the program's)")
     r.add_argument("--input", default=None, metavar="FILE.npy", help="float32 input (default: seeded random)")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--cflags", default=None, metavar="FLAGS",
+                   help="extra C compiler flags, e.g. --cflags='-O1 -g -fsanitize=address,undefined "
+                        "-fno-sanitize-recover=all' (host)")
     r.set_defaults(func=cmd_run)
     return p
 
@@ -176,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         # Corten's own errors (and files the user named) explain themselves: message only.
         # Anything else is a bug in Corten and keeps its traceback.
         print(f"corten: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # another file system problem (read-only, disk full...), named by the OS
+        print(f"corten: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return 2
 
 

@@ -56,16 +56,19 @@ def _progress_printer(enabled: bool | Callable[[str], None]) -> Callable[[str], 
     return lambda msg: None
 
 
-def _calibrate(prepared: torch.fx.GraphModule, samples: Iterable[tuple], say: Callable[[str], None]) -> int:
-    samples = list(samples)
+def _calibrate(prepared: torch.fx.GraphModule, samples: list[tuple], say: Callable[[str], None],
+               float_gm: torch.fx.GraphModule, model_name: str) -> int:
+    """Run the (already validated) samples through the observers; a failure inside torch (e.g. a
+    histogram of NaNs) is explained by the first float node that goes non-finite."""
+    from corten.validation import explain_calibration_failure
+
     n = len(samples)
-    if n == 0:
-        raise UsageError("calibration is empty: pass at least one input tuple (or None for random samples)")
     width = 30
     for i, sample in enumerate(samples, 1):
-        if isinstance(sample, torch.Tensor):
-            sample = (sample,)
-        prepared(*sample)
+        try:
+            prepared(*sample)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the tensor that caused it
+            raise explain_calibration_failure(float_gm, sample, i - 1, model_name, exc) from exc
         done = int(width * i / n)
         say(f"\r  calibrating [{'#' * done}{'.' * (width - done)}] {i}/{n}" + ("\n" if i == n else ""))
     return n
@@ -92,15 +95,24 @@ def compile(
     """
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
+    from corten.validation import (as_input_tuple, check_example_inputs, check_exported, check_lowered,
+                                   check_observers, check_samples)
+
     tgt = get_target(target)
     say = _progress_printer(progress)
+    example_inputs = as_input_tuple(example_inputs)
+    check_example_inputs(example_inputs)
+    model_name = type(model).__name__
     stages: dict[str, str] = {}
     timings: dict[str, float] = {}
     torch.manual_seed(seed)
 
     t0 = time.perf_counter()
     say(f"corten: capturing {type(model).__name__} with torch.export")
-    exported = capture(model, tuple(example_inputs))
+    exported = capture(model, example_inputs)
+    check_exported(exported, model_name)
+    samples = default_calibration(example_inputs, 8, seed) if calibration is None else \
+        check_samples(calibration, example_inputs)
     stages["exported"] = graph_text(exported)
     gm = unguarded_module(exported)
     timings["capture"] = time.perf_counter() - t0
@@ -111,10 +123,10 @@ def compile(
         warnings.simplefilter("ignore")
         prepared = prepare_pt2e(gm, quantizer)
     stages["bn_fused"] = quantizer.transformed_graph_text or ""
-    samples = default_calibration(example_inputs, 8, seed) if calibration is None else calibration
     say("corten: calibrating")
     with torch.no_grad():
-        n_calib = _calibrate(prepared, samples, say)
+        n_calib = _calibrate(prepared, samples, say, gm, model_name)
+    check_observers(prepared, model_name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         converted = convert_pt2e(prepared)
@@ -126,9 +138,10 @@ def compile(
     stages["quantized"] = graph_text(converted)
     pm = CortenPassManager()
     lowered = pm(converted)
+    check_lowered(lowered, model_name)
     unlowered = unlowered_nodes(lowered, pm.refusals)
     if unlowered and not allow_unlowered:
-        raise UnsupportedOpsError(type(model).__name__, unlowered)
+        raise UnsupportedOpsError(model_name, unlowered)
     program_ep = torch.export.export(lowered, tuple(example_inputs))
     stages["lowered"] = graph_text(program_ep)
     timings["lower"] = time.perf_counter() - t0

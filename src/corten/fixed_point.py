@@ -30,6 +30,11 @@ SHIFT_MIN = -31
 SHIFT_MAX = 30
 
 
+class ScaleError(ValueError):
+    """A real scale CMSIS-NN's multiplier/shift pair cannot represent (shift above 30, negative,
+    NaN or infinite); the lowering turns it into a QuantizationError naming the node."""
+
+
 # ----------------------------------------------------------------------------- scalar helpers
 def wrap_int32(x: int) -> int:
     """Two's-complement wrap of a Python int to int32 (what a C cast or overflowing shift does)."""
@@ -66,7 +71,7 @@ def quantize_multiplier(scale: float) -> tuple[int, int]:
     infinite scales, and scales of 2**30 or more (shift above 30, outside CMSIS-NN's range), raise.
     """
     if not math.isfinite(scale) or scale < 0:
-        raise ValueError(f"quantize_multiplier: scale must be finite and >= 0, got {scale!r}")
+        raise ScaleError(f"quantize_multiplier: scale must be finite and >= 0, got {scale!r}")
     if scale == 0.0:
         return 0, 0
     frac, exp = math.frexp(scale)
@@ -77,7 +82,7 @@ def quantize_multiplier(scale: float) -> tuple[int, int]:
     if exp < SHIFT_MIN:
         return 0, 0
     if exp > SHIFT_MAX:
-        raise ValueError(
+        raise ScaleError(
             f"quantize_multiplier: scale {scale!r} needs shift {exp} > {SHIFT_MAX}; "
             "CMSIS-NN cannot represent it (check the quantization parameters)"
         )

@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -131,16 +131,22 @@ class Program:
         return self._module
 
     def _check_inputs(self, inputs: tuple) -> None:
+        if len(inputs) == 1 and isinstance(inputs[0], (tuple, list)) and len(self.inputs) != 1:
+            inputs = tuple(inputs[0])  # run((x1, x2)) as well as run(x1, x2)
         if len(inputs) != len(self.inputs):
             raise UsageError(f"{self.name}: expected {len(self.inputs)} input(s), got {len(inputs)}")
         for i, (x, spec) in enumerate(zip(inputs, self.inputs)):
             if not isinstance(x, torch.Tensor) or tuple(x.shape) != spec.shape or x.dtype != torch.float32:
                 got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
                 raise UsageError(f"{self.name}: input {i} must be a float32 tensor of shape {spec.shape}, got {got}")
+            if bool(torch.isnan(x).any()):
+                raise UsageError(f"{self.name}: input {i} holds {int(torch.isnan(x).sum())} NaN value(s); "
+                                 "NaN has no int8 value: pass finite inputs (infinities saturate)")
+        return inputs
 
     def run(self, *inputs: torch.Tensor):
         """Float outputs computed by the int8 program with the reference kernels."""
-        self._check_inputs(inputs)
+        inputs = self._check_inputs(inputs)
         with torch.no_grad():
             out = self.module()(*inputs)
         return out[0] if isinstance(out, (tuple, list)) and len(out) == 1 else out
@@ -162,14 +168,14 @@ class Program:
 
     def run_int8(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The int8 output tensors (NHWC bytes for 4-D) the C library must reproduce byte for byte."""
-        self._check_inputs(inputs)
+        inputs = self._check_inputs(inputs)
         with torch.no_grad():
             out = self.int8_module()(*inputs)
         return [out] if isinstance(out, torch.Tensor) else list(out)
 
     def quantize_inputs(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The int8 program inputs, as the program's quantize computes them."""
-        self._check_inputs(inputs)
+        inputs = self._check_inputs(inputs)
         return [torch.ops.corten.quantize_per_tensor(x, s.scale, s.zero_point) for x, s in zip(inputs, self.inputs)]
 
     # ------------------------------------------------------------------ memory and C
@@ -203,20 +209,25 @@ class Program:
 
     def run_c(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
               cmsis_nn_path: str | None = None, target: str | None = None, int8: bool = False,
-              progress: bool = False):
+              progress: bool = False, cflags: str | Sequence[str] = ()):
         """Run the program's C library on the host or on QEMU (for the program's target, or
         ``target``) and return its outputs as :meth:`run` does (``int8=True``: the raw int8
-        outputs, as :meth:`run_int8`).  The run's figures are kept in ``last_c_run``."""
+        outputs, as :meth:`run_int8`).  The run's figures are kept in ``last_c_run``.
+
+        ``cflags``: extra compiler flags (a list, or one string split like a shell would), added
+        after Corten's ``-O2``, e.g. ``"-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all"``
+        on the host: a sanitizer report then fails the run with :class:`corten.runners.CRunError`."""
         import os
 
         from corten.runners.program import ProgramRunner
 
-        self._check_inputs(inputs)
+        inputs = self._check_inputs(inputs)
         if getattr(self, "_runner", None) is None:
             self._runner = ProgramRunner(self)
         tgt = self.target if target is None else get_target(target)
         cmsis = cmsis_nn_path or os.environ.get("CMSIS_NN_PATH")
-        outs, self.last_c_run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress)
+        flags = _cflags_tuple(cflags)
+        outs, self.last_c_run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, cflags=flags)
         if int8:
             return outs
         deq = [torch.ops.corten.dequantize_per_tensor(o.contiguous(), s.scale, s.zero_point)
@@ -240,38 +251,143 @@ class Program:
             "program_file": PROGRAM_FILE,
         }
 
-    def save(self, path: str | Path) -> Path:
-        """Write ``manifest.json`` and ``program.pt2`` (constants inside) into directory ``path``."""
-        d = Path(path)
-        d.mkdir(parents=True, exist_ok=True)
+    def save(self, path: str | Path, *, force: bool = False) -> Path:
+        """Write ``manifest.json`` and ``program.pt2`` (constants inside) as directory ``path``.
+
+        The files are written into a temporary directory beside ``path`` that replaces ``path``
+        only once complete.  ``path`` may be new, empty, or hold this program (same name) from an
+        earlier save; another program or other files there are replaced only with ``force=True``.
+        A program a fresh process could not load (ops outside the aten/corten/quantized_decomposed
+        namespaces) is refused with the reason."""
+        from corten.outdir import staged_dir
+
+        self._check_saveable()
+        with staged_dir(path, self.name, force) as tmp:
+            self.write_files(tmp)
+        return Path(path)
+
+    def write_files(self, d: Path) -> None:
+        """``program.pt2`` and ``manifest.json`` into the existing directory ``d`` (no staging)."""
+        d = Path(d)
         torch.export.save(self.ep, d / PROGRAM_FILE)
         man = self.manifest()
         man["program_sha256"] = hashlib.sha256((d / PROGRAM_FILE).read_bytes()).hexdigest()
-        (d / MANIFEST).write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
-        return d
+        (d / MANIFEST).write_text(json.dumps(man, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+    def _check_saveable(self) -> None:
+        for node in self.ep.graph.nodes:
+            if node.op != "call_function":
+                continue
+            ns = getattr(node.target, "namespace", None)
+            if ns is not None and ns not in LOADABLE_NAMESPACES:
+                raise ProgramFileError(
+                    f"{self.name}: node {node.name!r} calls {ns}::{getattr(node.target, '__name__', node.target)}, "
+                    f"an op a fresh process cannot load (only {', '.join(sorted(LOADABLE_NAMESPACES))} ops are); "
+                    "the program cannot be saved: lower or remove that op")
 
 
-def load(path: str | Path) -> Program:
-    """Load a program saved by :meth:`Program.save` or by ``corten compile ... --out DIR``."""
+LOADABLE_NAMESPACES = frozenset({"aten", "corten", "quantized_decomposed"})
+
+
+def _register_loadable_namespaces() -> None:
+    """``quantized_decomposed`` ops (left in a partly lowered program) exist only once imported."""
+    from torch.ao.quantization.fx._decomposed import quantized_decomposed_lib  # noqa: F401
+
+
+def _cflags_tuple(cflags) -> tuple[str, ...]:
+    import shlex
+
+    if cflags is None:
+        return ()
+    if isinstance(cflags, str):
+        return tuple(shlex.split(cflags))
+    if not all(isinstance(f, str) for f in cflags):
+        raise UsageError(f"cflags must be a string or a list of strings, got {cflags!r}")
+    return tuple(cflags)
+
+
+def _manifest_error(path: Path, problem: str):
+    return ProgramFileError(f"{path}: {problem}; recompile the model or re-save the program")
+
+
+def _check_spec_list(man_path: Path, man: dict, key: str) -> None:
+    specs = man[key]
+    if not isinstance(specs, list) or not specs:
+        raise _manifest_error(man_path, f"'{key}' must be a non-empty list of tensor specs, got {specs!r:.80}")
+    for i, d in enumerate(specs):
+        ok = (isinstance(d, dict) and isinstance(d.get("shape"), list) and d["shape"]
+              and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in d["shape"])
+              and isinstance(d.get("scale"), (int, float)) and not isinstance(d.get("scale"), bool)
+              and isinstance(d.get("zero_point"), int) and not isinstance(d.get("zero_point"), bool))
+        if not ok:
+            raise _manifest_error(man_path, f"{key}[{i}] must be {{'shape': [positive ints], 'scale': number, "
+                                            f"'zero_point': int}}, got {d!r:.120}")
+
+
+def read_manifest(path: str | Path) -> tuple[Path, dict]:
+    """``(manifest path, manifest dict)`` of a saved program, every field checked (type and value):
+    every problem is a :class:`ProgramFileError` (or :class:`ProgramNotFoundError`) naming the file."""
     p = Path(path)
     man_path = p / MANIFEST if p.is_dir() else p
     if not man_path.exists():
         raise ProgramNotFoundError(f"{p}: no {MANIFEST} here; expected a directory written by Program.save "
                                 "or `corten compile --out DIR`")
     try:
-        man = json.loads(man_path.read_text())
+        text = man_path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _manifest_error(man_path, f"not a valid Corten manifest (not UTF-8 text: byte {e.start})") from None
+    except OSError as e:
+        raise ProgramFileError(f"{man_path}: cannot read it ({e.strerror or e})") from None
+    try:
+        man = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ProgramFileError(f"{man_path}: not a valid Corten manifest (JSON error: {e}); recompile or re-save "
-                         "the program") from None
+        raise ProgramFileError(f"{man_path}: not a valid Corten manifest (JSON error: {e}); recompile or "
+                               "re-save the program") from None
     if not isinstance(man, dict) or man.get("format") != "corten-program":
-        raise ProgramFileError(f"{man_path}: not a Corten program manifest")
+        raise ProgramFileError(f"{man_path}: not a Corten program manifest (no \"format\": \"corten-program\")")
     if man.get("format_version") != FORMAT_VERSION:
         raise ProgramFileError(f"{man_path}: format version {man.get('format_version')} is not {FORMAT_VERSION}; "
-                         "recompile the model with this Corten")
+                               "recompile the model with this Corten")
+    for key, types in (("name", str), ("target", str), ("inputs", list), ("outputs", list)):
+        if key not in man:
+            raise _manifest_error(man_path, f"the manifest has no '{key}' entry")
+        if not isinstance(man[key], types):
+            raise _manifest_error(man_path, f"'{key}' must be a {types.__name__}, got {type(man[key]).__name__}")
+    for key, types in (("program_file", str), ("program_sha256", str), ("info", dict)):
+        if key in man and not isinstance(man[key], types):
+            raise _manifest_error(man_path, f"'{key}' must be a {types.__name__}, got {type(man[key]).__name__}")
+    if not man["name"].isidentifier():
+        raise _manifest_error(man_path, f"'name' {man['name']!r} is not a C identifier")
+    pf = man.get("program_file", PROGRAM_FILE)
+    if Path(pf).name != pf or pf in ("", ".", ".."):
+        raise _manifest_error(man_path, f"'program_file' {pf!r} must be a file name in the program directory")
+    _check_spec_list(man_path, man, "inputs")
+    _check_spec_list(man_path, man, "outputs")
+    try:
+        get_target(man["target"])
+    except ValueError as e:
+        raise _manifest_error(man_path, f"'target': {e}") from None
+    return man_path, man
+
+
+def load(path: str | Path) -> Program:
+    """Load a program saved by :meth:`Program.save` or by ``corten compile ... --out DIR``."""
+    man_path, man = read_manifest(path)
     prog_file = man_path.parent / man.get("program_file", PROGRAM_FILE)
+    if not prog_file.is_file():
+        raise _manifest_error(prog_file, "missing (the manifest names it as the program file)")
     data = prog_file.read_bytes()
     if man.get("program_sha256") and hashlib.sha256(data).hexdigest() != man["program_sha256"]:
-        raise ProgramFileError(f"{prog_file}: contents do not match the manifest's sha256 (file changed or corrupt)")
-    ep = torch.export.load(prog_file)
+        raise _manifest_error(prog_file, "contents do not match the manifest's sha256 (file changed or corrupt)")
+    _register_loadable_namespaces()
+    try:
+        ep = torch.export.load(prog_file)
+    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, KeyError, zipfile errors...
+        raise _manifest_error(prog_file, f"torch.export.load cannot read it ({type(e).__name__}: "
+                                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
     prog = Program(ep, get_target(man["target"]), name=man["name"], info=man.get("info", {}))
+    want = [tuple(d["shape"]) for d in man["inputs"]], [tuple(d["shape"]) for d in man["outputs"]]
+    got = [s.shape for s in prog.inputs], [s.shape for s in prog.outputs]
+    if want != got:
+        raise _manifest_error(man_path, f"its input/output shapes {want} do not match {prog_file.name}'s {got}")
     return prog

@@ -31,6 +31,7 @@ from corten.ops._rules import (
     qparams_of,
     source_location,
 )
+from corten.fixed_point import ScaleError
 from corten.ops.registry import lowering_rule, op, op_name_of
 
 aten = torch.ops.aten
@@ -99,7 +100,17 @@ class LowerComputeOpsPass:
                 self.refusals[node.name] = "its inputs/outputs are not quantized by CortenQuantizer"
                 continue
             try:
-                result = rule(match)
+                try:
+                    result = rule(match)
+                except ScaleError as e:
+                    from corten.errors import QuantizationError
+                    from corten.validation import module_path
+
+                    mod = module_path(node)
+                    raise QuantizationError(
+                        f"{node.name}{f' in {mod}' if mod else ''} at {source_location(node)}: {e}; the int8 "
+                        "scales of its inputs, weights and output are too far apart (rescale the layer or "
+                        "calibrate with representative data)") from None
             except LoweringError as e:
                 self.refusals[node.name] = str(e)
                 for n in reversed(match.new_nodes):

@@ -192,6 +192,7 @@ class Match:
         with self.gm.graph.inserting_before(self.out_q):
             n = self.gm.graph.call_function(corten_op(op_name), tuple(args))
         n.meta["stack_trace"] = self.node.meta.get("stack_trace")
+        n.meta["nn_module_stack"] = self.node.meta.get("nn_module_stack")
         n.meta["corten_source"] = self.node.name
         # The quantize this node replaces has its int8 shape; the final export recomputes it.
         n.meta["val"] = self.out_q.meta.get("val")

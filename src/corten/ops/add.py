@@ -111,7 +111,7 @@ def _emit_add_c(ctx) -> str:
     """One ``corten_add_s8`` (portable) or ``arm_elementwise_add_s8`` (CMSIS-NN) call; both are
     safe when the planner puts the output over one of the inputs."""
     a, b = ctx.arg("input1"), ctx.arg("input2")
-    if a.meta["val"].stride() != b.meta["val"].stride():
+    if _memory_order(a.meta["val"]) != _memory_order(b.meta["val"]):
         ctx.fail("the two inputs have different memory layouts; their bytes cannot be added elementwise")
     size = 1
     for d in ctx.shape(a):
@@ -134,6 +134,13 @@ def _emit_add_c(ctx) -> str:
             v["input2_multiplier"], v["input2_shift"], v["left_shift"], out, v["output_offset"],
             v["output_multiplier"], v["output_shift"], v["activation_min"], v["activation_max"], str(size)]
     return ctx.call("arm_elementwise_add_s8(" + ", ".join(args) + ")")
+
+
+def _memory_order(t: torch.Tensor) -> tuple[int, ...]:
+    """The order of ``t``'s dims in memory, outermost first, ignoring size-1 dims (whose strides carry
+    no information: a channels_last [1, 1, H, W] tensor has the bytes of a contiguous one)."""
+    dims = [d for d in range(t.dim()) if t.shape[d] != 1]
+    return tuple(sorted(dims, key=lambda d: -t.stride(d)))
 
 
 @family.provides("in_place_inputs", "quantized_add")

@@ -194,8 +194,10 @@ def _flattened_shape(m: Match) -> list[int] | None:
     readers = [r for dq in dqs for r in dq.users]
     if not dqs or not readers or any(dq.target not in DQ_PER_TENSOR for dq in dqs):
         return None
+    if any(r.target not in RESHAPES for r in readers):  # (e.g. the output node, whose val is a tuple)
+        return None
     shapes = {tuple(int(d) for d in r.meta["val"].shape) if "val" in r.meta else None for r in readers}
-    if any(r.target not in RESHAPES for r in readers) or len(shapes) != 1:
+    if len(shapes) != 1:
         return None
     (shape,) = shapes
     return None if shape is None or len(shape) == 4 else list(shape)

@@ -1,0 +1,587 @@
+"""Random-model fuzzer: tiny models built from every lowered op family, compiled, run by the Python
+reference and by the C library (host, under AddressSanitizer + UndefinedBehaviorSanitizer; a share
+on QEMU Cortex-M55); every model must give byte-identical outputs or be refused cleanly at compile
+time (a Corten error naming the problem).  Anything else - a traceback, a byte difference, a
+sanitizer report, a refusal only when emitting C - is a failure.
+
+    python -m corten.testing.fuzz --n 1000 --seed 0          # the nightly run (seeds 0..999)
+    python -m corten.testing.fuzz --n 20 --seed 500 --qemu-every 5 -v
+
+A model is a chain of 1-4 *steps* on a 4-D NCHW activation, optionally ended by a 2-D tail
+(flatten + linear [+ softmax]).  Each op family is one entry of :data:`FAMILIES`: a function
+``(rng, shape) -> (nn.Module, new shape) | None`` - adding a family is adding one function.
+Everything derives from the seed (``random.Random(seed)``), so a failing seed reproduces exactly.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+Shape = tuple[int, int, int, int]
+SANITIZE = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all")
+
+
+# ----------------------------------------------------------------------------- building blocks
+class Lambda(nn.Module):
+    """A parameter-free step: ``fn(x)`` (kept as a module so the models print readably)."""
+
+    def __init__(self, name: str, fn: Callable):
+        super().__init__()
+        self.name, self.fn = name, fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+    def extra_repr(self) -> str:
+        return self.name
+
+
+class Residual(nn.Module):
+    """``op(body(x), other(x))`` for a binary elementwise op (add/sub/mul/maximum/minimum)."""
+
+    def __init__(self, op: str, body: nn.Module, other: nn.Module):
+        super().__init__()
+        self.op, self.body, self.other = op, body, other
+
+    def forward(self, x):
+        a, b = self.body(x), self.other(x)
+        return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "max": torch.maximum,
+                "min": torch.minimum}[self.op](a, b)
+
+    def extra_repr(self) -> str:
+        return self.op
+
+
+class Cat(nn.Module):
+    def __init__(self, dim: int, a: nn.Module, b: nn.Module):
+        super().__init__()
+        self.dim, self.a, self.b = dim, a, b
+
+    def forward(self, x):
+        return torch.cat([self.a(x), self.b(x)], dim=self.dim)
+
+
+class Chain(nn.Module):
+    def __init__(self, steps: list[nn.Module], tail: nn.Module | None, two_outputs: bool):
+        super().__init__()
+        self.steps = nn.ModuleList(steps)
+        self.tail = tail
+        self.two_outputs = two_outputs
+
+    def forward(self, x):
+        mid = None
+        for i, s in enumerate(self.steps):
+            x = s(x)
+            if i == 0:
+                mid = x
+        out = self.tail(x) if self.tail is not None else x
+        return (out, mid) if self.two_outputs else out
+
+
+def _randomise(m: nn.Module, rng: random.Random) -> nn.Module:
+    """Seeded weights (torch's default init with a generator) and non-trivial BatchNorm statistics."""
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.empty_like(p).uniform_(-1, 1, generator=g) / max(1, p[0].numel() ** 0.5))
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.copy_(torch.randn(mod.num_features, generator=g) * 0.2)
+                mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+    return m
+
+
+def _act(rng: random.Random) -> list[nn.Module]:
+    return [[], [nn.ReLU()], [nn.ReLU6()], [nn.Hardtanh(-1.0, 1.0)]][rng.randrange(4)]
+
+
+def _out_hw(size: int, k: int, s: int, p: int, d: int = 1) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+# ----------------------------------------------------------------------------- op families
+def fam_conv(rng: random.Random, shape: Shape):
+    """conv2d: kernel 1-5 (square or not), stride 1-3, padding, dilation, groups/depthwise, bias, BN, act."""
+    _, c, h, w = shape
+    kh, kw = rng.choice([(1, 1), (3, 3), (2, 2), (5, 5), (1, 3), (3, 1)])
+    s = rng.choice([1, 1, 2, 3])
+    d = rng.choice([1, 1, 2])
+    ph, pw = rng.randint(0, kh // 2 + 1), rng.randint(0, kw // 2 + 1)
+    kind = rng.choice(["plain", "plain", "depthwise", "grouped"])
+    if kind == "depthwise":
+        groups, c_out = c, c * rng.choice([1, 1, 2])
+    elif kind == "grouped" and c > 1 and c % 2 == 0:
+        groups = 2
+        c_out = 2 * rng.randint(1, 4)
+    else:
+        groups, c_out = 1, rng.randint(1, 12)
+    oh, ow = _out_hw(h, kh, s, ph, d), _out_hw(w, kw, s, pw, d)
+    if oh < 1 or ow < 1:
+        return None
+    layers: list[nn.Module] = [nn.Conv2d(c, c_out, (kh, kw), s, (ph, pw), (d, d), groups, bias=rng.random() < 0.8)]
+    if rng.random() < 0.3:
+        layers.append(nn.BatchNorm2d(c_out))
+    layers += _act(rng)
+    return nn.Sequential(*layers), (1, c_out, oh, ow)
+
+
+def fam_conv_same(rng: random.Random, shape: Shape):
+    """conv2d with padding='same' (stride 1, odd kernel)."""
+    _, c, h, w = shape
+    k = rng.choice([1, 3, 5])
+    c_out = rng.randint(1, 8)
+    return nn.Sequential(nn.Conv2d(c, c_out, k, padding="same"), *_act(rng)), (1, c_out, h, w)
+
+
+def fam_conv_transpose(rng: random.Random, shape: Shape):
+    _, c, h, w = shape
+    k = rng.randint(1, 4)
+    s = rng.choice([1, 2])
+    p = rng.randint(0, k - 1)
+    op = rng.randint(0, s - 1)
+    c_out = rng.randint(1, 6)
+    oh, ow = (h - 1) * s - 2 * p + k + op, (w - 1) * s - 2 * p + k + op
+    if oh < 1 or ow < 1 or oh > 24 or ow > 24:
+        return None
+    return nn.Sequential(nn.ConvTranspose2d(c, c_out, k, s, p, op), *_act(rng)), (1, c_out, oh, ow)
+
+
+def _branch(rng: random.Random, shape: Shape) -> nn.Module:
+    """A shape-preserving branch: identity (the operand is the step's input), a 1x1/3x3 conv, or a pool."""
+    _, c, _, _ = shape
+    r = rng.random()
+    if r < 0.3:
+        return nn.Identity()
+    if r < 0.7:
+        k = rng.choice([1, 3])
+        return nn.Sequential(nn.Conv2d(c, c, k, padding=k // 2), *_act(rng))
+    return nn.MaxPool2d(3, 1, 1)
+
+
+def fam_binary(rng: random.Random, shape: Shape):
+    """add/sub/mul/maximum/minimum of two same-shape branches (incl. the step input itself)."""
+    op = rng.choice(["add", "add", "sub", "mul", "max", "min"])
+    body = _branch(rng, shape)
+    other = _branch(rng, shape)
+    if isinstance(body, nn.Identity) and isinstance(other, nn.Identity):
+        other = nn.Sequential(nn.Conv2d(shape[1], shape[1], 1))
+    return Residual(op, body, other), shape
+
+
+def fam_broadcast(rng: random.Random, shape: Shape):
+    """mul/add/sub/max/min with a broadcast operand: per-channel [1, C, 1, 1] (squeeze-excitation)."""
+    _, c, _, _ = shape
+    op = rng.choice(["mul", "mul", "add", "sub", "max", "min"])
+    gate = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(c, c, 1),
+                         rng.choice([nn.Hardsigmoid(), nn.Sigmoid(), nn.ReLU()]))
+    return Residual(op, nn.Identity(), gate), shape
+
+
+def fam_pool(rng: random.Random, shape: Shape):
+    _, c, h, w = shape
+    kind = rng.choice(["max", "avg", "adaptive", "mean"])
+    if kind == "adaptive":
+        return nn.AdaptiveAvgPool2d(1), (1, c, 1, 1)
+    if kind == "mean":
+        return Lambda("mean_hw", lambda x: x.mean((2, 3), keepdim=True)), (1, c, 1, 1)
+    k = rng.randint(1, 3)
+    s = rng.randint(1, 2)
+    p = rng.randint(0, k // 2)
+    oh, ow = _out_hw(h, k, s, p), _out_hw(w, k, s, p)
+    if oh < 1 or ow < 1:
+        return None
+    if kind == "max":
+        return nn.MaxPool2d(k, s, p), (1, c, oh, ow)
+    return nn.AvgPool2d(k, s, p, count_include_pad=False), (1, c, oh, ow)
+
+
+LUTS = [nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.GELU, nn.ELU,
+        lambda: nn.LeakyReLU(0.1), nn.ReLU, lambda: nn.Hardtanh(-0.5, 0.5)]
+
+
+def fam_lut(rng: random.Random, shape: Shape):
+    """A lookup-table activation after a non-fusing op (a max pool keeps it standalone)."""
+    return nn.Sequential(nn.MaxPool2d(1), rng.choice(LUTS)()), shape
+
+
+def fam_pad(rng: random.Random, shape: Shape):
+    _, c, h, w = shape
+    pads = [rng.randint(0, 2) for _ in range(4)]
+    value = rng.choice([0.0, 0.0, 0.5, -1.0])
+    return (Lambda(f"pad{pads},{value}", lambda x: F.pad(x, pads, value=value)),
+            (1, c, h + pads[2] + pads[3], w + pads[0] + pads[1]))
+
+
+def fam_cat(rng: random.Random, shape: Shape):
+    _, c, h, w = shape
+    dim = rng.choice([1, 1, 2, 3])
+    c2 = rng.randint(1, 4) if dim == 1 else c
+    b = nn.Sequential(nn.Conv2d(c, c2, 1), *_act(rng))
+    new = list(shape)
+    new[dim] += c2 if dim == 1 else shape[dim]
+    return Cat(dim, nn.Identity() if rng.random() < 0.5 else nn.MaxPool2d(1), b), tuple(new)
+
+
+def fam_transpose(rng: random.Random, shape: Shape):
+    perm = rng.choice([(0, 1, 3, 2), (0, 2, 1, 3), (0, 3, 2, 1), (0, 2, 3, 1)])
+    return Lambda(f"permute{perm}", lambda x: x.permute(*perm)), tuple(shape[i] for i in perm)
+
+
+FAMILIES: dict[str, Callable] = {
+    "conv": fam_conv, "conv_same": fam_conv_same, "conv_transpose": fam_conv_transpose, "binary": fam_binary,
+    "broadcast": fam_broadcast, "pool": fam_pool, "lut": fam_lut, "pad": fam_pad, "cat": fam_cat,
+    "transpose": fam_transpose,
+}
+
+
+def tail_linear(rng: random.Random, shape: Shape):
+    """flatten + linear (+ activation, + softmax over the features)."""
+    n = shape[1] * shape[2] * shape[3]
+    out = rng.randint(1, 10)
+    layers: list[nn.Module] = [nn.Flatten(), nn.Linear(n, out), *_act(rng)]
+    if rng.random() < 0.4:
+        layers.append(nn.Softmax(dim=-1))
+    elif rng.random() < 0.3:
+        layers += [nn.Linear(out, rng.randint(1, 6)), rng.choice(LUTS)()]
+    return nn.Sequential(*layers)
+
+
+# ----------------------------------------------------------------------------- one case
+@dataclass
+class Case:
+    seed: int
+    model: nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    families: list[str] = field(default_factory=list)
+
+
+def make_case(seed: int) -> Case:
+    """The random model and input of ``seed`` (deterministic)."""
+    rng = random.Random(seed)
+    shape: Shape = (1, rng.randint(1, 6), rng.randint(1, 12), rng.randint(1, 12))
+    in_shape = shape
+    steps, fams = [], []
+    first = rng.random() < 0.7  # most models start with a conv, like real ones
+    for i in range(rng.randint(1, 4)):
+        name = "conv" if (i == 0 and first) else rng.choice(list(FAMILIES))
+        for _ in range(10):
+            made = FAMILIES[name](rng, shape)
+            if made is not None and max(made[1]) <= 32 and min(made[1]) >= 1:
+                break
+            name = rng.choice(list(FAMILIES))
+        else:
+            continue
+        steps.append(made[0])
+        shape = made[1]
+        fams.append(name)
+    if not steps:
+        steps, fams = [nn.Conv2d(shape[1], 2, 1)], ["conv"]
+    tail = tail_linear(rng, shape) if rng.random() < 0.3 else None
+    if tail is not None:
+        fams.append("linear")
+    two = rng.random() < 0.15 and len(steps) > 1
+    if two:
+        fams.append("two_outputs")
+    model = _randomise(Chain(steps, tail, two), rng).eval()
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(in_shape, generator=g) * rng.choice([1.0, 0.5, 3.0])
+    return Case(seed, model, (x,), fams)
+
+
+@dataclass
+class Outcome:
+    seed: int
+    status: str  # "exact" | "refused" | "FAIL"
+    families: list[str]
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def refusal_types() -> tuple[type, ...]:
+    """The errors that count as a clean refusal at compile time."""
+    try:
+        from corten.errors import CortenError
+
+        return (CortenError,)
+    except ImportError:  # before the shared hierarchy
+        from corten.capture import CaptureError
+        from corten.program import UnsupportedOpsError
+        from corten.validation import QuantizationError, UsageError
+
+        return (CaptureError, UnsupportedOpsError, QuantizationError, UsageError)
+
+
+def _compile_case(seed: int):
+    """(case, program or None, outcome or None): a refusal or a failure ends the case here."""
+    import corten
+
+    t0 = time.perf_counter()
+    case = make_case(seed)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prog = corten.compile(case.model, case.inputs, seed=seed, name=f"fuzz{seed}")
+    except refusal_types() as e:
+        first = str(e).strip().splitlines()[0][:160]
+        return case, None, Outcome(seed, "refused", case.families, f"{type(e).__name__}: {first}",
+                                   time.perf_counter() - t0)
+    except Exception:  # noqa: BLE001 - any other exception is a fuzz failure
+        return case, None, Outcome(seed, "FAIL", case.families, "compile raised:\n" + traceback.format_exc(limit=6),
+                                   time.perf_counter() - t0)
+    return case, prog, None
+
+
+def _compare(seed, fams, where, expected, got) -> Outcome | None:
+    for i, (e, g) in enumerate(zip(expected, got)):
+        if not torch.equal(e, g):
+            return Outcome(seed, "FAIL", fams, f"{where}: output {i}: {int((e != g).sum())} of {e.numel()} bytes differ")
+    return None
+
+
+def run_case(seed: int, qemu: bool = False, sanitize: bool = True, host: bool = True) -> Outcome:
+    """One model alone: compile, run the reference and the C library (its own build)."""
+    t0 = time.perf_counter()
+    case, prog, outcome = _compile_case(seed)
+    if outcome is not None:
+        return outcome
+    try:
+        expected = prog.run_int8(*case.inputs)
+        runs = ([dict(on="host", cflags=SANITIZE if sanitize else ())] if host else []) + \
+               ([dict(on="qemu", target="cortex-m55")] if qemu else [])
+        for kw in runs:
+            bad = _compare(seed, case.families, kw["on"], expected, prog.run_c(*case.inputs, int8=True, **kw))
+            if bad is not None:
+                return bad
+    except Exception:  # noqa: BLE001
+        return Outcome(seed, "FAIL", case.families, "after compile:\n" + traceback.format_exc(limit=6),
+                       time.perf_counter() - t0)
+    finally:
+        runner = getattr(prog, "_runner", None)
+        if runner is not None:
+            runner._tmp.cleanup()
+            prog._runner = None
+    return Outcome(seed, "exact", case.families, "", time.perf_counter() - t0)
+
+
+BATCH_MAIN = r"""/* Fuzz batch harness: runs every model on in_<i>.bin, writes out_<i>.bin. Buffers are heap blocks of
+ * the exact size, so AddressSanitizer sees any access outside them. */
+#define _POSIX_C_SOURCE 200112L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+%(includes)s
+
+static int run_one(const char *name, int (*fn)(const int8_t *, int8_t *, uint8_t *), size_t in_bytes,
+                   size_t out_bytes, size_t arena_bytes, size_t align)
+{
+    char path[256];
+    FILE *f;
+    int8_t *in = malloc(in_bytes), *out = malloc(out_bytes);
+    void *arena = NULL;
+    int status;
+    if (posix_memalign(&arena, align < sizeof(void *) ? sizeof(void *) : align, arena_bytes ? arena_bytes : 1) != 0
+        || in == NULL || out == NULL) {
+        printf("FUZZ %%s alloc-failed\n", name);
+        return 1;
+    }
+    snprintf(path, sizeof path, "in_%%s.bin", name);
+    f = fopen(path, "rb");
+    if (f == NULL || fread(in, 1, in_bytes, f) != in_bytes) {
+        printf("FUZZ %%s no-input\n", name);
+        return 1;
+    }
+    fclose(f);
+    status = fn(in, out, (uint8_t *)arena);
+    snprintf(path, sizeof path, "out_%%s.bin", name);
+    f = fopen(path, "wb");
+    if (f == NULL || fwrite(out, 1, out_bytes, f) != out_bytes) {
+        printf("FUZZ %%s no-output\n", name);
+        return 1;
+    }
+    fclose(f);
+    printf("FUZZ %%s status=%%d\n", name, status);
+    free(in);
+    free(out);
+    free(arena);
+    return status != 0;
+}
+
+int main(void)
+{
+    int failed = 0;
+%(calls)s
+    return failed;
+}
+"""
+
+
+def run_host_batch(items, workdir, cflags=SANITIZE) -> dict[int, list[torch.Tensor] | str]:
+    """Build ONE host binary holding every program of ``items`` ([(seed, program, inputs)]) plus
+    Corten's kernels (compiled once per process), run it, and return seed -> int8 outputs (or an
+    error text).  One build per batch keeps 200 sanitized models to minutes on 2 cores."""
+    import subprocess
+    from pathlib import Path
+
+    from corten.runners.common import WARNING_FLAGS, compile_and_link
+    from corten.runners.host import HOST_CC
+    from corten.runners.program import c_bytes_to_tensor, host_kernel_objects, tensor_to_c_bytes
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    libs, sources, includes, calls, kernel_files = {}, [], [], [], {}
+    for seed, prog, inputs in items:
+        lib = prog.emit_c(workdir, kernels="portable")  # one directory: the models share corten_kernels/
+        libs[seed] = lib
+        sources += lib.model_sources
+        for k in lib.kernel_files:
+            kernel_files.setdefault(k.name, k)
+        includes.append(f'#include "{lib.header.name}"')
+        calls.append(f'    failed |= run_one("{seed}", {lib.run_symbol}, {lib.input_bytes}u, {lib.output_bytes}u, '
+                     f'{lib.arena_bytes}u, {lib.arena_align}u);')
+        data = b"".join(tensor_to_c_bytes(q) for q in prog.quantize_inputs(*inputs))
+        (workdir / f"in_{seed}.bin").write_bytes(data)
+    main = workdir / "fuzz_main.c"
+    main.write_text(BATCH_MAIN % {"includes": "\n".join(includes), "calls": "\n".join(calls)})
+    objects = host_kernel_objects(list(kernel_files.values()), tuple(cflags))
+    binary = workdir / "fuzz_batch"
+    inc = sorted({f"-I{lib.out_dir}" for lib in libs.values()})
+    compile_and_link([HOST_CC, *WARNING_FLAGS, *cflags, *inc, *map(str, sources), str(main), *map(str, objects),
+                      "-o", str(binary)], "host (fuzz batch)")
+    proc = subprocess.run([str(binary)], cwd=workdir, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    statuses = dict(line.split()[1:3] for line in proc.stdout.splitlines() if line.startswith("FUZZ "))
+    results: dict[int, list[torch.Tensor] | str] = {}
+    for seed, lib in libs.items():
+        st = statuses.get(str(seed))
+        if st != "status=0":
+            results[seed] = (f"host batch: model status {st}" if st else
+                             f"host batch: not reached (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+            continue
+        data = (workdir / f"out_{seed}.bin").read_bytes()
+        results[seed] = [c_bytes_to_tensor(data[t.offset:t.offset + t.nbytes], t.shape) for t in lib.outputs]
+    return results
+
+
+def fuzz(seeds, qemu_every: int = 0, sanitize: bool = True, verbose: bool = False, batch: int = 25,
+         out=sys.stdout) -> list[Outcome]:
+    """Every seed compiled and checked against the reference; the host C runs ``batch`` models per
+    build (a failing batch is re-run model by model to name the seed); every ``qemu_every``-th
+    compiled model also runs alone on QEMU Cortex-M55."""
+    import tempfile
+
+    seeds = list(seeds)
+    results: list[Outcome] = []
+    cflags = SANITIZE if sanitize else ("-O2",)
+
+    def report(r: Outcome, extra: str = "") -> None:
+        results.append(r)
+        if verbose or r.status == "FAIL":
+            detail = r.detail if verbose > 1 else r.detail[:400]
+            print(f"seed {r.seed}: {r.status} [{', '.join(r.families)}]{extra} {r.seconds:.1f}s {detail}",
+                  file=out, flush=True)
+
+    compiled = 0
+    for b in range(0, len(seeds), batch):
+        pending = []
+        for seed in seeds[b:b + batch]:
+            t0 = time.perf_counter()
+            case, prog, outcome = _compile_case(seed)
+            if outcome is not None:
+                report(outcome)
+                continue
+            try:
+                expected = prog.run_int8(*case.inputs)
+            except Exception:  # noqa: BLE001
+                report(Outcome(seed, "FAIL", case.families, "reference raised:\n" + traceback.format_exc(limit=6)))
+                continue
+            qemu = bool(qemu_every) and compiled % qemu_every == 0
+            compiled += 1
+            if qemu:
+                try:
+                    bad = _compare(seed, case.families, "qemu cortex-m55", expected,
+                                   prog.run_c(*case.inputs, on="qemu", target="cortex-m55", int8=True))
+                except Exception:  # noqa: BLE001
+                    bad = Outcome(seed, "FAIL", case.families, "qemu raised:\n" + traceback.format_exc(limit=6))
+                finally:
+                    if getattr(prog, "_runner", None) is not None:
+                        prog._runner._tmp.cleanup()
+                        prog._runner = None
+                if bad is not None:
+                    report(bad, " +qemu")
+                    continue
+            pending.append((seed, prog, case, expected, qemu, time.perf_counter() - t0))
+        if not pending:
+            continue
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="corten-fuzz-") as tmp:
+            try:
+                outs = run_host_batch([(s, p, c.inputs) for s, p, c, *_ in pending], tmp, cflags)
+            except Exception as e:  # noqa: BLE001 - e.g. a build error: find the model by itself
+                outs = {s: f"batch build: {type(e).__name__}: {str(e)[-1500:]}" for s, *_ in pending}
+        share = (time.perf_counter() - t0) / len(pending)
+        for seed, prog, case, expected, qemu, secs in pending:
+            got = outs.get(seed, "missing")
+            extra = " +qemu" if qemu else ""
+            if isinstance(got, str):  # pin it down alone (its own build) to tell which model failed
+                r = run_case(seed, qemu=False, sanitize=sanitize)
+                if r.status == "exact":
+                    r = Outcome(seed, "FAIL", case.families, f"failed only in a batch: {got}")
+                report(r, extra)
+                continue
+            bad = _compare(seed, case.families, "host", expected, got)
+            report(bad or Outcome(seed, "exact", case.families, "", secs + share), extra)
+    return results
+
+
+def summary(results: list[Outcome]) -> str:
+    exact = sum(r.status == "exact" for r in results)
+    refused = [r for r in results if r.status == "refused"]
+    failed = [r for r in results if r.status == "FAIL"]
+    fam_counts: dict[str, int] = {}
+    for r in results:
+        if r.status == "exact":
+            for f in r.families:
+                fam_counts[f] = fam_counts.get(f, 0) + 1
+    lines = [f"{len(results)} models: {exact} byte-exact, {len(refused)} refused cleanly, {len(failed)} FAILED",
+             "byte-exact models per family: " + ", ".join(f"{k} {v}" for k, v in sorted(fam_counts.items()))]
+    reasons: dict[str, int] = {}
+    for r in refused:
+        key = r.detail.split(":")[0] + ":" + " ".join(r.detail.split(":", 1)[-1].split()[:8])
+        reasons[key] = reasons.get(key, 0) + 1
+    for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:10]:
+        lines.append(f"  refused x{v}: {k}")
+    if failed:
+        lines.append("failed seeds: " + " ".join(str(r.seed) for r in failed))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m corten.testing.fuzz", description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=100, help="number of models (seeds SEED .. SEED+N-1)")
+    p.add_argument("--seed", type=int, default=0, help="first seed")
+    p.add_argument("--qemu-every", type=int, default=20, help="also run every K-th model on QEMU Cortex-M55 (0: never)")
+    p.add_argument("--no-sanitize", action="store_true", help="host build without ASan/UBSan")
+    p.add_argument("--batch", type=int, default=25, help="models per host C build (default 25)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="one line per model (-vv: full details)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    results = fuzz(range(args.seed, args.seed + args.n), args.qemu_every, not args.no_sanitize, args.verbose,
+                   args.batch)
+    print(summary(results))
+    print(f"{time.perf_counter() - t0:.0f} s")
+    return 1 if any(r.status == "FAIL" for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,398 @@
+"""Checks that run before anything is traced, calibrated or written: bad inputs and bad numbers end
+in an error that names the tensor, the module path or node, its source line and what to do,
+never in a traceback from deep inside torch or in a silently wrong program.
+
+* :func:`as_input_tuple` - ``example_inputs`` as a tuple (a bare tensor is taken as ``(x,)``);
+* :func:`check_example_inputs` - zero-size dimensions, non-finite values;
+* :func:`check_samples` - every calibration sample against the example inputs (arity, shape,
+  dtype, finiteness) and calibration data that is constant (collapsed ranges);
+* :func:`check_exported` - after ``torch.export``: outputs that are not tensors, zero-size
+  intermediate tensors, non-finite parameters and buffers, BatchNorm with a negative variance;
+* :func:`check_observers` - after calibration: non-finite, huge or collapsed activation ranges;
+* :func:`explain_calibration_failure` - the first float node giving NaN/Inf on a sample;
+* :func:`check_lowered` - after lowering: biases that do not fit int32, requantization multipliers
+  that underflow to 0, shifts out of range, int32 accumulators that can overflow.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Iterable
+
+import torch
+
+from corten.errors import CaptureError, ProgramFileError, QuantizationError, UsageError
+
+__all__ = ["QuantizationWarning", "as_input_tuple", "check_example_inputs", "check_samples", "check_exported",
+           "check_observers", "explain_calibration_failure", "check_lowered", "MAX_ACTIVATION_MAGNITUDE",
+           "MAX_ACCUMULATOR_TAPS"]
+
+# Beyond ~2**40 the float32 histogram observer loses the range (measured: a conv whose outputs reach
+# 1.5e12 quantizes with cosine 0.9999 against float; 1.7e14 collapses to zero point 127, cosine 0.70).
+MAX_ACTIVATION_MAGNITUDE = 2.0**40
+# int8 x int8 products are at most 128 * 255 = 32,640 in magnitude (input offset applied):
+# 65,792 of them always fit an int32 sum; more may overflow.
+MAX_ACCUMULATOR_TAPS = 65792
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+class QuantizationWarning(UserWarning):
+    """The program is correct for the data it was calibrated on, but something looks degenerate
+    (e.g. an intermediate tensor that was constant during calibration)."""
+
+
+# ----------------------------------------------------------------------------- inputs
+def as_input_tuple(example_inputs: Any, what: str = "example_inputs") -> tuple:
+    """A bare tensor is one input: ``x`` -> ``(x,)``; a list becomes a tuple; anything else that is
+    not a tuple is refused with what to pass instead."""
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    if not isinstance(example_inputs, tuple):
+        raise CaptureError(f"{what} must be a tuple of float32 tensors (or one tensor), got "
+                           f"{type(example_inputs).__name__}; pass (x,) or (x1, x2, ...)")
+    return example_inputs
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return f"a {type(x).__name__}"
+
+
+def check_example_inputs(example_inputs: tuple) -> None:
+    """Zero-size dimensions and non-finite values in the example inputs (types, dtype and batch size
+    are checked by :func:`corten.capture.capture`)."""
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor):
+            continue
+        if x.numel() == 0 or any(int(d) == 0 for d in x.shape):
+            raise CaptureError(f"example_inputs[{i}] has shape {tuple(x.shape)} with a zero-size dimension; "
+                               "Corten compiles static shapes with at least one element in every dimension")
+        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            raise CaptureError(f"example_inputs[{i}] holds {_non_finite_count(x)}; pass finite values")
+
+
+def _non_finite_count(t: torch.Tensor) -> str:
+    nan = int(torch.isnan(t).sum())
+    inf = int(torch.isinf(t).sum())
+    parts = ([f"{nan} NaN"] if nan else []) + ([f"{inf} Inf"] if inf else [])
+    return " and ".join(parts) + f" value(s) (of {t.numel()})"
+
+
+def check_samples(samples: Iterable, example_inputs: tuple, what: str = "calibration") -> list[tuple]:
+    """Every sample checked against the example inputs' signature: a tuple (or one tensor for a
+    one-input model) of float32 tensors of the example shapes with finite values.  Returns the
+    samples as tuples.  Calibration whose values are constant for an input (all zeros, all ones...)
+    is refused: every range derived from it collapses."""
+    if isinstance(samples, torch.Tensor):
+        raise UsageError(f"{what} is one tensor; pass a list of input tuples, e.g. [(x1,), (x2,)] "
+                         "(or None for random samples)")
+    try:
+        samples = list(samples)
+    except TypeError:
+        raise UsageError(f"{what} must be an iterable of input tuples, got {type(samples).__name__}") from None
+    if not samples:
+        raise UsageError(f"{what} is empty: pass at least one input tuple (or None for random samples)")
+    n_in = len(example_inputs)
+    out = []
+    for k, s in enumerate(samples):
+        if isinstance(s, torch.Tensor):
+            s = (s,)
+        elif isinstance(s, list):
+            s = tuple(s)
+        if not isinstance(s, tuple):
+            raise UsageError(f"{what} sample {k} is {_describe(s)}; each sample must be a tuple of "
+                             f"{n_in} float32 tensor(s), like example_inputs")
+        if len(s) != n_in:
+            raise UsageError(f"{what} sample {k} has {len(s)} tensor(s) but the model takes {n_in} input(s) "
+                             f"(example_inputs); pass one tensor per input")
+        for i, (x, ex) in enumerate(zip(s, example_inputs)):
+            where = f"{what} sample {k}, input {i}"
+            if not isinstance(x, torch.Tensor):
+                raise UsageError(f"{where} is {_describe(x)}, not a tensor")
+            if x.dtype != ex.dtype:
+                raise UsageError(f"{where} has dtype {x.dtype}; the example input has {ex.dtype} (use .float())")
+            if tuple(x.shape) != tuple(ex.shape):
+                raise UsageError(f"{where} has shape {tuple(x.shape)}; the example input (the compiled "
+                                 f"shape) is {tuple(ex.shape)}")
+            if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+                raise UsageError(f"{where} holds {_non_finite_count(x)}; calibration data must be finite")
+        out.append(s)
+    for i in range(n_in):
+        xs = [s[i] for s in out]
+        if all(bool((x == x.flatten()[0]).all()) for x in xs):
+            vals = sorted({float(x.flatten()[0]) for x in xs})
+            shown = ", ".join(f"{v:g}" for v in vals[:3]) + (" ..." if len(vals) > 3 else "")
+            raise QuantizationError(
+                f"{what} data for input {i} is constant in every sample (value(s) {shown}): the int8 ranges "
+                "calibrated on it collapse and real inputs would be clipped; pass representative samples "
+                "(real data, or calibration=None for random normal samples)")
+    return out
+
+
+# ----------------------------------------------------------------------------- after torch.export
+def _location(node: torch.fx.Node) -> str:
+    from corten.lowering.match import source_location
+
+    return source_location(node)
+
+
+def module_path(node: torch.fx.Node) -> str | None:
+    """The module path (``features.3.conv.0``) and class of the module that created ``node``."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1]
+    cls = str(getattr(cls, "__name__", cls)).rsplit(".", 1)[-1]
+    return f"module '{path}' ({cls})" if path else f"the top-level module ({cls})"
+
+
+def _where(node: torch.fx.Node) -> str:
+    mod = module_path(node)
+    return (f"in {mod} " if mod else "") + f"at {_location(node)}"
+
+
+def check_exported(ep: torch.export.ExportedProgram, model_name: str) -> None:
+    """Outputs, zero-size intermediate tensors, non-finite constants, negative BatchNorm variances."""
+    from torch.export.graph_signature import OutputKind, TensorArgument
+
+    spec = ep.call_spec.out_spec
+    kind = getattr(spec, "type", None)
+    if kind not in (None, tuple, list):
+        raise CaptureError(f"{model_name}.forward returns a {getattr(kind, '__name__', kind)}; Corten programs return "
+                           "a tensor or a tuple of tensors (return the values in a fixed order instead)")
+    user_outs = [s for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    for i, s in enumerate(user_outs):
+        if not isinstance(s.arg, TensorArgument):
+            val = getattr(s.arg, "value", s.arg)
+            raise CaptureError(f"{model_name}.forward output {i} is {val!r}, not a tensor; Corten programs return "
+                               "a tensor or a tuple of tensors computed from the inputs")
+    if not user_outs:
+        raise CaptureError(f"{model_name}.forward returns no tensor; return the tensor(s) to compile")
+    sig = ep.graph_signature
+    fqn = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
+           **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
+    consts = {**ep.state_dict, **ep.constants}
+    for node in ep.graph.nodes:
+        if node.op == "placeholder" and node.name in fqn:
+            name = fqn[node.name]
+            t = consts.get(name)
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise QuantizationError(
+                    f"{_const_label(name)} of {model_name} holds {_non_finite_count(t)}{_used_at(node)}; "
+                    "int8 quantization needs finite weights: fix or retrain the model (check the checkpoint "
+                    "that was loaded)")
+        val = node.meta.get("val")
+        if node.op in ("placeholder", "call_function") and isinstance(val, torch.Tensor) and val.numel() == 0:
+            raise CaptureError(f"{model_name}: tensor {node.name!r} {_where(node)} has shape "
+                               f"{tuple(val.shape)}, with no elements; Corten cannot compile zero-size tensors")
+        if node.op == "call_function" and node.target in _BATCH_NORMS:
+            _check_batch_norm(node, fqn, consts, model_name)
+
+
+_BATCH_NORMS = {torch.ops.aten.batch_norm.default, torch.ops.aten._native_batch_norm_legit_no_training.default}
+
+
+def _const_label(fqn: str) -> str:
+    module, _, attr = fqn.rpartition(".")
+    return f"{attr} of module '{module}'" if module else f"tensor '{fqn}'"
+
+
+def _used_at(node: torch.fx.Node) -> str:
+    for u in node.users:
+        loc = _location(u)
+        if loc != "<unknown source>":
+            return f" (used by {u.name} {_where(u)})"
+    return ""
+
+
+def _check_batch_norm(node: torch.fx.Node, fqn: dict, consts: dict, model_name: str) -> None:
+    var_arg = node.args[4] if len(node.args) > 4 else None
+    eps = node.args[7] if node.target == torch.ops.aten.batch_norm.default else node.args[6]
+    if not isinstance(var_arg, torch.fx.Node) or var_arg.name not in fqn:
+        return
+    var = consts.get(fqn[var_arg.name])
+    if not isinstance(var, torch.Tensor):
+        return
+    bad = (var + float(eps)) <= 0
+    if bool(bad.any()):
+        ch = int(bad.nonzero()[0, 0])
+        raise QuantizationError(
+            f"BatchNorm {fqn[var_arg.name].rpartition('.')[0]!r} of {model_name} at {_location(node)}: "
+            f"running_var {float(var[ch]):g} (channel {ch}; {int(bad.sum())} channel(s) with var + eps <= 0): "
+            "its output is NaN; running variances must be positive (reset or re-estimate the statistics)")
+
+
+# ----------------------------------------------------------------------------- calibration
+def _observers(prepared: torch.fx.GraphModule):
+    """(observer module, the observed fx node, the observer's call node) for each activation observer."""
+    from torchao.quantization.pt2e.observer import ObserverBase
+
+    for node in prepared.graph.nodes:
+        if node.op != "call_module":
+            continue
+        mod = prepared.get_submodule(node.target)
+        if not isinstance(mod, ObserverBase) or not hasattr(mod, "min_val"):
+            continue
+        src = node.args[0] if node.args else None
+        if not isinstance(src, torch.fx.Node) or src.op == "get_attr":
+            continue  # weights: checked as constants
+        yield mod, src, node
+
+
+def _observed_label(src: torch.fx.Node) -> str:
+    if src.op == "placeholder":
+        return f"model input {src.name!r}"
+    return f"tensor {src.name!r} ({getattr(src.target, '__name__', src.target)}) {_where(src)}"
+
+
+def check_observers(prepared: torch.fx.GraphModule, model_name: str) -> None:
+    """After calibration: every observed activation range finite, not beyond
+    :data:`MAX_ACTIVATION_MAGNITUDE`; a range that stayed a single value gets a warning."""
+    collapsed = []
+    for mod, src, _ in _observers(prepared):
+        lo, hi = mod.min_val, mod.max_val
+        if lo.numel() == 0 or hi.numel() == 0:
+            continue  # never ran (e.g. a branch the samples did not reach)
+        lo_f, hi_f = float(lo.min()), float(hi.max())
+        if lo_f > hi_f:  # observers start at +inf / -inf: not observed
+            continue
+        if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
+            raise QuantizationError(
+                f"{_observed_label(src)} of {model_name} reached non-finite values [{lo_f:g}, {hi_f:g}] during "
+                "calibration (float overflow or NaN); rescale the weights or the inputs so that every "
+                "activation stays finite")
+        mag = max(abs(lo_f), abs(hi_f))
+        if mag > MAX_ACTIVATION_MAGNITUDE:
+            raise QuantizationError(
+                f"{_observed_label(src)} of {model_name} reaches {mag:.3g} during calibration, beyond the "
+                f"{MAX_ACTIVATION_MAGNITUDE:.3g} Corten can calibrate reliably (the float32 histogram loses "
+                "the range and the int8 program would be wrong); rescale the weights or inputs (e.g. "
+                "normalise them)")
+        if lo_f == hi_f and src.op != "placeholder":
+            collapsed.append(src)
+    if collapsed:
+        shown = "; ".join(_observed_label(s) for s in collapsed[:3])
+        more = f" and {len(collapsed) - 3} more" if len(collapsed) > 3 else ""
+        warnings.warn(QuantizationWarning(
+            f"{model_name}: {len(collapsed)} tensor(s) held one constant value on every calibration sample "
+            f"({shown}{more}); their int8 range is degenerate, so other inputs may be clipped. Calibrate "
+            "with representative samples"), stacklevel=3)
+
+
+def explain_calibration_failure(gm: torch.fx.GraphModule, sample: tuple, index: int, model_name: str,
+                                exc: BaseException) -> Exception:
+    """The error to raise when calibration raised ``exc`` on ``sample``: the first float node of the
+    captured module ``gm`` that gives NaN/Inf, or a generic message naming the sample."""
+    env_bad = None
+
+    class _Finder(torch.fx.Interpreter):
+        def run_node(self, n):
+            nonlocal env_bad
+            out = super().run_node(n)
+            if env_bad is None and n.op == "call_function" and isinstance(out, torch.Tensor) \
+                    and out.is_floating_point() and not bool(torch.isfinite(out).all()):
+                env_bad = (n, out)
+            return out
+
+    try:
+        with torch.no_grad():
+            _Finder(gm).run(*sample)
+    except Exception:  # noqa: BLE001 - the original error is reported below
+        pass
+    if env_bad is not None:
+        n, out = env_bad
+        return QuantizationError(
+            f"calibration sample {index}: {_observed_label(n)} of {model_name} gives {_non_finite_count(out)} "
+            "in float; the int8 ranges cannot be calibrated. Rescale the weights or inputs so that every "
+            "activation stays finite")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return QuantizationError(f"calibration of {model_name} failed on sample {index}: {type(exc).__name__}: {first}")
+
+
+# ----------------------------------------------------------------------------- after lowering
+def _tensor_arg(gm: torch.fx.GraphModule, a) -> torch.Tensor | None:
+    if isinstance(a, torch.fx.Node) and a.op == "get_attr":
+        obj = gm
+        for part in a.target.split("."):
+            obj = getattr(obj, part)
+        return obj
+    return None
+
+
+def _args_by_name(node: torch.fx.Node) -> dict[str, Any]:
+    schema = node.target._schema
+    out = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(node.args):
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+    return out
+
+
+def _taps(op: str, args: dict, gm) -> int | None:
+    """Products summed into one int32 accumulator by a weighted op (None: not a weighted op)."""
+    w = _tensor_arg(gm, args.get("weight"))
+    if w is None:
+        return None
+    if op in ("quantized_conv2d", "quantized_grouped_conv2d"):
+        return int(w.shape[1]) * int(w.shape[2]) * int(w.shape[3])  # OHWI
+    if op == "quantized_depthwise_conv2d":
+        return int(w.shape[1]) * int(w.shape[2])
+    if op == "quantized_linear":
+        return int(w.shape[-1])
+    return None
+
+
+def check_lowered(gm: torch.fx.GraphModule, model_name: str) -> None:
+    """Numeric guards on the lowered graph's constants (see the module docstring)."""
+    from corten.fixed_point import SHIFT_MAX, SHIFT_MIN
+    from corten.ops.registry import op_name_of
+
+    underflows = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        op = op_name_of(node.target)
+        if op is None or not hasattr(node.target, "_schema"):
+            continue
+        args = _args_by_name(node)
+        where = f"{op} node {node.meta.get('corten_source', node.name)!r} of {model_name} {_where(node)}"
+        bias = _tensor_arg(gm, args.get("bias"))
+        if bias is not None and bias.dtype == torch.int32 and bias.numel():
+            b = bias.to(torch.int64)
+            if bool(((b <= INT32_MIN + 1) | (b >= INT32_MAX)).any()):
+                raise QuantizationError(
+                    f"{where}: the bias does not fit int32 once divided by input_scale * weight_scale (it "
+                    "saturates, so the int8 output would be wrong); the bias is far larger than what the "
+                    "weights contribute: rescale the layer (smaller bias or larger weights) or fold the "
+                    "constant offset out of the model")
+        for name, v in args.items():
+            if name.endswith("multiplier"):
+                t = _tensor_arg(gm, v)
+                values = t.flatten().tolist() if t is not None else ([v] if isinstance(v, int) else [])
+                if any(int(m) == 0 for m in values):
+                    underflows.append(f"{where} ({name})")
+            if name.endswith("shift") and name != "left_shift":
+                t = _tensor_arg(gm, v)
+                values = t.flatten().tolist() if t is not None else ([v] if isinstance(v, int) else [])
+                bad = [int(s) for s in values if not SHIFT_MIN <= int(s) <= SHIFT_MAX]
+                if bad:
+                    raise QuantizationError(f"{where}: requantization shift {bad[0]} ({name}) is outside "
+                                            f"[{SHIFT_MIN}, {SHIFT_MAX}]; rescale the layer")
+        taps = _taps(op, args, gm)
+        if taps is not None and taps > MAX_ACCUMULATOR_TAPS:
+            raise QuantizationError(
+                f"{where}: each output sums {taps:,} int8 products, more than the {MAX_ACCUMULATOR_TAPS:,} that "
+                "always fit an int32 accumulator (it could overflow); split the layer (fewer input channels "
+                "or a smaller kernel)")
+    if underflows:
+        warnings.warn(QuantizationWarning(
+            f"{model_name}: {len(underflows)} requantization multiplier(s) underflow to 0 (scale ratio below "
+            f"2**-32), so what they scale contributes nothing to the int8 output: {underflows[0]}"
+            + (f" and {len(underflows) - 1} more" if len(underflows) > 1 else "") + ". The program computes "
+            "this correctly rounded, but the layer's output range is vastly larger than what its inputs "
+            "produce (e.g. tiny weights or a huge bias): check the model or the calibration data"), stacklevel=3)
