@@ -103,6 +103,9 @@ def compile(
     example_inputs = as_input_tuple(example_inputs)
     check_example_inputs(example_inputs)
     model_name = type(model).__name__
+    # every calibration sample checked against the example inputs before anything runs
+    samples = default_calibration(example_inputs, 8, seed) if calibration is None else \
+        check_samples(calibration, example_inputs)
     stages: dict[str, str] = {}
     timings: dict[str, float] = {}
     torch.manual_seed(seed)
@@ -111,8 +114,6 @@ def compile(
     say(f"corten: capturing {type(model).__name__} with torch.export")
     exported = capture(model, example_inputs)
     check_exported(exported, model_name)
-    samples = default_calibration(example_inputs, 8, seed) if calibration is None else \
-        check_samples(calibration, example_inputs)
     stages["exported"] = graph_text(exported)
     gm = unguarded_module(exported)
     timings["capture"] = time.perf_counter() - t0

@@ -22,6 +22,8 @@ import math
 
 import torch
 
+from corten.errors import QuantizationError
+
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 INT8_MIN = -128
@@ -30,7 +32,7 @@ SHIFT_MIN = -31
 SHIFT_MAX = 30
 
 
-class ScaleError(ValueError):
+class ScaleError(QuantizationError):
     """A real scale CMSIS-NN's multiplier/shift pair cannot represent (shift above 30, negative,
     NaN or infinite); the lowering turns it into a QuantizationError naming the node."""
 

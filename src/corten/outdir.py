@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from corten.validation import UsageError
+from corten.errors import UsageError
 
 MANIFEST = "manifest.json"
 

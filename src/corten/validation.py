@@ -62,11 +62,17 @@ def _describe(x: Any) -> str:
 
 
 def check_example_inputs(example_inputs: tuple) -> None:
-    """Zero-size dimensions and non-finite values in the example inputs (types, dtype and batch size
-    are checked by :func:`corten.capture.capture`)."""
+    """Tensors, float32, no zero-size dimension, finite values (the batch size and what torch.export
+    needs are checked by :func:`corten.capture.capture`)."""
+    if not example_inputs:
+        raise CaptureError("example_inputs is an empty tuple; pass one float32 tensor per model input")
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
-            continue
+            raise CaptureError(f"example_inputs[{i}] is a {type(x).__name__}, not a tensor; "
+                               "pass a tuple of float32 tensors")
+        if x.dtype != torch.float32:
+            raise CaptureError(f"example_inputs[{i}] has dtype {x.dtype}; Corten quantizes float32 "
+                               "models: pass float32 tensors (x.float())")
         if x.numel() == 0 or any(int(d) == 0 for d in x.shape):
             raise CaptureError(f"example_inputs[{i}] has shape {tuple(x.shape)} with a zero-size dimension; "
                                "Corten compiles static shapes with at least one element in every dimension")
@@ -134,7 +140,7 @@ def check_samples(samples: Iterable, example_inputs: tuple, what: str = "calibra
 
 # ----------------------------------------------------------------------------- after torch.export
 def _location(node: torch.fx.Node) -> str:
-    from corten.lowering.match import source_location
+    from corten.ops._rules import source_location
 
     return source_location(node)
 

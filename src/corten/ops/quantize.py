@@ -28,10 +28,10 @@ def _check(op: str, x: torch.Tensor, scale: float, zero_point: int, want: torch.
 def quantize_per_tensor(input: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
     _check("quantize_per_tensor", input, scale, zero_point, torch.float32)
     q = round_half_away_t(input / torch.tensor(scale, dtype=torch.float32)) + zero_point
-    return q.clamp(-128, 127).to(torch.int8).contiguous(memory_format=_layout(input))
+    return q.clamp(-128, 127).to(torch.int8).contiguous(memory_format=_edge_format(input))
 
 
-def _layout(x: torch.Tensor) -> torch.memory_format:
+def _edge_format(x: torch.Tensor) -> torch.memory_format:
     """A 4-D program input is NHWC in the C library's input buffer: its int8 tensor is channels_last,
     like every other 4-D activation (so e.g. ``conv(x) + x`` adds two tensors of one layout)."""
     return torch.channels_last if x.dim() == 4 else torch.contiguous_format
@@ -40,7 +40,7 @@ def _layout(x: torch.Tensor) -> torch.memory_format:
 @quantize_per_tensor.register_fake
 def _(input, scale, zero_point):
     _check("quantize_per_tensor", input, scale, zero_point, torch.float32)
-    return torch.empty_like(input, dtype=torch.int8, memory_format=_layout(input))
+    return torch.empty_like(input, dtype=torch.int8, memory_format=_edge_format(input))
 
 
 @torch.library.custom_op("corten::dequantize_per_tensor", mutates_args=())
