@@ -120,6 +120,21 @@ def lowered_aten_ops() -> list[Any]:
     return list(_LOWERINGS)
 
 
+_ATEN_REWRITES: list[Callable] = []
+
+
+def rewrites_aten(aten_pass: Callable) -> Callable:
+    """Register an ATen-level rewrite ``pass(gm) -> PassResult`` that an op family needs before
+    quantization (e.g. ``aten.lstm.input`` split into per-layer nodes); the quantizer runs these
+    after Corten's ATen passes, in registration order."""
+    _ATEN_REWRITES.append(aten_pass)
+    return aten_pass
+
+
+def aten_rewrites() -> list[Callable]:
+    return list(_ATEN_REWRITES)
+
+
 @dataclass(frozen=True)
 class Annotation:
     """How CortenQuantizer annotates one ATen op (declared by the op family that lowers it).

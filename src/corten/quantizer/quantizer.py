@@ -136,11 +136,15 @@ class CortenQuantizer(Quantizer):
 
     # -- torchao Quantizer API
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
+        import corten.ops  # noqa: F401  (the families register their ATen rewrites on import)
+        from corten.aten_passes import AtenPassManager
+        from corten.aten_passes.pass_manager import default_passes
+        from corten.ops.registry import aten_rewrites
+
+        # The op families' rewrites (e.g. nn.LSTM into layers) are needed for lowering: always run.
+        model = AtenPassManager([*(default_passes() if self.aten_passes else []), *aten_rewrites()])(model)
         if not self.aten_passes:
             return model
-        from corten.aten_passes import AtenPassManager
-
-        model = AtenPassManager()(model)
         self.transformed_graph_text = model.print_readable(print_output=False, include_stride=False,
                                                            include_device=False)
         return model

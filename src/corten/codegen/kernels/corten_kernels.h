@@ -234,6 +234,38 @@ int corten_conv_transpose2d_s8(const corten_conv_transpose_params *params, const
                                const corten_dims *filter_dims, const int8_t *filter, const int32_t *bias,
                                const corten_dims *output_dims, int8_t *output);
 
+/** One unidirectional LSTM layer (corten/ops/lstm.py: TFLite's int8 LSTM, arm_lstm_unidirectional_s8's
+ *  arithmetic).  Weights [4][hidden][input] / [4][hidden][hidden] in gate order (input, forget, cell,
+ *  output); effective biases [4][hidden]; gate_multipliers/gate_shifts [4][2] (input, hidden term);
+ *  sigmoid_table: 256 values of sigmoid(k/24) in 0.16 fixed point. */
+typedef struct {
+    int32_t time_major; /* input [T][B][I] (1) or [B][T][I] (0); the output sequence likewise */
+    int32_t last_only;  /* 1: the output is only the last hidden state [B][H] */
+    int32_t batches;
+    int32_t time_steps;
+    int32_t input_size;
+    int32_t hidden_size;
+    int32_t output_offset;
+    int32_t output_multiplier;
+    int32_t output_shift;
+    int32_t forget_to_cell_multiplier;
+    int32_t forget_to_cell_shift;
+    int32_t input_to_cell_multiplier;
+    int32_t input_to_cell_shift;
+    int32_t cell_clip;
+    int32_t cell_scale_power;
+    const int8_t *input_weights;
+    const int8_t *hidden_weights;
+    const int32_t *input_effective_bias;
+    const int32_t *hidden_effective_bias;
+    const int32_t *gate_multipliers;
+    const int32_t *gate_shifts;
+    const int32_t *sigmoid_table;
+} corten_lstm_params;
+
+/** LSTM layer; scratch: 10 * batches * hidden_size + batches * hidden_size bytes, 2-byte aligned. */
+int corten_lstm_s8(const corten_lstm_params *params, const int8_t *input, int8_t *output, void *scratch);
+
 #ifdef __cplusplus
 }
 #endif
