@@ -299,3 +299,23 @@ def test_lstm_c_byte_exact_host_and_qemu():
 def test_lstm_sequence_c_byte_exact_host():
     t = Tester(LSTMNet("seq+h", 1, hidden=7).eval(), (torch.randn(1, 5, 6),))
     t.test_implementation(on=("host",), n_inputs=2)
+
+
+# ----------------------------------------------------------------------------- the zoo's lstm-kws
+def test_lstm_kws_zoo_model():
+    """Architecture, seeded weights, and int8 agreement with float (cosine >= 0.98 on random inputs).
+    Op counts and byte-exact C on the host and QEMU boards: tests/test_zoo_programs.py."""
+    from corten.zoo import get_model
+
+    model, (x,) = get_model("lstm-kws")
+    again, _ = get_model("lstm-kws")
+    assert x.shape == (1, 49, 10) and model(x).shape == (1, 12)
+    assert sum(p.numel() for p in model.parameters()) == 4 * 64 * (10 + 64 + 2) + 4 * 64 * (64 + 64 + 2) + 64 * 12 + 12
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+    prog = corten.compile(model, (x,))
+    g = torch.Generator().manual_seed(123)
+    cosines = []
+    for _ in range(10):
+        xi = torch.randn(x.shape, generator=g)
+        cosines.append(float(torch.nn.functional.cosine_similarity(prog.run(xi).flatten(), model(xi).flatten(), dim=0)))
+    assert min(cosines) >= 0.98, cosines

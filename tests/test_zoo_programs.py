@@ -27,8 +27,9 @@ EXPECTED_OPS = {
     "deep-ae": {"quantize_per_tensor": 1, "quantized_linear": 10, "dequantize_per_tensor": 1},
     "kws-1d": {"quantize_per_tensor": 1, "quantized_conv2d": 3, "quantized_max_pool2d": 1, "quantized_avg_pool2d": 1,
                "quantized_linear": 1, "dequantize_per_tensor": 1},
+    "lstm-kws": {"quantize_per_tensor": 1, "quantized_lstm": 2, "quantized_linear": 1, "dequantize_per_tensor": 1},
 }
-SMALL = ["ds-cnn", "resnet8", "mv1-0.25-96", "deep-ae", "kws-1d"]  # all four QEMU boards in every CI run
+SMALL = ["ds-cnn", "resnet8", "mv1-0.25-96", "deep-ae", "kws-1d", "lstm-kws"]  # all four QEMU boards in every CI run
 BOARDS = ["cortex-m3", "cortex-m4", "cortex-m7", "cortex-m55"]
 _cache: dict[str, tuple] = {}
 

@@ -15,12 +15,13 @@ from torch import nn
 
 from corten.zoo.batch_norm_stats import randomize_batch_norm
 from corten.zoo.kws import KWS1D
+from corten.zoo.lstm_kws import LSTMKWS
 from corten.zoo.mlperf_tiny import DSCNN, DeepAutoEncoder, MobileNetV1, ResNet8
 from corten.zoo.mobilenet_v2 import MobileNetV2, make_divisible
 from corten.zoo.mobilenet_v3 import MobileNetV3
 
 __all__ = ["MODELS", "ZooEntry", "get_model", "list_models", "MobileNetV2", "MobileNetV3", "DSCNN",
-           "ResNet8", "MobileNetV1", "DeepAutoEncoder", "KWS1D", "make_divisible"]
+           "ResNet8", "MobileNetV1", "DeepAutoEncoder", "KWS1D", "LSTMKWS", "make_divisible"]
 
 CALIBRATION_BATCH = 2  # default number of samples used to measure BatchNorm running statistics
 
@@ -60,6 +61,8 @@ MODELS: dict[str, ZooEntry] = {
                  lambda gen: DeepAutoEncoder(generator=gen), (1, 640), calibration_batch=64),
         ZooEntry("kws-1d", "keyword spotting on 1-D convolutions, 40 MFCC x 49 frames input, 12 classes",
                  lambda gen: KWS1D(generator=gen), (1, 40, 49)),
+        ZooEntry("lstm-kws", "keyword spotting LSTM: 2 layers of 64 units over 49 frames x 10 MFCC, last hidden "
+                 "state -> 12 classes", lambda gen: LSTMKWS(generator=gen), (1, 49, 10)),
     )
 }
 
