@@ -6,28 +6,29 @@ How ``nn.LSTM`` gets here
 -------------------------
 ``torch.export`` keeps ``nn.LSTM`` whole as ``aten.lstm.input(x, [h0, c0], params, has_biases,
 num_layers, dropout, train, bidirectional, batch_first)`` returning ``(output, h_n, c_n)``.  The
-ATen pass :class:`SplitLSTMPass` (run by the quantizer's ``transform_for_annotation``) rewrites it,
-before observers are placed, into one node per layer calling :func:`lstm_layer` (a float function:
-the graph stays runnable in float).  Each layer node returns one tensor: the output sequence, or
-only the last hidden state when that is all its users read (``h_n[-1]``, ``h_n[k]``,
-``h_n.squeeze(0)`` for one layer, ``output[:, -1]``).  A layer whose sequence *and* last state are
-both needed becomes two nodes (the C program then runs that layer twice).  Not rewritten (left
-unlowered, hence refused by name): bidirectional or projected LSTMs, non-zero initial states, a
+ATen rewrite :class:`SplitLSTMPass` (registered with ``rewrites_aten``; the quantizer runs it in
+``transform_for_annotation``, before observers are placed) replaces it by one float custom op
+``corten_float::lstm_layer`` per layer (the output sequence; a custom op so that it stays one node
+through ``torch.export``) and, for the readers of the last hidden state (``h_n[-1]``, ``h_n[k]``,
+``h_n.squeeze(0)`` of one layer, ``output[:, -1]``), ``corten_float::lstm_last_step``.  The
+lowering turns a layer into ``quantized_lstm`` and a last step into the same ``quantized_lstm``
+with ``last_only`` (the sequence version then usually has no reader left and is dropped; when both
+are read, the C program runs that layer twice).  Not rewritten, hence refused by name as
+``aten.lstm.input``: bidirectional or projected (``proj_size``) LSTMs, non-zero initial states, a
 used ``c_n`` (the cell state is int16 inside the kernel), ``h_n`` of several layers used whole.
 
 Quantization (choices where PyTorch is silent)
 ----------------------------------------------
-* input x: int8 per-tensor, observed like any activation;
-* hidden state h = o * tanh(c) lies in (-1, 1): int8 with TFLite's tanh quantization, scale 1/128,
-  zero point 0 (fixed: the recurrence reads its own output, so every step must share it; needs no
-  calibration and never saturates);
+* input x and hidden state h (the layer's output sequence, which the recurrence reads back): int8
+  per-tensor, observed like any activation on the whole sequence (a last-step reader shares the
+  sequence's quantization);
 * weights: int8 per-tensor symmetric, one scale per gate and per matrix (W_ih and W_hh), taken
   from the float weights at lowering (CMSIS-NN's LSTM takes one multiplier per gate and matrix);
 * gate pre-activations: int16 with scale 2**-12 (Q3.12); gate outputs: int16 Q0.15 from the int16
   sigmoid/tanh; bias b_ih + b_hh in int32 with the scale ``s_x * s_W``;
 * cell state: int16 with a power-of-two scale ``2**cell_scale_power``, the smallest that holds the
-  largest |c| seen in calibration: :func:`lstm_layer` records max |c| of every step into a
-  ``stats`` buffer (a custom observer: the float function updates it while calibration runs).
+  largest |c| seen in calibration: the float layer records max |c| over every step into a
+  ``stats`` buffer while calibration runs (a custom observer of a tensor the graph never shows).
 
 The integer step (per time step t, all batches; ``R(acc, m, s)`` is ``arm_nn_requantize``)::
 
@@ -53,16 +54,17 @@ from typing import Any
 
 import torch
 
+from corten.errors import LoweringError
 from corten.fixed_point import quantize_multiplier, requantize, round_half_away_t, wrap_int32_t
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._rules import Match
+from corten.ops.registry import Hook, OpFamily, annotates, lowers, register_family, rewrites_aten
 
 FAMILY = "lstm"
 GATES = ("input", "forget", "cell", "output")  # PyTorch's gate order (i, f, g, o) in weight_ih/hh
 Q15_MIN, Q15_MAX = -32768, 32767
 GATE_SCALE = 2.0 ** -12  # int16 gate pre-activations (Q3.12)
 GATE_OUTPUT_SCALE = 2.0 ** -15  # sigmoid/tanh int16 outputs (Q0.15)
-HIDDEN_QPARAMS = (1.0 / 128.0, 0)  # the hidden state o * tanh(c) in (-1, 1)
 CELL_CLIP = 32767
 CELL_SCALE_POWER_MIN, CELL_SCALE_POWER_MAX = -15, -3
 
@@ -387,8 +389,6 @@ class SplitLSTMPass:
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.ops.registry import annotates, lowers, rewrites_aten  # noqa: E402
 
 annotates("unary", LSTM_LAYER)
 annotates("shared", LSTM_LAST_STEP)
@@ -489,7 +489,7 @@ def _batches(node) -> int:
     return int(val.shape[1] if time_major else val.shape[0])
 
 
-@family.provides("scratch_bytes", "quantized_lstm")
+@family.provides(Hook.SCRATCH_BYTES, "quantized_lstm")
 def _lstm_scratch(node, target) -> int:
     hidden = int(node.args[1].meta["val"].shape[1]) if "val" in node.args[1].meta else None
     if hidden is None:
@@ -498,7 +498,7 @@ def _lstm_scratch(node, target) -> int:
 
 
 # ----------------------------------------------------------------------------- C emission
-@family.provides("emit_c", "quantized_lstm")
+@family.provides(Hook.EMIT_C, "quantized_lstm")
 def _emit_lstm_c(ctx) -> str:
     """One ``corten_lstm_s8`` call in both flavours (see the module docstring for why the CMSIS-NN
     flavour does not call ``arm_lstm_unidirectional_s8``)."""

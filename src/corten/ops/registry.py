@@ -13,6 +13,8 @@ Extension points (the only ones; each is registered by the family module at impo
   and returns the node that replaces the final quantize; raises
   :class:`corten.errors.LoweringError` with the reason to refuse (the op then stays unlowered
   and is reported with that reason).
+* ``rewrites_aten(pass)`` - an ATen-level rewrite the family needs before quantization (the
+  quantizer runs them after Corten's ATen passes), e.g. ``nn.LSTM`` split into layers.
 * ``@family.provides(Hook.X, *op_names)`` - the per-op hooks of the later stages, one signature each:
 
   - ``Hook.SCRATCH_BYTES``: ``fn(node: torch.fx.Node, target: corten.targets.Target) -> int``, the
