@@ -183,7 +183,9 @@ def unlowered_nodes(gm_or_graph, refusals: dict[str, str] | None = None) -> list
             continue
         if n.target in DQ_PER_TENSOR or n.target in Q_PER_TENSOR or n.target in DQ_PER_CHANNEL:
             continue  # the q/dq around a float op are reported through that op
-        out.append(UnloweredNode(n.name, op_display_name(n.target), source_location(n), refusals.get(n.name, "")))
+        # a rule's refusal, else the reason an ATen rewrite left on the node (meta "corten_refusal")
+        reason = refusals.get(n.name) or n.meta.get("corten_refusal", "")
+        out.append(UnloweredNode(n.name, op_display_name(n.target), source_location(n), reason))
     return out
 
 

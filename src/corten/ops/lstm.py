@@ -302,23 +302,34 @@ class SplitLSTMPass:
 
         aten = torch.ops.aten
         x, hx, params, has_biases, num_layers, _dropout, train, bidirectional, batch_first = node.args[:9]
-        if bidirectional or train or not all(_is_zeros(h) for h in hx):
+
+        def refuse(why: str) -> bool:
+            node.meta["corten_refusal"] = why
             return False
+
+        if bidirectional:
+            return refuse("bidirectional LSTMs are not supported: run two unidirectional nn.LSTMs (one on "
+                          "the time-reversed input, flipped outside the model) or use bidirectional=False")
+        if train:
+            return refuse("LSTM in training mode; call model.eval()")
+        if not all(_is_zeros(h) for h in hx):
+            return refuse("only a zero initial state (h0, c0) is supported: call the LSTM without (h0, c0)")
         per_layer = 4 if has_biases else 2
         if len(params) != per_layer * num_layers:
-            return False  # projections (proj_size) add a weight per layer
+            return refuse("LSTMs with proj_size are not supported")
         val = x.meta.get("val")
         if val is None or val.dim() != 3:
-            return False
+            return refuse("only batched 3-D input ([B, T, I] or [T, B, I]) is supported")
         time_dim = 1 if batch_first else 0
         steps = int(val.shape[time_dim])
         outputs = {0: [], 1: [], 2: []}
         for u in node.users:
             if u.target != operator.getitem:
-                return False
+                return refuse("the LSTM's result tuple is used as a whole")
             outputs[int(u.args[1])].append(u)
         if any(g.users for g in outputs[2]):
-            return False  # c_n is used
+            return refuse("the final cell state c_n is used: Corten's LSTM keeps the cell state in int16 "
+                          "inside the kernel and returns the output sequence and h_n only")
         # what each layer must produce: {layer: {"seq", "last"}}
         need: dict[int, set] = {k: set() for k in range(num_layers)}
         for k in range(num_layers - 1):
@@ -345,7 +356,8 @@ class SplitLSTMPass:
                     need[0].add("last")
                     break
                 else:
-                    return False  # h_n of several layers used whole (a stack)
+                    return refuse("h_n of a multi-layer LSTM is used whole: read h_n[-1] (or h_n[k]) or the "
+                                  "output sequence instead")
         seqs: list[torch.fx.Node] = []
         lasts: dict[int, torch.fx.Node] = {}
         prev = x
