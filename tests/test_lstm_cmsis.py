@@ -128,3 +128,19 @@ def test_corten_table_is_close_to_cmsis_table(cmsis_table):
 
     diff = (sigmoid_table() - cmsis_table).abs()
     assert int(diff.max()) <= 1
+
+
+def test_lstm_program_cmsis_flavour_byte_exact_host_and_qemu():
+    """The "cmsis-nn" library of an LSTM program (arm_fully_connected_s8 for the classifier, Corten's
+    LSTM kernel for the layers) computes the reference's bytes on the host, M55 and M4."""
+    from test_lstm import LSTMNet
+
+    import corten
+
+    model = LSTMNet("h[-1]", 2, hidden=10).eval()
+    x = torch.randn(1, 6, 6, generator=torch.Generator().manual_seed(4))
+    prog = corten.compile(model, (x,))
+    expected = prog.run_int8(x)[0]
+    assert torch.equal(prog.run_c(x, on="host", kernels="cmsis-nn", int8=True)[0], expected)
+    for target in ("cortex-m55", "cortex-m4"):
+        assert torch.equal(prog.run_c(x, on="qemu", target=target, kernels="cmsis-nn", int8=True)[0], expected)
