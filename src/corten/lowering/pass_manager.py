@@ -135,6 +135,45 @@ class LowerOutputDequantizePass:
         return gm
 
 
+class LowerRequantizePass:
+    """A ``dequantize -> quantize`` pair left between two lowered ops (e.g. a sigmoid's fixed output
+    grid feeding a maximum that needs its other input's grid) becomes one ``quantized_lut``: the
+    256-entry table maps each int8 value of the first grid to the second, rounding as the program's
+    edge quantize does.  Identical grids vanish."""
+
+    def __call__(self, gm: GraphModule) -> GraphModule:
+        for node in list(gm.graph.nodes):
+            if node.target not in Q_PER_TENSOR or not isinstance(node.args[0], Node):
+                continue
+            dq = node.args[0]
+            if dq.target not in DQ_PER_TENSOR or not isinstance(dq.args[0], Node):
+                continue
+            src = dq.args[0]
+            if src.op != "call_function" or op_name_of(src.target) is None:
+                continue  # only between Corten ops (the float ops around it are reported as unlowered)
+            try:
+                q_in, q_out = qparams_of(dq), qparams_of(node)
+            except LoweringError:
+                continue
+            if (q_in.scale, q_in.zero_point) == (q_out.scale, q_out.zero_point):
+                node.replace_all_uses_with(src)
+                continue
+            levels = torch.arange(-128, 128, dtype=torch.int8)
+            real = torch.ops.corten.dequantize_per_tensor(levels, q_in.scale, q_in.zero_point)
+            table = torch.ops.corten.quantize_per_tensor(real, q_out.scale, q_out.zero_point)
+            name = f"_corten_{node.name}_requantize_table"
+            while hasattr(gm, name):
+                name += "_"
+            gm.register_buffer(name, table.contiguous())
+            with gm.graph.inserting_before(node):
+                t = gm.graph.get_attr(name)
+                new = gm.graph.call_function(op("quantized_lut"), (src, t))
+            new.meta.update({k: v for k, v in node.meta.items() if k != "quantization_annotation"})
+            new.meta["corten_source"] = node.name
+            node.replace_all_uses_with(new)
+        return gm
+
+
 class RemoveDeadCodePass:
     """Drops nodes nothing reads.  In-place activations (``relu_``, ``hardtanh_``) and dropout count
     as removable too: once lowered, what they wrote to is itself dead."""
@@ -182,11 +221,34 @@ def unlowered_nodes(gm_or_graph, refusals: dict[str, str] | None = None) -> list
         if is_lowered(n):
             continue
         if n.target in DQ_PER_TENSOR or n.target in Q_PER_TENSOR or n.target in DQ_PER_CHANNEL:
-            continue  # the q/dq around a float op are reported through that op
+            if _touches_float_op(n):
+                continue  # the q/dq around a float op are reported through that op
+            out.append(UnloweredNode(n.name, op_display_name(n.target), source_location(n),
+                                     "a quantize/dequantize left between lowered ops (no Corten op expresses it)"))
+            continue
         # a rule's refusal, else the reason an ATen rewrite left on the node (meta "corten_refusal")
         reason = refusals.get(n.name) or n.meta.get("corten_refusal", "")
         out.append(UnloweredNode(n.name, op_display_name(n.target), source_location(n), reason))
     return out
+
+
+def _is_qdq(n: Node) -> bool:
+    return n.target in DQ_PER_TENSOR or n.target in Q_PER_TENSOR or n.target in DQ_PER_CHANNEL
+
+
+def _touches_float_op(n: Node, seen: set | None = None) -> bool:
+    """Whether a q/dq node reaches an unlowered (float) compute op through q/dq nodes only."""
+    seen = set() if seen is None else seen
+    seen.add(n)
+    for m in [*n.all_input_nodes, *n.users]:
+        if m in seen or m.op != "call_function":
+            continue
+        if _is_qdq(m):
+            if _touches_float_op(m, seen):
+                return True
+        elif not is_lowered(m):
+            return True
+    return False
 
 
 class CortenPassManager:
@@ -194,7 +256,8 @@ class CortenPassManager:
 
     def __init__(self) -> None:
         self.compute = LowerComputeOpsPass()
-        self.passes = [LowerInputQuantizePass(), self.compute, LowerOutputDequantizePass(), RemoveDeadCodePass()]
+        self.passes = [LowerInputQuantizePass(), self.compute, LowerRequantizePass(), LowerOutputDequantizePass(),
+                       RemoveDeadCodePass()]
 
     @property
     def refusals(self) -> dict[str, str]:

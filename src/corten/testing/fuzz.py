@@ -432,8 +432,13 @@ def run_host_batch(items, workdir, cflags=SANITIZE) -> dict[int, list[torch.Tens
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     libs, sources, includes, calls, kernel_files = {}, [], [], [], {}
+    results: dict[int, list[torch.Tensor] | str] = {}
     for seed, prog, inputs in items:
-        lib = prog.emit_c(workdir, kernels="portable")  # one directory: the models share corten_kernels/
+        try:
+            lib = prog.emit_c(workdir, kernels="portable")  # one directory: the models share corten_kernels/
+        except Exception as e:  # noqa: BLE001 - a compiled program that cannot be emitted is a failure
+            results[seed] = f"emit_c raised {type(e).__name__}: {e}"
+            continue
         libs[seed] = lib
         sources += lib.model_sources
         for k in lib.kernel_files:
@@ -443,6 +448,8 @@ def run_host_batch(items, workdir, cflags=SANITIZE) -> dict[int, list[torch.Tens
                      f'{lib.arena_bytes}u, {lib.arena_align}u);')
         data = b"".join(tensor_to_c_bytes(q) for q in prog.quantize_inputs(*inputs))
         (workdir / f"in_{seed}.bin").write_bytes(data)
+    if not libs:
+        return results
     main = workdir / "fuzz_main.c"
     main.write_text(BATCH_MAIN % {"includes": "\n".join(includes), "calls": "\n".join(calls)})
     objects = host_kernel_objects(list(kernel_files.values()), tuple(cflags))
@@ -453,7 +460,6 @@ def run_host_batch(items, workdir, cflags=SANITIZE) -> dict[int, list[torch.Tens
     proc = subprocess.run([str(binary)], cwd=workdir, capture_output=True, text=True, timeout=600,
                           stdin=subprocess.DEVNULL)
     statuses = dict(line.split()[1:3] for line in proc.stdout.splitlines() if line.startswith("FUZZ "))
-    results: dict[int, list[torch.Tensor] | str] = {}
     for seed, lib in libs.items():
         st = statuses.get(str(seed))
         if st != "status=0":
@@ -522,17 +528,26 @@ def fuzz(seeds, qemu_every: int = 0, sanitize: bool = True, verbose: bool = Fals
             except Exception as e:  # noqa: BLE001 - e.g. a build error: find the model by itself
                 outs = {s: f"batch build: {type(e).__name__}: {str(e)[-1500:]}" for s, *_ in pending}
         share = (time.perf_counter() - t0) / len(pending)
+        batch_problem, blamed = None, False
         for seed, prog, case, expected, qemu, secs in pending:
             got = outs.get(seed, "missing")
             extra = " +qemu" if qemu else ""
-            if isinstance(got, str):  # pin it down alone (its own build) to tell which model failed
+            if isinstance(got, str) and got.startswith("emit_c raised"):
+                report(Outcome(seed, "FAIL", case.families, got), extra)
+                blamed = True
+                continue
+            if isinstance(got, str):  # the batch build or run failed: run the model alone to find the culprit
+                batch_problem = got
                 r = run_case(seed, qemu=False, sanitize=sanitize)
-                if r.status == "exact":
-                    r = Outcome(seed, "FAIL", case.families, f"failed only in a batch: {got}")
+                blamed |= r.status == "FAIL"
                 report(r, extra)
                 continue
             bad = _compare(seed, case.families, "host", expected, got)
+            blamed |= bad is not None
             report(bad or Outcome(seed, "exact", case.families, "", secs + share), extra)
+        if batch_problem is not None and not blamed:  # no model fails alone: the batch itself is the bug
+            report(Outcome(pending[0][0], "FAIL", pending[0][2].families,
+                           f"batch of seeds {pending[0][0]}..{pending[-1][0]} failed, no model alone: {batch_problem}"))
     return results
 
 
