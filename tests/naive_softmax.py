@@ -152,3 +152,101 @@ def tflite_softmax_params(beta: float, input_scale: float) -> tuple[int, int, in
     assert left_shift >= 0
     radius = math.floor(1.0 * ((1 << integer_bits) - 1) * (1 << (31 - integer_bits)) / (1 << left_shift))
     return mult, left_shift, -int(radius)
+
+
+# ----------------------------------------------------------------------------- TFLite int8 LogSoftmax
+# reference_integer_ops::LogSoftmax and gemmlowp's log_x_for_x_greater_than_or_equal_to_1_impl
+# (InputIntegerBits = 12, deduced from the Q12.19 sum; OutputIntegerBits = 5), one gemmlowp
+# fixed-point operation at a time.
+def srmbpot_param(x: int, exponent: int) -> int:
+    """TFLite SaturatingRoundingMultiplyByPOTParam (exponent >= 0)."""
+    if exponent == 0:
+        return x
+    threshold = (1 << (31 - exponent)) - 1
+    if x > threshold:
+        return Q31_MAX
+    if x < -threshold:
+        return Q31_MIN
+    return i32(x * (1 << exponent))
+
+
+def sat_add(a: int, b: int) -> int:
+    return max(Q31_MIN, min(Q31_MAX, a + b))
+
+
+def rounding_half_sum(a: int, b: int) -> int:
+    s = a + b
+    return c_div(s + (1 if s >= 0 else -1), 2)
+
+
+def log_x_ge_1(sum_q12: int) -> int:
+    input_integer_bits, accum_integer_bits, output_integer_bits = 12, 6, 5
+    log_2, sqrt_sqrt_half, sqrt_half, one_quarter = 1488522236, 1805811301, 1518500250, 536870912
+    alpha_n, alpha_d, alpha_i, alpha_f = 117049297, 127690142, 1057819769, 638450708
+    shifted_quarter = div_pow2(one_quarter, accum_integer_bits - 0)  # Rescale<6>(F0)
+    z_a = sum_q12
+    z_a_headroom_plus_1 = clz32(z_a)
+    r_a_tmp = srmbpot_param(z_a, z_a_headroom_plus_1 - 1)
+    r_a_raw = srmbpot_param(mul_sat(r_a_tmp, sqrt_half), 1)
+    z_a_pow_2_adj = sat_add(srmbpot_param(input_integer_bits - z_a_headroom_plus_1, 31 - accum_integer_bits),
+                            shifted_quarter)
+    z_b = mul_sat(z_a, sqrt_half)
+    z_b_headroom = clz32(z_b) - 1
+    r_b_raw = srmbpot_param(z_a, z_b_headroom)
+    z_b_pow_2_adj = max(Q31_MIN, min(Q31_MAX, srmbpot_param(input_integer_bits - z_b_headroom,
+                                                            31 - accum_integer_bits) - shifted_quarter))
+    r = min(r_a_raw, r_b_raw)
+    z_pow_2_adj = max(z_a_pow_2_adj, z_b_pow_2_adj)
+    p = rounding_half_sum(r, sqrt_sqrt_half)
+    q = i32(r - sqrt_sqrt_half)
+    q = i32(q + q)
+    common_sq = mul_sat(q, q)
+    num = i32(mul_sat(q, r) + mul_sat(mul_sat(q, common_sq), alpha_n))
+    denom_minus_one_0 = i32(mul_sat(p, i32(i32(alpha_i + q) + mul_sat(alpha_d, common_sq))) + mul_sat(alpha_f, q))
+    recip_denom = one_over1(denom_minus_one_0)
+    num_scaled = div_pow2(num, accum_integer_bits)  # Rescale<6>(F0)
+    total = i32(mul_sat(z_pow_2_adj, log_2) + mul_sat(num_scaled, recip_denom))
+    return mul_pow2(total, accum_integer_bits - output_integer_bits)  # Rescale<5>(F6)
+
+
+def mbqm(x: int, multiplier: int, shift: int) -> int:
+    """TFLite MultiplyByQuantizedMultiplier (double rounding)."""
+    left = shift if shift > 0 else 0
+    right = -shift if shift < 0 else 0
+    return div_pow2(mul_sat(i32(x * (1 << left)), multiplier), right)
+
+
+def log_softmax_row(row: list[int], mult: int, shift: int, reverse_mult: int, reverse_shift: int,
+                    diff_min: int) -> list[int]:
+    """reference_integer_ops::LogSoftmax on one row; ``reverse_shift`` <= 0 is passed to
+    MultiplyByQuantizedMultiplier as is (TFLite negates the stored right shift back)."""
+    mx = -128
+    for v in row:
+        mx = max(mx, v)
+    total = 0
+    for v in row:
+        diff = v - mx
+        if diff >= diff_min:
+            total = total + div_pow2(exp_on_neg(mbqm(diff, mult, shift)), 12)
+    log_sum = log_x_ge_1(total)
+    shifted = i32(log_sum + Q31_MIN)
+    adjusted = max(diff_min - 1, mbqm(shifted, reverse_mult, reverse_shift))
+    out = []
+    for v in row:
+        diff = v - mx
+        if diff > adjusted:
+            o = div_pow2(i32(mbqm(diff, mult, shift) - log_sum), 31 - 5 - 4) + 127
+            out.append(max(min(o, 127), -128))
+        else:
+            out.append(-128)
+    return out
+
+
+def tflite_log_softmax_params(input_scale: float) -> tuple[int, int, int, int, int]:
+    """PreprocessLogSoftmaxScalingExp (beta 1): (mult, left_shift, reverse_mult, reverse_shift <= 0, diff_min)."""
+    mult, left_shift, diff_min = tflite_softmax_params(1.0, input_scale)
+    real_reverse = (1 << (31 - left_shift)) / float(mult)
+    assert 0.0 < real_reverse < 1.0
+    rm, rs = tflite_quantize_multiplier(real_reverse)
+    assert rs <= 0
+    return mult, left_shift, rm, rs, diff_min

@@ -1,6 +1,7 @@
-"""``quantized_softmax``: CMSIS-NN's ``arm_softmax_s8`` over the last dimension.
+"""``quantized_softmax`` (CMSIS-NN's ``arm_softmax_s8``) and ``quantized_log_softmax`` (TFLite's int8
+reference ``LogSoftmax``), over any dimension.
 
-Every row (the last dimension; ``row_size`` elements) is processed as the C kernel does, in int32
+Every row (the ``dim`` dimension; ``row_size`` elements) is processed as the C kernel does, in int32
 fixed point with the input differences in Q5.26 (``kScaledDiffIntegerBits = 5``) and the sum of
 exponentials in Q12.19 (``ACCUM_BITS = 12``)::
 
@@ -21,6 +22,20 @@ CMSIS-NN then shifts an int32 by 32 or more (undefined behaviour in C: x86 and A
 bytes).  Corten rounds exactly instead - the product is below 2**31, so the quotient is 0 and the
 output -128, the correctly rounded probability (below 1/512).  Rows of at most 511 elements never
 reach it.  Rows longer than 4095 elements are refused: the int32 sum could overflow.
+
+Any dimension: in memory (NHWC for 4-D activations, row-major otherwise) the rows of dim ``d`` are
+``outer`` blocks of ``row_size`` elements ``inner`` bytes apart (:func:`row_geometry`).  When
+``inner == 1`` (the innermost dimension in memory: the last dim of a 2-D/3-D tensor, the channel
+dim of a 4-D one) the CMSIS-NN flavour calls ``arm_softmax_s8``; otherwise both flavours run the
+portable strided kernel (no transpose, no extra memory).
+
+``quantized_log_softmax`` is TFLite's ``reference_integer_ops::LogSoftmax`` bit for bit (CMSIS-NN
+has no log-softmax): the same Q5.26 differences and Q12.19 sum of exponentials, then gemmlowp's
+fixed-point ``log_x_for_x_greater_than_or_equal_to_1`` of the sum (Q5.26), and per element
+``clamp(RDBPOT(diff_q5 - log_sum, 22) + 127)`` for differences above
+``max(diff_min - 1, MBQM(log_sum + INT32_MIN, reverse_multiplier, reverse_shift))``, -128
+otherwise.  Output quantization fixed by TFLite: scale 16/256, zero point 127.  Parameters from
+``PreprocessLogSoftmaxScalingExp`` (:func:`log_softmax_params`).
 """
 from __future__ import annotations
 
@@ -170,15 +185,54 @@ def softmax_rows(rows: torch.Tensor, input_multiplier: int, input_left_shift: in
     return torch.where(valid, out, -128)
 
 
-# ----------------------------------------------------------------------------- the op
-def _check(input, input_multiplier, input_left_shift, diff_min):
-    op = "quantized_softmax"
+# ----------------------------------------------------------------------------- layout
+def layout_of(t: torch.Tensor) -> torch.memory_format:
+    """Graph tensors are channels_last when 4-D (NHWC bytes), row-major otherwise."""
+    return torch.channels_last if t.dim() == 4 else torch.contiguous_format
+
+
+def storage_order(rank: int) -> tuple[int, ...]:
+    return (0, 2, 3, 1) if rank == 4 else tuple(range(rank))
+
+
+def row_geometry(shape, dim: int) -> tuple[int, int, int]:
+    """``(outer, row_size, inner)`` of the rows along logical ``dim`` in a graph tensor's bytes:
+    element ``i`` of row ``(o, j)`` is at ``(o * row_size + i) * inner + j``."""
+    rank = len(shape)
+    dim = dim + rank if dim < 0 else dim
+    order = storage_order(rank)
+    pos = order.index(dim)
+    outer = inner = 1
+    for d in order[:pos]:
+        outer *= int(shape[d])
+    for d in order[pos + 1:]:
+        inner *= int(shape[d])
+    return outer, int(shape[dim]), inner
+
+
+def _rows_apply(input: torch.Tensor, dim: int, fn) -> torch.Tensor:
+    """``fn`` on int64 rows ``[num_rows, row_size]`` along ``dim``; int8 result laid out as the graph."""
+    moved = input.movedim(dim, -1)
+    rows = moved.reshape(-1, moved.shape[-1]).to(torch.int64)
+    out = fn(rows).to(torch.int8).reshape(moved.shape).movedim(-1, dim)
+    return out.contiguous(memory_format=layout_of(input))
+
+
+def _check_rows(op, input, dim):
     checks.dtype(op, "input", input, torch.int8)
     if input.dim() < 1:
-        checks.fail(op, "input", "expected at least one dimension (softmax runs over the last one)")
-    if input.numel() and not 1 <= input.shape[-1] <= MAX_ROW_SIZE:
-        checks.fail(op, "input", f"last dimension {input.shape[-1]} is outside [1, {MAX_ROW_SIZE}] "
+        checks.fail(op, "input", "expected at least one dimension")
+    if not -input.dim() <= dim < input.dim():
+        checks.fail(op, "dim", f"{dim} is not a dimension of a {input.dim()}-D tensor")
+    if input.numel() and not 1 <= input.shape[dim] <= MAX_ROW_SIZE:
+        checks.fail(op, "input", f"dimension {dim} has {input.shape[dim]} elements, outside [1, {MAX_ROW_SIZE}] "
                     "(the int32 sum of exponentials could overflow); split the rows")
+
+
+# ----------------------------------------------------------------------------- the ops
+def _check(input, input_multiplier, input_left_shift, diff_min, dim=-1):
+    op = "quantized_softmax"
+    _check_rows(op, input, dim)
     checks.scalar_multiplier(op, "input_multiplier", input_multiplier)
     checks.in_range(op, "input_left_shift", input_left_shift, 0, MAX_LEFT_SHIFT)
     # diff_min <= 0 keeps the row maximum in the sum; diff_min * 2**shift >= INT32_MIN keeps every
@@ -188,97 +242,257 @@ def _check(input, input_multiplier, input_left_shift, diff_min):
 
 @torch.library.custom_op("corten::quantized_softmax", mutates_args=())
 def quantized_softmax(input: torch.Tensor, input_multiplier: int, input_left_shift: int,
-                      diff_min: int) -> torch.Tensor:
-    _check(input, input_multiplier, input_left_shift, diff_min)
+                      diff_min: int, dim: int = -1) -> torch.Tensor:
+    _check(input, input_multiplier, input_left_shift, diff_min, dim)
     if input.numel() == 0:
-        return torch.empty_like(input, memory_format=torch.contiguous_format)
-    rows = input.reshape(-1, input.shape[-1]).to(torch.int64)
-    out = softmax_rows(rows, input_multiplier, input_left_shift, diff_min)
-    return out.to(torch.int8).reshape(input.shape)
+        return torch.empty_like(input, memory_format=layout_of(input))
+    return _rows_apply(input, dim, lambda rows: softmax_rows(rows, input_multiplier, input_left_shift, diff_min))
 
 
 @quantized_softmax.register_fake
-def _(input, input_multiplier, input_left_shift, diff_min):
-    _check(input, input_multiplier, input_left_shift, diff_min)
-    return torch.empty_like(input, memory_format=torch.contiguous_format)
+def _(input, input_multiplier, input_left_shift, diff_min, dim=-1):
+    _check(input, input_multiplier, input_left_shift, diff_min, dim)
+    return torch.empty_like(input, memory_format=layout_of(input))
 
 
-family = register_family(OpFamily(FAMILY, ("quantized_softmax",), doc=__doc__))
+# ----------------------------------------------------------------------------- log_softmax
+LOG_OUTPUT_SCALE = 16.0 / 256.0
+LOG_OUTPUT_ZERO_POINT = 127
+_LOG_INPUT_INTEGER_BITS = 12  # log_x's input: the Q12.19 sum of exponentials
+_LOG_OUTPUT_INTEGER_BITS = 5  # log_x's output: Q5.26, as the differences
+_LOG_ACCUM_INTEGER_BITS = _LOG_OUTPUT_INTEGER_BITS + 1
+_LOG_FINAL_SHIFT = 31 - SCALED_DIFF_INTEGER_BITS - 4  # Q5.26 -> Q4 output steps of 1/16
+# gemmlowp constants (Q0.31): log(2), 2**-0.25, 2**-0.5, 1/4 and the rational approximation's alphas.
+_LOG_2, _SQRT_SQRT_HALF, _SQRT_HALF, _ONE_QUARTER = 1488522236, 1805811301, 1518500250, 536870912
+_ALPHA_N, _ALPHA_D, _ALPHA_I, _ALPHA_F = 117049297, 127690142, 1057819769, 638450708
+
+
+@dataclass(frozen=True)
+class LogSoftmaxParams:
+    """TFLite ``PreprocessLogSoftmaxScalingExp`` + ``CalculateInputRadius`` (beta 1)."""
+
+    input_multiplier: int
+    input_left_shift: int
+    reverse_multiplier: int
+    reverse_shift: int  # <= 0: a right shift (MultiplyByQuantizedMultiplier convention)
+    diff_min: int
+
+
+def log_softmax_params(input_scale: float) -> LogSoftmaxParams:
+    from corten.fixed_point import quantize_multiplier
+
+    p = softmax_params(input_scale)
+    reverse = (1 << (31 - p.input_left_shift)) / float(p.input_multiplier)
+    if not 0.0 < reverse < 1.0:
+        raise ValueError(f"log_softmax: the input scale {input_scale!r} gives a reverse scaling {reverse!r} "
+                         "outside (0, 1)")
+    rm, rs = quantize_multiplier(reverse)
+    return LogSoftmaxParams(p.input_multiplier, p.input_left_shift, rm, rs, p.diff_min)
+
+
+def _sat_shift_left(x: torch.Tensor, exponent: torch.Tensor | int) -> torch.Tensor:
+    """TFLite ``SaturatingRoundingMultiplyByPOTParam`` for exponents >= 0: ``x * 2**e`` saturated."""
+    e = torch.as_tensor(exponent, dtype=torch.int64)
+    thresh = (torch.ones_like(e) << (31 - e)) - 1
+    out = wrap_int32_t(x << e)
+    out = torch.where(x > thresh, INT32_MAX, out)
+    return torch.where(x < -thresh, INT32_MIN, out)
+
+
+def _sat_add(a: torch.Tensor, b: torch.Tensor | int) -> torch.Tensor:
+    return (a + b).clamp(INT32_MIN, INT32_MAX)
+
+
+def _rounding_half_sum(a: torch.Tensor, b: int) -> torch.Tensor:
+    s = a + b
+    s = s + torch.where(s >= 0, 1, -1)
+    return torch.div(s, 2, rounding_mode="trunc")
+
+
+def _clz(v: torch.Tensor) -> torch.Tensor:
+    """CountLeadingZeros of uint32 values (v > 0 here)."""
+    return 32 - _bit_length(v & 0xFFFFFFFF)
+
+
+def log_x_ge_1(sum_q12: torch.Tensor) -> torch.Tensor:
+    """gemmlowp/TFLite ``log_x_for_x_greater_than_or_equal_to_1<5>`` of a Q12.19 value -> Q5.26."""
+    shifted_quarter = divide_by_power_of_two(torch.tensor(_ONE_QUARTER), _LOG_ACCUM_INTEGER_BITS)
+    z_a = sum_q12
+    z_a_headroom_plus_1 = _clz(z_a)
+    r_a_tmp = _sat_shift_left(z_a, z_a_headroom_plus_1 - 1)
+    r_a_raw = _sat_shift_left(_mul_sat(r_a_tmp, _SQRT_HALF), 1)
+    z_a_pow_2_adj = _sat_add(_sat_shift_left(_LOG_INPUT_INTEGER_BITS - z_a_headroom_plus_1,
+                                             31 - _LOG_ACCUM_INTEGER_BITS), shifted_quarter)
+    z_b = _mul_sat(z_a, _SQRT_HALF)
+    z_b_headroom = _clz(z_b) - 1
+    r_b_raw = _sat_shift_left(z_a, z_b_headroom)
+    z_b_pow_2_adj = _sat_add(_sat_shift_left(_LOG_INPUT_INTEGER_BITS - z_b_headroom,
+                                             31 - _LOG_ACCUM_INTEGER_BITS), -shifted_quarter)
+    r = torch.minimum(r_a_raw, r_b_raw)
+    z_pow_2_adj = torch.maximum(z_a_pow_2_adj, z_b_pow_2_adj)
+    p = _rounding_half_sum(r, _SQRT_SQRT_HALF)
+    q = wrap_int32_t(r - _SQRT_SQRT_HALF)
+    q = wrap_int32_t(q + q)
+    common_sq = _mul_sat(q, q)
+    num = _add(_mul_sat(q, r), _mul_sat(_mul_sat(q, common_sq), _ALPHA_N))
+    inner = _add(_add(torch.full_like(q, _ALPHA_I), q), _mul_sat(torch.full_like(q, _ALPHA_D), common_sq))
+    denom_minus_one = _add(_mul_sat(p, inner), _mul_sat(torch.full_like(q, _ALPHA_F), q))
+    recip_denom = one_over_one_plus_x_for_x_in_0_1(denom_minus_one)
+    num_scaled = divide_by_power_of_two(num, _LOG_ACCUM_INTEGER_BITS)
+    acc = _add(_mul_sat(z_pow_2_adj, _LOG_2), _mul_sat(num_scaled, recip_denom))
+    return mult_by_power_of_two(acc, _LOG_ACCUM_INTEGER_BITS - _LOG_OUTPUT_INTEGER_BITS)
+
+
+def _mbqm(x: torch.Tensor, multiplier: int, shift: int) -> torch.Tensor:
+    """TFLite ``MultiplyByQuantizedMultiplier`` (double rounding)."""
+    left, right = max(shift, 0), max(-shift, 0)
+    return divide_by_power_of_two(_mul_sat(wrap_int32_t(x << left), multiplier), right)
+
+
+def log_softmax_rows(rows: torch.Tensor, input_multiplier: int, input_left_shift: int, reverse_multiplier: int,
+                     reverse_shift: int, diff_min: int) -> torch.Tensor:
+    """TFLite ``reference_integer_ops::LogSoftmax`` on int64 rows ``[num_rows, row_size]``."""
+    diff = rows - rows.amax(dim=1, keepdim=True)
+    valid = diff >= diff_min
+    diff_q5 = _mbqm(torch.where(valid, diff, 0), input_multiplier, input_left_shift)
+    exps = exp_on_negative_values(diff_q5)
+    sums = torch.where(valid, divide_by_power_of_two(exps, ACCUM_BITS), 0).sum(dim=1, keepdim=True)
+    log_sum = log_x_ge_1(wrap_int32_t(sums))
+    shifted = wrap_int32_t(log_sum + INT32_MIN)
+    adjusted_diff_min = torch.clamp(_mbqm(shifted, reverse_multiplier, reverse_shift), min=diff_min - 1)
+    out = divide_by_power_of_two(wrap_int32_t(diff_q5 - log_sum), _LOG_FINAL_SHIFT) + LOG_OUTPUT_ZERO_POINT
+    out = out.clamp(-128, 127)
+    return torch.where(diff > adjusted_diff_min, out, -128)
+
+
+def _check_log(input, input_multiplier, input_left_shift, reverse_multiplier, reverse_shift, diff_min, dim):
+    op = "quantized_log_softmax"
+    _check_rows(op, input, dim)
+    checks.scalar_multiplier(op, "input_multiplier", input_multiplier)
+    checks.in_range(op, "input_left_shift", input_left_shift, 0, MAX_LEFT_SHIFT)
+    checks.scalar_multiplier(op, "reverse_multiplier", reverse_multiplier)
+    checks.in_range(op, "reverse_shift", reverse_shift, -31, 0)
+    checks.in_range(op, "diff_min", diff_min, -(2**31 >> input_left_shift), 0)
+
+
+@torch.library.custom_op("corten::quantized_log_softmax", mutates_args=())
+def quantized_log_softmax(input: torch.Tensor, input_multiplier: int, input_left_shift: int,
+                          reverse_multiplier: int, reverse_shift: int, diff_min: int, dim: int = -1) -> torch.Tensor:
+    _check_log(input, input_multiplier, input_left_shift, reverse_multiplier, reverse_shift, diff_min, dim)
+    if input.numel() == 0:
+        return torch.empty_like(input, memory_format=layout_of(input))
+    return _rows_apply(input, dim, lambda rows: log_softmax_rows(
+        rows, input_multiplier, input_left_shift, reverse_multiplier, reverse_shift, diff_min))
+
+
+@quantized_log_softmax.register_fake
+def _(input, input_multiplier, input_left_shift, reverse_multiplier, reverse_shift, diff_min, dim=-1):
+    _check_log(input, input_multiplier, input_left_shift, reverse_multiplier, reverse_shift, diff_min, dim)
+    return torch.empty_like(input, memory_format=layout_of(input))
+
+
+family = register_family(OpFamily(FAMILY, ("quantized_softmax", "quantized_log_softmax"), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
 
 SOFTMAX_OPS = (torch.ops.aten.softmax.int, torch.ops.aten._softmax.default)
+LOG_SOFTMAX_OPS = (torch.ops.aten.log_softmax.int, torch.ops.aten._log_softmax.default)
 annotates("fixed", *SOFTMAX_OPS, fixed=(OUTPUT_SCALE, OUTPUT_ZERO_POINT))
+annotates("fixed", *LOG_SOFTMAX_OPS, fixed=(LOG_OUTPUT_SCALE, LOG_OUTPUT_ZERO_POINT))
 
 
-def _softmax_dim(m: Match) -> int:
+def _softmax_dim(m: Match, what: str) -> int:
     node = m.node
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     ndim = node.args[0].meta["val"].dim()
-    if node.target == torch.ops.aten._softmax.default:
+    if node.target in (torch.ops.aten._softmax.default, torch.ops.aten._log_softmax.default):
         half_to_float = node.args[2] if len(node.args) > 2 else node.kwargs.get("half_to_float", False)
         if half_to_float:
-            raise LoweringError("softmax with half_to_float=True is not supported")
+            raise LoweringError(f"{what} with half_to_float=True is not supported")
     elif (node.args[2] if len(node.args) > 2 else node.kwargs.get("dtype")) is not None:
-        raise LoweringError("softmax with an explicit dtype is not supported (drop the dtype argument)")
+        raise LoweringError(f"{what} with an explicit dtype is not supported (drop the dtype argument)")
     return dim + ndim if dim < 0 else dim
+
+
+def _check_lowerable(m: Match, what: str, fixed: tuple[float, int]) -> tuple[int, list[int]]:
+    shape = [int(d) for d in m.node.args[0].meta["val"].shape]
+    dim = _softmax_dim(m, what)
+    if not 1 <= shape[dim] <= MAX_ROW_SIZE:
+        raise LoweringError(f"{what} over {shape[dim]} elements: rows must have 1 to {MAX_ROW_SIZE} elements "
+                            "(split the dimension)")
+    if m.activation is not None:
+        raise LoweringError(f"an activation after {what} cannot be fused")
+    if (m.output.scale, m.output.zero_point) != fixed:
+        raise LoweringError(f"{what} output quantized with scale {m.output.scale}, zero point "
+                            f"{m.output.zero_point}; the int8 kernel needs {fixed[0]} and {fixed[1]} "
+                            "(use CortenQuantizer)")
+    return dim, shape
 
 
 @lowers(*SOFTMAX_OPS)
 def lower_softmax(m: Match):
-    """``aten.softmax.int`` / ``aten._softmax`` over the last dimension -> ``quantized_softmax``.
-
-    Other dimensions are refused (no transpose is inserted); so are 4-D inputs, whose last logical
-    dimension (W) is not contiguous in their channels-last bytes."""
+    """``aten.softmax.int`` / ``aten._softmax`` over any dim -> ``quantized_softmax``."""
     x = m.inputs[0]
-    shape = tuple(m.node.args[0].meta["val"].shape)
-    dim = _softmax_dim(m)
-    if dim != len(shape) - 1:
-        raise LoweringError(f"softmax over dim {dim} of a {len(shape)}-D tensor: only the last dimension is "
-                            "supported (move that dimension last with a reshape/flatten first)")
-    if len(shape) == 4:
-        raise LoweringError("softmax of a 4-D activation: its last dimension is not contiguous in the channels-last "
-                            "layout; flatten to 2-D (or 3-D) before the softmax")
-    if not 1 <= shape[-1] <= MAX_ROW_SIZE:
-        raise LoweringError(f"softmax over {shape[-1]} elements: rows must have 1 to {MAX_ROW_SIZE} elements")
-    if m.activation is not None:
-        raise LoweringError("an activation after softmax cannot be fused")
-    if (m.output.scale, m.output.zero_point) != (OUTPUT_SCALE, OUTPUT_ZERO_POINT):
-        raise LoweringError(f"softmax output quantized with scale {m.output.scale}, zero point "
-                            f"{m.output.zero_point}; CMSIS-NN needs 1/256 and -128 (use CortenQuantizer)")
+    dim, _ = _check_lowerable(m, "softmax", (OUTPUT_SCALE, OUTPUT_ZERO_POINT))
     try:
         p = softmax_params(x.qparams.scale)
     except ValueError as e:
         raise LoweringError(str(e)) from None
-    return m.call("quantized_softmax", x.node, p.input_multiplier, p.input_left_shift, p.diff_min)
+    return m.call("quantized_softmax", x.node, p.input_multiplier, p.input_left_shift, p.diff_min, dim)
+
+
+@lowers(*LOG_SOFTMAX_OPS)
+def lower_log_softmax(m: Match):
+    """``aten.log_softmax.int`` / ``aten._log_softmax`` over any dim -> ``quantized_log_softmax``."""
+    x = m.inputs[0]
+    dim, _ = _check_lowerable(m, "log_softmax", (LOG_OUTPUT_SCALE, LOG_OUTPUT_ZERO_POINT))
+    try:
+        p = log_softmax_params(x.qparams.scale)
+    except ValueError as e:
+        raise LoweringError(str(e)) from None
+    return m.call("quantized_log_softmax", x.node, p.input_multiplier, p.input_left_shift, p.reverse_multiplier,
+                  p.reverse_shift, p.diff_min, dim)
 
 
 # ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_softmax")
+@family.provides("scratch_bytes")
 def _softmax_scratch(node, target) -> int:
-    """``arm_softmax_s8`` takes no context buffer."""
+    """``arm_softmax_s8`` and the portable kernels take no buffer."""
     return 0
 
 
 # ----------------------------------------------------------------------------- C emission
+def _geometry(ctx) -> tuple[int, int, int]:
+    dim = int(ctx.arg("dim"))
+    return row_geometry(ctx.shape(ctx.arg("input")), dim)
+
+
 @family.provides("emit_c", "quantized_softmax")
 def _emit_softmax_c(ctx) -> str:
-    """One ``corten_softmax_s8`` (portable) or ``arm_softmax_s8`` (CMSIS-NN, returns void) call."""
-    x_node = ctx.arg("input")
-    val = x_node.meta["val"]
-    if not val.is_contiguous():
-        ctx.fail("the input is not contiguous in memory (a channels-last 4-D tensor?); softmax needs its rows "
-                 "contiguous (flatten the input first)")
-    shape = ctx.shape(x_node)
-    row_size = int(shape[-1])
-    num_rows = 1
-    for d in shape[:-1]:
-        num_rows *= int(d)
+    """Rows contiguous in memory (``inner == 1``): ``corten_softmax_s8`` (portable) or
+    ``arm_softmax_s8`` (CMSIS-NN, returns void).  Otherwise ``corten_softmax_strided_s8`` in both
+    flavours."""
+    outer, row_size, inner = _geometry(ctx)
     mult = ctx.int_(int(ctx.arg("input_multiplier")))
     shift = int(ctx.arg("input_left_shift"))
     diff_min = ctx.int_(int(ctx.arg("diff_min")))
     x, out = ctx.input("input"), ctx.out()
+    if inner != 1:
+        if ctx.kernels != "portable":
+            ctx.portable_kernel()
+        return ctx.call(f"corten_softmax_strided_s8({x}, {outer}, {row_size}, {inner}, {mult}, {shift}, "
+                        f"{diff_min}, {out})")
     if ctx.kernels == "portable":
-        return ctx.call(f"corten_softmax_s8({x}, {num_rows}, {row_size}, {mult}, {shift}, {diff_min}, {out})")
-    return f"arm_softmax_s8({x}, {num_rows}, {row_size}, {mult}, {shift}, {diff_min}, {out});"
+        return ctx.call(f"corten_softmax_s8({x}, {outer}, {row_size}, {mult}, {shift}, {diff_min}, {out})")
+    return f"arm_softmax_s8({x}, {outer}, {row_size}, {mult}, {shift}, {diff_min}, {out});"
+
+
+@family.provides("emit_c", "quantized_log_softmax")
+def _emit_log_softmax_c(ctx) -> str:
+    """``corten_log_softmax_s8`` in both flavours (CMSIS-NN has no log-softmax kernel)."""
+    ctx.portable_kernel()
+    outer, row_size, inner = _geometry(ctx)
+    args = ", ".join(ctx.int_(int(ctx.arg(a))) for a in ("input_multiplier", "input_left_shift",
+                                                           "reverse_multiplier", "reverse_shift", "diff_min"))
+    return ctx.call(f"corten_log_softmax_s8({ctx.input('input')}, {outer}, {row_size}, {inner}, {args}, {ctx.out()})")

@@ -168,7 +168,7 @@ class CortenQuantizer(Quantizer):
                 elif ann.kind == "binary":
                     self._annotate_binary(node, act)
                 elif ann.kind == "unary":
-                    _mark(node, {node.args[0]: act}, act) if isinstance(node.args[0], Node) else None
+                    _mark(node, {node.args[0]: _input_qspec(node.args[0], act)}, act) if isinstance(node.args[0], Node) else None
                 elif ann.kind == "fixed":
                     self._annotate_fixed(node, act, ann.fixed)
                 else:
@@ -186,7 +186,7 @@ class CortenQuantizer(Quantizer):
             return
         if weight_axis == 1 and _transposed_groups(node) != 1:
             return  # grouped transposed conv: per-channel scales along axis 1 cover only C_out/groups
-        inputs = {x: act, w: weight_qspec(self.is_qat, weight_axis)}
+        inputs = {x: _input_qspec(x, act), w: weight_qspec(self.is_qat, weight_axis)}
         if isinstance(bias, Node):
             inputs[bias] = bias_qspec(x, w, node)
         chain = _fused_tail(node, allow_bn=self.is_qat)
@@ -199,7 +199,7 @@ class CortenQuantizer(Quantizer):
         _mark(chain[-1], None, act)
 
     def _annotate_binary(self, node: Node, act: QuantizationSpec) -> None:
-        inputs = {a: act for a in node.args[:2] if isinstance(a, Node)}
+        inputs = {a: _input_qspec(a, act) for a in node.args[:2] if isinstance(a, Node)}
         if not inputs:
             return  # (an unsupported variant such as add with alpha != 1 is refused, with its reason, by its lowering rule)
         chain = _fused_tail(node)
@@ -214,7 +214,7 @@ class CortenQuantizer(Quantizer):
         scale, zero_point = fixed
         out = FixedQParamsQuantizationSpec(dtype=torch.int8, scale=scale, zero_point=zero_point,
                                            quant_min=INT8_MIN, quant_max=INT8_MAX, qscheme=torch.per_tensor_affine)
-        _mark(node, {x: act}, out)
+        _mark(node, {x: _input_qspec(x, act)}, out)
 
     def _annotate_shared(self, node: Node, act: QuantizationSpec) -> None:
         """Output and every tensor input share the first input's qparams (e.g. pooling, reshape, cat)."""
@@ -227,6 +227,16 @@ class CortenQuantizer(Quantizer):
         for other in tensors[1:]:
             inputs[other] = SharedQuantizationSpec((first, node))
         _mark(node, inputs, SharedQuantizationSpec((first, node)))
+
+
+def _input_qspec(arg: Node, act: QuantizationSpec):
+    """The qspec of an input edge: the activation spec, except after an op with a fixed output
+    quantization (softmax, sigmoid, tanh), whose int8 output is read as it is (a separate observer
+    would leave a requantizing dequantize/quantize pair between the two ops)."""
+    ann = arg.meta.get("quantization_annotation")
+    if ann is not None and isinstance(ann.output_qspec, FixedQParamsQuantizationSpec):
+        return SharedQuantizationSpec(arg)
+    return act
 
 
 def _transposed_groups(node: Node) -> int:

@@ -209,6 +209,17 @@ int corten_transpose_s8(int32_t num_dims, const int32_t *dims, const int32_t *pe
 int corten_softmax_s8(const int8_t *input, int32_t num_rows, int32_t row_size, int32_t mult, int32_t shift,
                       int32_t diff_min, int8_t *output);
 
+/** Softmax over rows along a non-innermost dimension: outer blocks of row_size elements, inner bytes
+ *  apart (element i of row (o, j) at (o * row_size + i) * inner + j). */
+int corten_softmax_strided_s8(const int8_t *input, int32_t outer, int32_t row_size, int32_t inner, int32_t mult,
+                              int32_t shift, int32_t diff_min, int8_t *output);
+
+/** TFLite's int8 LogSoftmax (output scale 16/256, zero point 127) over rows laid out as in
+ *  corten_softmax_strided_s8; reverse_shift <= 0. */
+int corten_log_softmax_s8(const int8_t *input, int32_t outer, int32_t row_size, int32_t inner, int32_t mult,
+                          int32_t shift, int32_t reverse_mult, int32_t reverse_shift, int32_t diff_min,
+                          int8_t *output);
+
 /** Transposed convolution parameters (PyTorch conv_transpose2d conventions). */
 typedef struct {
     int32_t stride_h;
@@ -265,6 +276,47 @@ typedef struct {
 
 /** LSTM layer; scratch: 10 * batches * hidden_size + batches * hidden_size bytes, 2-byte aligned. */
 int corten_lstm_s8(const corten_lstm_params *params, const int8_t *input, int8_t *output, void *scratch);
+
+/** Batched matmul quantization: offsets are negated zero points (output: the zero point). */
+typedef struct {
+    int32_t lhs_offset;
+    int32_t rhs_offset;
+    int32_t output_offset;
+    int32_t output_multiplier;
+    int32_t output_shift;
+    int32_t activation_min;
+    int32_t activation_max;
+} corten_matmul_params;
+
+/** Batched matmul geometry: output [batch0, batch1, m, n]; element strides per tensor as
+ *  {batch0, batch1, row, col} (lhs rows m / cols k, rhs rows k / cols n); 0 for a broadcast dim. */
+typedef struct {
+    int32_t batch[2];
+    int32_t m;
+    int32_t n;
+    int32_t k;
+    int32_t lhs_stride[4];
+    int32_t rhs_stride[4];
+    int32_t out_stride[4];
+} corten_matmul_dims;
+
+/** Layer norm parameters: eps on the integer scale (eps * n^2 / s_in^2), output zero point, clamp. */
+typedef struct {
+    int64_t eps_q;
+    int32_t output_offset;
+    int32_t activation_min;
+    int32_t activation_max;
+} corten_layer_norm_params;
+
+/** Layer norm over rows of row_size (1..4095) int8 values, inner bytes apart (element i of row (o, j)
+ *  at (o * row_size + i) * inner + j); per-element multiplier/shift/bias fold gamma and beta. */
+int corten_layer_norm_s8(const corten_layer_norm_params *params, int32_t outer, int32_t row_size, int32_t inner,
+                         const int32_t *multiplier, const int32_t *shift, const int32_t *bias, const int8_t *input,
+                         int8_t *output);
+
+/** out = lhs @ rhs per batch, arm_batch_matmul_s8 arithmetic (see corten/ops/matmul.py). */
+int corten_matmul_s8(const corten_matmul_params *params, const corten_matmul_dims *dims, const int8_t *lhs,
+                     const int8_t *rhs, int8_t *output);
 
 #ifdef __cplusplus
 }

@@ -97,44 +97,173 @@ static int32_t corten_softmax_exp(int32_t diff, int32_t mult, int32_t shift)
     return corten_softmax_exp_on_negative(corten_softmax_mul_sat(scaled, mult));
 }
 
+static int corten_softmax_bad_args(const int8_t *input, const int8_t *output, int32_t outer, int32_t row_size,
+                                   int32_t inner, int32_t shift, int32_t diff_min)
+{
+    return input == NULL || output == NULL || outer < 0 || inner < 1 || row_size < 1 ||
+           row_size > CORTEN_SOFTMAX_MAX_ROW || shift < 0 || shift > 31 || diff_min > 0 ||
+           (int64_t)diff_min * ((int64_t)1 << shift) < INT32_MIN;
+}
+
+static int32_t corten_softmax_row_max(const int8_t *in, int32_t row_size, int32_t stride)
+{
+    int32_t max = in[0];
+    int32_t c;
+    for (c = 1; c < row_size; c++) {
+        if (in[(size_t)c * stride] > max) {
+            max = in[(size_t)c * stride];
+        }
+    }
+    return max;
+}
+
+/* One row of row_size elements stride bytes apart. */
+static void corten_softmax_row(const int8_t *in, int8_t *out, int32_t row_size, int32_t stride, int32_t mult,
+                               int32_t shift, int32_t diff_min)
+{
+    const int32_t max = corten_softmax_row_max(in, row_size, stride);
+    int32_t sum = 0;
+    int32_t headroom, bits_over_unit, scale, c;
+    for (c = 0; c < row_size; c++) {
+        const int32_t diff = in[(size_t)c * stride] - max;
+        if (diff >= diff_min) {
+            sum += corten_divide_by_power_of_two(corten_softmax_exp(diff, mult, shift), CORTEN_SOFTMAX_ACCUM_BITS);
+        }
+    }
+    /* sum >= 2**19 (the maximum's own term) and < 2**31 (row_size <= 4095). */
+    headroom = corten_softmax_clz((uint32_t)sum);
+    bits_over_unit = CORTEN_SOFTMAX_ACCUM_BITS - headroom + 23;
+    scale = corten_softmax_one_over_one_plus_x(corten_u32_to_i32(((uint32_t)sum << headroom) - 0x80000000u));
+    for (c = 0; c < row_size; c++) {
+        const int32_t diff = in[(size_t)c * stride] - max;
+        int32_t res = -128;
+        if (diff >= diff_min) {
+            const int32_t prod = corten_softmax_mul_sat(scale, corten_softmax_exp(diff, mult, shift));
+            res = (bits_over_unit > 31 ? 0 : corten_divide_by_power_of_two(prod, bits_over_unit)) - 128;
+            res = res > 127 ? 127 : res;
+        }
+        out[(size_t)c * stride] = (int8_t)res;
+    }
+}
+
+int corten_softmax_strided_s8(const int8_t *input, int32_t outer, int32_t row_size, int32_t inner, int32_t mult,
+                              int32_t shift, int32_t diff_min, int8_t *output)
+{
+    int32_t o, j;
+    if (corten_softmax_bad_args(input, output, outer, row_size, inner, shift, diff_min)) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (o = 0; o < outer; o++) {
+        for (j = 0; j < inner; j++) {
+            const size_t base = ((size_t)o * (size_t)row_size) * (size_t)inner + (size_t)j;
+            corten_softmax_row(input + base, output + base, row_size, inner, mult, shift, diff_min);
+        }
+    }
+    return CORTEN_OK;
+}
+
 int corten_softmax_s8(const int8_t *input, int32_t num_rows, int32_t row_size, int32_t mult, int32_t shift,
                       int32_t diff_min, int8_t *output)
 {
-    int32_t r;
-    if (input == NULL || output == NULL || num_rows < 0 || row_size < 1 || row_size > CORTEN_SOFTMAX_MAX_ROW ||
-        shift < 0 || shift > 31 || diff_min > 0 || (int64_t)diff_min * ((int64_t)1 << shift) < INT32_MIN) {
+    return corten_softmax_strided_s8(input, num_rows, row_size, 1, mult, shift, diff_min, output);
+}
+
+/* ------------------------------------------------------------------------------- log-softmax
+ * TFLite reference_integer_ops::LogSoftmax, with gemmlowp's log_x_for_x_greater_than_or_equal_to_1
+ * (input Q12.19, output Q5.26).  See corten/ops/softmax.py. */
+
+/* SaturatingRoundingMultiplyByPOTParam for exponent >= 0: x * 2**exponent saturated. */
+static int32_t corten_log_sat_shl(int32_t x, int32_t exponent)
+{
+    return exponent == 0 ? x : corten_softmax_mul_pow2(x, exponent);
+}
+
+static int32_t corten_log_sat_add(int32_t a, int32_t b)
+{
+    const int64_t s = (int64_t)a + b;
+    return s > INT32_MAX ? INT32_MAX : (s < INT32_MIN ? INT32_MIN : (int32_t)s);
+}
+
+static int32_t corten_log_x_ge_1(int32_t z_a)
+{
+    const int32_t shifted_quarter = corten_divide_by_power_of_two(536870912, 6);
+    const int32_t z_a_headroom_plus_1 = corten_softmax_clz((uint32_t)z_a);
+    const int32_t r_a_tmp = corten_log_sat_shl(z_a, z_a_headroom_plus_1 - 1);
+    const int32_t r_a_raw = corten_log_sat_shl(corten_softmax_mul_sat(r_a_tmp, 1518500250), 1);
+    const int32_t z_a_pow_2_adj = corten_log_sat_add(corten_log_sat_shl(12 - z_a_headroom_plus_1, 25), shifted_quarter);
+    const int32_t z_b = corten_softmax_mul_sat(z_a, 1518500250);
+    const int32_t z_b_headroom = corten_softmax_clz((uint32_t)z_b) - 1;
+    const int32_t r_b_raw = corten_log_sat_shl(z_a, z_b_headroom);
+    const int32_t z_b_pow_2_adj = corten_log_sat_add(corten_log_sat_shl(12 - z_b_headroom, 25), -shifted_quarter);
+    const int32_t r = r_a_raw < r_b_raw ? r_a_raw : r_b_raw;
+    const int32_t z_pow_2_adj = z_a_pow_2_adj > z_b_pow_2_adj ? z_a_pow_2_adj : z_b_pow_2_adj;
+    const int64_t half_sum = (int64_t)r + 1805811301;
+    const int32_t p = (int32_t)((half_sum + (half_sum >= 0 ? 1 : -1)) / 2);
+    int32_t q = corten_u32_to_i32((uint32_t)r - 1805811301u);
+    int32_t common_sq, num, inner, denom_minus_one, recip_denom, acc;
+    q = corten_add_wrap(q, q);
+    common_sq = corten_softmax_mul_sat(q, q);
+    num = corten_add_wrap(corten_softmax_mul_sat(q, r),
+                          corten_softmax_mul_sat(corten_softmax_mul_sat(q, common_sq), 117049297));
+    inner = corten_add_wrap(corten_add_wrap(1057819769, q), corten_softmax_mul_sat(127690142, common_sq));
+    denom_minus_one = corten_add_wrap(corten_softmax_mul_sat(p, inner), corten_softmax_mul_sat(638450708, q));
+    recip_denom = corten_softmax_one_over_one_plus_x(denom_minus_one);
+    acc = corten_add_wrap(corten_softmax_mul_sat(z_pow_2_adj, 1488522236),
+                          corten_softmax_mul_sat(corten_divide_by_power_of_two(num, 6), recip_denom));
+    return corten_softmax_mul_pow2(acc, 1);
+}
+
+/* MultiplyByQuantizedMultiplier with shift <= 0 (a right shift). */
+static int32_t corten_log_mbqm_right(int32_t x, int32_t multiplier, int32_t shift)
+{
+    return corten_divide_by_power_of_two(corten_softmax_mul_sat(x, multiplier), -shift);
+}
+
+static void corten_log_softmax_row(const int8_t *in, int8_t *out, int32_t row_size, int32_t stride, int32_t mult,
+                                   int32_t shift, int32_t reverse_mult, int32_t reverse_shift, int32_t diff_min)
+{
+    const int32_t max = corten_softmax_row_max(in, row_size, stride);
+    int32_t sum = 0;
+    int32_t log_sum, adjusted_diff_min, c;
+    for (c = 0; c < row_size; c++) {
+        const int32_t diff = in[(size_t)c * stride] - max;
+        if (diff >= diff_min) {
+            sum += corten_divide_by_power_of_two(corten_softmax_exp(diff, mult, shift), CORTEN_SOFTMAX_ACCUM_BITS);
+        }
+    }
+    log_sum = corten_log_x_ge_1(sum);
+    adjusted_diff_min = corten_log_mbqm_right(corten_u32_to_i32((uint32_t)log_sum + 0x80000000u), reverse_mult,
+                                              reverse_shift);
+    if (adjusted_diff_min < diff_min - 1) {
+        adjusted_diff_min = diff_min - 1;
+    }
+    for (c = 0; c < row_size; c++) {
+        const int32_t diff = in[(size_t)c * stride] - max;
+        int32_t res = -128;
+        if (diff > adjusted_diff_min) {
+            const int32_t scaled = (int32_t)((int64_t)diff * ((int64_t)1 << shift));
+            const int32_t diff_q5 = corten_softmax_mul_sat(scaled, mult);
+            res = corten_divide_by_power_of_two(corten_u32_to_i32((uint32_t)diff_q5 - (uint32_t)log_sum), 22) + 127;
+            res = res > 127 ? 127 : (res < -128 ? -128 : res);
+        }
+        out[(size_t)c * stride] = (int8_t)res;
+    }
+}
+
+int corten_log_softmax_s8(const int8_t *input, int32_t outer, int32_t row_size, int32_t inner, int32_t mult,
+                          int32_t shift, int32_t reverse_mult, int32_t reverse_shift, int32_t diff_min,
+                          int8_t *output)
+{
+    int32_t o, j;
+    if (corten_softmax_bad_args(input, output, outer, row_size, inner, shift, diff_min) || reverse_shift > 0 ||
+        reverse_shift < -31) {
         return CORTEN_ERROR_ARGUMENT;
     }
-    for (r = 0; r < num_rows; r++) {
-        const int8_t *in = input + (size_t)r * (size_t)row_size;
-        int8_t *out = output + (size_t)r * (size_t)row_size;
-        int32_t max = in[0];
-        int32_t sum = 0;
-        int32_t headroom, bits_over_unit, scale, c;
-        for (c = 1; c < row_size; c++) {
-            if (in[c] > max) {
-                max = in[c];
-            }
-        }
-        for (c = 0; c < row_size; c++) {
-            const int32_t diff = in[c] - max;
-            if (diff >= diff_min) {
-                sum += corten_divide_by_power_of_two(corten_softmax_exp(diff, mult, shift), CORTEN_SOFTMAX_ACCUM_BITS);
-            }
-        }
-        /* sum >= 2**19 (the maximum's own term) and < 2**31 (row_size <= 4095). */
-        headroom = corten_softmax_clz((uint32_t)sum);
-        bits_over_unit = CORTEN_SOFTMAX_ACCUM_BITS - headroom + 23;
-        scale = corten_softmax_one_over_one_plus_x(corten_u32_to_i32(((uint32_t)sum << headroom) - 0x80000000u));
-        for (c = 0; c < row_size; c++) {
-            const int32_t diff = in[c] - max;
-            int32_t res = -128;
-            if (diff >= diff_min) {
-                const int32_t prod = corten_softmax_mul_sat(scale, corten_softmax_exp(diff, mult, shift));
-                res = (bits_over_unit > 31 ? 0 : corten_divide_by_power_of_two(prod, bits_over_unit)) - 128;
-                res = res > 127 ? 127 : res;
-            }
-            out[c] = (int8_t)res;
+    for (o = 0; o < outer; o++) {
+        for (j = 0; j < inner; j++) {
+            const size_t base = ((size_t)o * (size_t)row_size) * (size_t)inner + (size_t)j;
+            corten_log_softmax_row(input + base, output + base, row_size, inner, mult, shift, reverse_mult,
+                                   reverse_shift, diff_min);
         }
     }
     return CORTEN_OK;
