@@ -264,6 +264,29 @@ def test_dialect_idioms():
     assert report.cosine_vs_float > 0.98
 
 
+class SDPA(nn.Module):
+    """F.scaled_dot_product_attention: decomposed before quantization into the same ops as above."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x):
+        split = lambda y: y.view(1, 5, 2, 8).transpose(1, 2)  # noqa: E731
+        y = nn.functional.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)), scale=0.3)
+        causal = nn.functional.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)),
+                                                            is_causal=True)
+        return y, causal
+
+
+def test_scaled_dot_product_attention_decomposes():
+    t = _tester(SDPA())
+    t.lower()
+    assert [u.op for u in t.program.unlowered_ops()] == ["aten.scaled_dot_product_attention.default"]  # is_causal
+    counts = t.program.op_counts()
+    assert counts["quantized_matmul"] == 2 and counts["quantized_softmax"] == 1 and counts["quantized_mul"] == 1
+
+
 def test_one_d_operand_is_refused_clearly():
     class Vec(nn.Module):
         def __init__(self):

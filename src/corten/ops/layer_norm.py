@@ -5,18 +5,18 @@ no float, no table), identically in the reference kernel and in the portable C k
 row of ``n`` int8 values ``x_i`` (the normalized dims)::
 
     S  = sum x_i,  Q = sum x_i**2                                   (int32; n <= 4095)
-    V  = n * Q - S**2 + eps_q                                       (int64: n**2 * variance in steps**2)
-    d_i = n * x_i - S                                               (n**2 * (x_i - mean) / n, exact)
-    z_i = round_half_away(d_i * 2**16 / sqrt(V))                    (Q16 normalized value, see below)
+    V  = (n * Q - S**2) * 2**20 + eps_q                             (int64: n**2 * variance, in steps**2 / 2**20)
+    d_i = n * x_i - S                                               (n * (x_i - mean), exact)
+    z_i = round_half_away(d_i * 2**(16 + 10) / sqrt(V))             (Q16 normalized value, see below)
     acc = requantize(z_i, multiplier_i, shift_i) + bias_i           (units of s_out / 256)
     y_i = clamp(DIV_POW2(acc, 8) + output_offset, act_min, act_max)
 
 The input zero point cancels in ``d_i`` and ``V`` and the input scale cancels in ``d_i / sqrt(V)``;
-it only enters ``eps_q = round(eps * n**2 / s_in**2)`` (the float ``eps`` on the integer scale,
-computed ahead of time).  ``sqrt(V)`` is exact to 2**-30 relative: ``V`` is normalised to
+it only enters ``eps_q = round(eps * n**2 * 2**20 / s_in**2)`` (the float ``eps`` on the integer
+scale, computed ahead of time; the 20 fractional bits keep a small eps against a tiny variance).  ``sqrt(V)`` is exact to 2**-30 relative: ``V`` is normalised to
 ``V * 4**e`` in [2**60, 2**62) and its integer square root ``r = isqrt(V * 4**e)`` (floor) taken,
-so ``z_i = round(d_i * 2**(16 + e) / r)`` - one int64 division; ``|d_i| <= sqrt(n * V)`` keeps the
-dividend below 2**54.  ``V == 0`` (a constant row and ``eps_q == 0``) gives ``z = 0``.
+so ``z_i = round(d_i * 2**(26 + e) / r)`` - one int64 division; ``|d_i| * 2**10 <= sqrt(n * V)``
+keeps the dividend below 2**54.  ``V < 2**58`` (rows of at most 4095 values).  ``V == 0`` (a constant row and ``eps_q == 0``) gives ``z = 0``.
 
 ``multiplier_i * 2**(shift_i - 31) = gamma_i / (256 * s_out)`` (negative for negative gamma:
 ``arm_nn_requantize`` arithmetic is odd-symmetric up to its ties) and ``bias_i =
@@ -33,19 +33,22 @@ import math
 
 import torch
 
-from corten.fixed_point import clamp_activation, divide_by_power_of_two, requantize, wrap_int32_t
+from corten.errors import LoweringError
+from corten.fixed_point import (
+    clamp_activation, divide_by_power_of_two, quantize_multiplier, requantize, round_half_away, round_half_away_t,
+    wrap_int32_t,
+)
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._common import output_format
+from corten.ops._rules import Match
+from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "layer_norm"
 Z_BITS = 16  # fractional bits of the normalized value z
+V_BITS = 20  # fractional bits of V (so that a small eps is not rounded away against a tiny variance)
 OUT_BITS = 8  # fractional bits (of an output step) of the accumulator before the final rounding shift
 MAX_ROW = 4095
 EPS_Q_MAX = 1 << 61
-
-
-def _layout(t: torch.Tensor) -> torch.memory_format:
-    return torch.channels_last if t.dim() == 4 else torch.contiguous_format
 
 
 def isqrt_t(v: torch.Tensor) -> torch.Tensor:
@@ -70,11 +73,11 @@ def normalized_rows(rows: torch.Tensor, eps_q: int) -> torch.Tensor:
     n = rows.shape[1]
     s = rows.sum(dim=1, keepdim=True)
     q = (rows * rows).sum(dim=1, keepdim=True)
-    v = n * q - s * s + eps_q
+    v = ((n * q - s * s) << V_BITS) + eps_q
     e = torch.where(v > 0, (62 - _bit_length(v)) // 2, 0)
     r = isqrt_t(v << (2 * e))
     d = n * rows - s
-    num = d << (Z_BITS + e)
+    num = d << (Z_BITS + V_BITS // 2 + e)
     mag = torch.div(2 * num.abs() + r, 2 * r.clamp(min=1), rounding_mode="floor")
     return torch.where(r > 0, torch.where(num < 0, -mag, mag), 0)
 
@@ -126,13 +129,13 @@ def quantized_layer_norm(input: torch.Tensor, multiplier: torch.Tensor, shift: t
     z = normalized_rows(rows, eps_q)
     acc = wrap_int32_t(requantize(z, multiplier.to(torch.int64), shift.to(torch.int64)) + bias.to(torch.int64))
     out = wrap_int32_t(divide_by_power_of_two(acc, OUT_BITS) + output_offset)
-    return back(clamp_activation(out, activation_min, activation_max)).contiguous(memory_format=_layout(input))
+    return back(clamp_activation(out, activation_min, activation_max)).contiguous(memory_format=output_format(input.dim()))
 
 
 @quantized_layer_norm.register_fake
 def _(input, multiplier, shift, bias, eps_q, output_offset, activation_min, activation_max, num_dims=1):
     _check(input, multiplier, shift, bias, eps_q, output_offset, activation_min, activation_max, num_dims)
-    return torch.empty_like(input, memory_format=_layout(input))
+    return torch.empty_like(input, memory_format=output_format(input.dim()))
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_layer_norm",), doc=__doc__))
@@ -142,8 +145,6 @@ family = register_family(OpFamily(FAMILY, ("quantized_layer_norm",), doc=__doc__
 def layer_norm_params(weight: torch.Tensor, bias: torch.Tensor, eps: float, n: int, input_scale: float,
                       output_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(multiplier, shift, bias, eps_q) of the kernel, from the float affine parameters (float64)."""
-    from corten.fixed_point import quantize_multiplier, round_half_away, round_half_away_t
-
     mults, shifts = [], []
     for g in weight.to(torch.float64).tolist():
         m, s = quantize_multiplier(abs(g) / ((1 << OUT_BITS) * float(output_scale)))
@@ -151,14 +152,11 @@ def layer_norm_params(weight: torch.Tensor, bias: torch.Tensor, eps: float, n: i
         shifts.append(s)
     b = round_half_away_t(bias.to(torch.float64) * (1 << OUT_BITS) / float(output_scale))
     b = b.clamp(-(2**31) + 1, 2**31 - 1)
-    eps_q = min(EPS_Q_MAX, max(0, round_half_away(float(eps) * n * n / (float(input_scale) ** 2))))
+    eps_q = min(EPS_Q_MAX, max(0, round_half_away(float(eps) * n * n * (1 << V_BITS) / (float(input_scale) ** 2))))
     return (torch.tensor(mults, dtype=torch.int32), torch.tensor(shifts, dtype=torch.int32), b.to(torch.int32), eps_q)
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.lowering.match import LoweringError, Match  # noqa: E402
-from corten.ops.registry import annotates, lowers  # noqa: E402
-
 _aten = torch.ops.aten
 annotates("unary", _aten.layer_norm.default)
 

@@ -33,17 +33,18 @@ from typing import Sequence
 
 import torch
 
-from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
+from corten.errors import LoweringError
+from corten.fixed_point import clamp_activation, quantize_multiplier, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops.registry import OpFamily, register_family
+from corten.ops._broadcast import is_constant, storage_strides
+from corten.ops._common import output_format
+from corten.ops._qparams import QParams
+from corten.ops._rules import DQ_PER_TENSOR, Match
+from corten.ops.registry import OpFamily, annotates, lowers, op_name_of, register_family
 
 FAMILY = "matmul"
 MIN_RANK, MAX_RANK = 2, 4
 MAX_BATCH_DIMS = MAX_RANK - 2
-
-
-def _layout(rank: int) -> torch.memory_format:
-    return torch.channels_last if rank == 4 else torch.contiguous_format
 
 
 def output_shape(op: str, lhs_shape: Sequence[int], rhs_shape: Sequence[int], rhs_transposed: bool) -> tuple[int, ...]:
@@ -106,7 +107,7 @@ def quantized_matmul(
     acc = wrap_int32_t(torch.matmul(a, b).to(torch.int64))
     out = wrap_int32_t(requantize(acc, output_multiplier, output_shift) + output_offset)
     return clamp_activation(out, activation_min, activation_max).reshape(shape).contiguous(
-        memory_format=_layout(len(shape)))
+        memory_format=output_format(len(shape)))
 
 
 @quantized_matmul.register_fake
@@ -114,24 +115,13 @@ def _(lhs, rhs, lhs_offset, rhs_offset, output_offset, output_multiplier, output
       activation_max, rhs_transposed=False):
     shape = _check(lhs, rhs, lhs_offset, rhs_offset, output_offset, output_multiplier, output_shift,
                    activation_min, activation_max, rhs_transposed)
-    return lhs.new_empty(shape).contiguous(memory_format=_layout(len(shape)))
+    return lhs.new_empty(shape).contiguous(memory_format=output_format(len(shape)))
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_matmul",), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- C geometry (pure functions)
-def storage_strides(shape: Sequence[int], row_major: bool) -> list[int]:
-    """Element stride of each logical dim in memory: NHWC for a 4-D activation, row-major for
-    other ranks and for constants (emitted in logical order)."""
-    order = tuple(range(len(shape))) if row_major or len(shape) != 4 else (0, 2, 3, 1)
-    strides, step = [0] * len(shape), 1
-    for d in reversed(order):
-        strides[d] = step
-        step *= int(shape[d])
-    return strides
-
-
 @dataclass(frozen=True)
 class MatmulGeometry:
     """What the C kernels need: two output batch dims, M, N, K and each tensor's element strides as
@@ -163,9 +153,9 @@ def _batch_strides(shape, strides, out_batch) -> tuple[list[int], list[int]]:
 def geometry(lhs_shape, rhs_shape, out_shape, rhs_transposed: bool, lhs_const: bool = False,
              rhs_const: bool = False) -> MatmulGeometry:
     """:class:`MatmulGeometry` of ``lhs @ rhs`` (``rhs_transposed``: rhs is stored ``[..., N, K]``)."""
-    ls = storage_strides(lhs_shape, lhs_const)
-    rs = storage_strides(rhs_shape, rhs_const)
-    os_ = storage_strides(out_shape, False)
+    ls = storage_strides(lhs_shape, row_major=lhs_const)  # constants are row-major arrays, 4-D activations NHWC
+    rs = storage_strides(rhs_shape, row_major=rhs_const)
+    os_ = storage_strides(out_shape)
     out_batch = [int(d) for d in out_shape[:-2]]
     pad = MAX_BATCH_DIMS - len(out_batch)
     batch = [1] * pad + out_batch
@@ -224,13 +214,9 @@ def cmsis_plan(g: MatmulGeometry) -> CmsisPlan | None:
 
 
 def transpose_plan(g: MatmulGeometry) -> tuple[list[int], list[int]]:
-    """``(dims, perm)`` (4 entries each, ``cmsis_nn_dims`` order) of the ``arm_transpose_s8`` call
-    turning the dense right operand ``[batch, K, N]`` into ``[batch, N, K]``."""
-    from corten.ops.transpose import simplify_permutation
-
-    dims, perm = simplify_permutation([g.rhs_batch[0] * g.rhs_batch[1], g.k, g.n], [0, 2, 1])
-    pad = 4 - len(dims)
-    return dims + [1] * pad, perm + list(range(len(perm), 4))
+    """``(dims, perm)`` (``cmsis_nn_dims`` order) of the ``arm_transpose_s8`` call turning the dense
+    right operand ``[batch, K, N]`` into ``[batch, N, K]``: a 4-D swap of the last two dims."""
+    return [1, g.rhs_batch[0] * g.rhs_batch[1], g.k, g.n], [0, 1, 3, 2]
 
 
 def cmsis_scratch_bytes(isa: str, g: MatmulGeometry) -> int:
@@ -249,11 +235,6 @@ def cmsis_scratch_bytes(isa: str, g: MatmulGeometry) -> int:
 
 
 # ----------------------------------------------------------------------------- lowering
-from corten.fixed_point import quantize_multiplier  # noqa: E402
-from corten.lowering.match import DQ_PER_TENSOR, LoweringError, Match  # noqa: E402
-from corten.lowering.qparams import QParams  # noqa: E402
-from corten.ops.registry import annotates, lowers, op_name_of  # noqa: E402
-
 _aten = torch.ops.aten
 MATMULS = (_aten.matmul.default, _aten.bmm.default, _aten.mm.default)
 annotates("binary", *MATMULS)
@@ -351,8 +332,6 @@ def _c_list(values) -> str:
 def _emit_matmul_c(ctx) -> str:
     """``corten_matmul_s8`` (portable; strided, any layout) or ``arm_batch_matmul_s8`` (CMSIS-NN, when
     :func:`cmsis_plan` finds row-major operands; the portable kernel otherwise)."""
-    from corten.ops.mul import is_constant
-
     lhs_node, rhs_node = ctx.arg("lhs"), ctx.arg("rhs")
     rhs_t = bool(ctx.arg("rhs_transposed"))
     g = geometry(ctx.shape(lhs_node), ctx.shape(rhs_node), ctx.shape(), rhs_t, is_constant(lhs_node),

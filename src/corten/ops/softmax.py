@@ -49,10 +49,12 @@ from corten.fixed_point import (
     INT32_MAX,
     INT32_MIN,
     divide_by_power_of_two,
+    quantize_multiplier,
     saturating_rounding_doubling_high_mul,
     wrap_int32_t,
 )
 from corten.ops import checks
+from corten.ops._common import output_format, storage_dim_order
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
@@ -186,21 +188,12 @@ def softmax_rows(rows: torch.Tensor, input_multiplier: int, input_left_shift: in
 
 
 # ----------------------------------------------------------------------------- layout
-def layout_of(t: torch.Tensor) -> torch.memory_format:
-    """Graph tensors are channels_last when 4-D (NHWC bytes), row-major otherwise."""
-    return torch.channels_last if t.dim() == 4 else torch.contiguous_format
-
-
-def storage_order(rank: int) -> tuple[int, ...]:
-    return (0, 2, 3, 1) if rank == 4 else tuple(range(rank))
-
-
 def row_geometry(shape, dim: int) -> tuple[int, int, int]:
     """``(outer, row_size, inner)`` of the rows along logical ``dim`` in a graph tensor's bytes:
     element ``i`` of row ``(o, j)`` is at ``(o * row_size + i) * inner + j``."""
     rank = len(shape)
     dim = dim + rank if dim < 0 else dim
-    order = storage_order(rank)
+    order = storage_dim_order(rank)
     pos = order.index(dim)
     outer = inner = 1
     for d in order[:pos]:
@@ -215,7 +208,7 @@ def _rows_apply(input: torch.Tensor, dim: int, fn) -> torch.Tensor:
     moved = input.movedim(dim, -1)
     rows = moved.reshape(-1, moved.shape[-1]).to(torch.int64)
     out = fn(rows).to(torch.int8).reshape(moved.shape).movedim(-1, dim)
-    return out.contiguous(memory_format=layout_of(input))
+    return out.contiguous(memory_format=output_format(input.dim()))
 
 
 def _check_rows(op, input, dim):
@@ -245,14 +238,14 @@ def quantized_softmax(input: torch.Tensor, input_multiplier: int, input_left_shi
                       diff_min: int, dim: int = -1) -> torch.Tensor:
     _check(input, input_multiplier, input_left_shift, diff_min, dim)
     if input.numel() == 0:
-        return torch.empty_like(input, memory_format=layout_of(input))
+        return torch.empty_like(input, memory_format=output_format(input.dim()))
     return _rows_apply(input, dim, lambda rows: softmax_rows(rows, input_multiplier, input_left_shift, diff_min))
 
 
 @quantized_softmax.register_fake
 def _(input, input_multiplier, input_left_shift, diff_min, dim=-1):
     _check(input, input_multiplier, input_left_shift, diff_min, dim)
-    return torch.empty_like(input, memory_format=layout_of(input))
+    return torch.empty_like(input, memory_format=output_format(input.dim()))
 
 
 # ----------------------------------------------------------------------------- log_softmax
@@ -279,8 +272,6 @@ class LogSoftmaxParams:
 
 
 def log_softmax_params(input_scale: float) -> LogSoftmaxParams:
-    from corten.fixed_point import quantize_multiplier
-
     p = softmax_params(input_scale)
     reverse = (1 << (31 - p.input_left_shift)) / float(p.input_multiplier)
     if not 0.0 < reverse < 1.0:
@@ -380,7 +371,7 @@ def quantized_log_softmax(input: torch.Tensor, input_multiplier: int, input_left
                           reverse_multiplier: int, reverse_shift: int, diff_min: int, dim: int = -1) -> torch.Tensor:
     _check_log(input, input_multiplier, input_left_shift, reverse_multiplier, reverse_shift, diff_min, dim)
     if input.numel() == 0:
-        return torch.empty_like(input, memory_format=layout_of(input))
+        return torch.empty_like(input, memory_format=output_format(input.dim()))
     return _rows_apply(input, dim, lambda rows: log_softmax_rows(
         rows, input_multiplier, input_left_shift, reverse_multiplier, reverse_shift, diff_min))
 
@@ -388,7 +379,7 @@ def quantized_log_softmax(input: torch.Tensor, input_multiplier: int, input_left
 @quantized_log_softmax.register_fake
 def _(input, input_multiplier, input_left_shift, reverse_multiplier, reverse_shift, diff_min, dim=-1):
     _check_log(input, input_multiplier, input_left_shift, reverse_multiplier, reverse_shift, diff_min, dim)
-    return torch.empty_like(input, memory_format=layout_of(input))
+    return torch.empty_like(input, memory_format=output_format(input.dim()))
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_softmax", "quantized_log_softmax"), doc=__doc__))

@@ -1,8 +1,8 @@
 /*
  * layer_norm.c - Corten portable int8 layer norm, exact integer arithmetic (see corten/ops/layer_norm.py).
  *
- * Per row of n values (stride `inner` bytes apart): S = sum x, Q = sum x^2, V = n*Q - S^2 + eps_q
- * (int64), r = isqrt(V * 4^e) with V * 4^e in [2^60, 2^62), z = round(d * 2^(16+e) / r) for
+ * Per row of n values (stride `inner` bytes apart): S = sum x, Q = sum x^2, V = (n*Q - S^2) * 2^20 + eps_q
+ * (int64), r = isqrt(V * 4^e) with V * 4^e in [2^60, 2^62), z = round(d * 2^(26+e) / r) for
  * d = n*x - S, then requantize(z, multiplier[i], shift[i]) + bias[i], a rounding shift by 8, the
  * output offset and the clamp.
  */
@@ -12,6 +12,7 @@
 
 #define CORTEN_LN_Z_BITS 16
 #define CORTEN_LN_OUT_BITS 8
+#define CORTEN_LN_V_BITS 20
 #define CORTEN_LN_MAX_ROW 4095
 
 /* floor(sqrt(v)) for v < 2^62. */
@@ -67,7 +68,7 @@ int corten_layer_norm_s8(const corten_layer_norm_params *params, int32_t outer, 
                 s += x;
                 q += x * x;
             }
-            v = (int64_t)row_size * q - (int64_t)s * s + params->eps_q;
+            v = ((int64_t)row_size * q - (int64_t)s * s) * ((int64_t)1 << CORTEN_LN_V_BITS) + params->eps_q;
             if (v > 0) {
                 e = (62 - corten_bit_length64((uint64_t)v)) / 2;
                 r = corten_isqrt64((uint64_t)v << (2 * e));
@@ -77,7 +78,7 @@ int corten_layer_norm_s8(const corten_layer_norm_params *params, int32_t outer, 
                 int32_t z = 0;
                 int32_t acc;
                 if (r != 0u) {
-                    const int64_t num = (int64_t)d * ((int64_t)1 << (CORTEN_LN_Z_BITS + e)); /* |num| < 2^54 */
+                    const int64_t num = (int64_t)d * ((int64_t)1 << (CORTEN_LN_Z_BITS + CORTEN_LN_V_BITS / 2 + e));
                     const uint64_t mag = (2u * (uint64_t)(num < 0 ? -num : num) + r) / (2u * r);
                     z = num < 0 ? -(int32_t)mag : (int32_t)mag;
                 }
