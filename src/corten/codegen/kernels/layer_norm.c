@@ -64,7 +64,7 @@ int corten_layer_norm_s8(const corten_layer_norm_params *params, int32_t outer, 
             int64_t v;
             uint64_t r = 0u;
             for (i = 0; i < row_size; i++) {
-                const int32_t x = in[(size_t)i * inner];
+                const int32_t x = in[(ptrdiff_t)i * inner];
                 s += x;
                 q += x * x;
             }
@@ -74,7 +74,7 @@ int corten_layer_norm_s8(const corten_layer_norm_params *params, int32_t outer, 
                 r = corten_isqrt64((uint64_t)v << (2 * e));
             }
             for (i = 0; i < row_size; i++) {
-                const int32_t d = row_size * in[(size_t)i * inner] - s;
+                const int32_t d = row_size * in[(ptrdiff_t)i * inner] - s;
                 int32_t z = 0;
                 int32_t acc;
                 if (r != 0u) {
@@ -83,7 +83,7 @@ int corten_layer_norm_s8(const corten_layer_norm_params *params, int32_t outer, 
                     z = num < 0 ? -(int32_t)mag : (int32_t)mag;
                 }
                 acc = corten_add_wrap(corten_requantize(z, multiplier[i], shift[i]), bias[i]);
-                out[(size_t)i * inner] = corten_offset_clamp(corten_divide_by_power_of_two(acc, CORTEN_LN_OUT_BITS),
+                out[(ptrdiff_t)i * inner] = corten_offset_clamp(corten_divide_by_power_of_two(acc, CORTEN_LN_OUT_BITS),
                                                              params->output_offset, params->activation_min,
                                                              params->activation_max);
             }

@@ -110,8 +110,8 @@ static int32_t corten_softmax_row_max(const int8_t *in, int32_t row_size, int32_
     int32_t max = in[0];
     int32_t c;
     for (c = 1; c < row_size; c++) {
-        if (in[(size_t)c * stride] > max) {
-            max = in[(size_t)c * stride];
+        if (in[(ptrdiff_t)c * stride] > max) {
+            max = in[(ptrdiff_t)c * stride];
         }
     }
     return max;
@@ -125,7 +125,7 @@ static void corten_softmax_row(const int8_t *in, int8_t *out, int32_t row_size, 
     int32_t sum = 0;
     int32_t headroom, bits_over_unit, scale, c;
     for (c = 0; c < row_size; c++) {
-        const int32_t diff = in[(size_t)c * stride] - max;
+        const int32_t diff = in[(ptrdiff_t)c * stride] - max;
         if (diff >= diff_min) {
             sum += corten_divide_by_power_of_two(corten_softmax_exp(diff, mult, shift), CORTEN_SOFTMAX_ACCUM_BITS);
         }
@@ -135,14 +135,14 @@ static void corten_softmax_row(const int8_t *in, int8_t *out, int32_t row_size, 
     bits_over_unit = CORTEN_SOFTMAX_ACCUM_BITS - headroom + 23;
     scale = corten_softmax_one_over_one_plus_x(corten_u32_to_i32(((uint32_t)sum << headroom) - 0x80000000u));
     for (c = 0; c < row_size; c++) {
-        const int32_t diff = in[(size_t)c * stride] - max;
+        const int32_t diff = in[(ptrdiff_t)c * stride] - max;
         int32_t res = -128;
         if (diff >= diff_min) {
             const int32_t prod = corten_softmax_mul_sat(scale, corten_softmax_exp(diff, mult, shift));
             res = (bits_over_unit > 31 ? 0 : corten_divide_by_power_of_two(prod, bits_over_unit)) - 128;
             res = res > 127 ? 127 : res;
         }
-        out[(size_t)c * stride] = (int8_t)res;
+        out[(ptrdiff_t)c * stride] = (int8_t)res;
     }
 }
 
@@ -226,7 +226,7 @@ static void corten_log_softmax_row(const int8_t *in, int8_t *out, int32_t row_si
     int32_t sum = 0;
     int32_t log_sum, adjusted_diff_min, c;
     for (c = 0; c < row_size; c++) {
-        const int32_t diff = in[(size_t)c * stride] - max;
+        const int32_t diff = in[(ptrdiff_t)c * stride] - max;
         if (diff >= diff_min) {
             sum += corten_divide_by_power_of_two(corten_softmax_exp(diff, mult, shift), CORTEN_SOFTMAX_ACCUM_BITS);
         }
@@ -238,7 +238,7 @@ static void corten_log_softmax_row(const int8_t *in, int8_t *out, int32_t row_si
         adjusted_diff_min = diff_min - 1;
     }
     for (c = 0; c < row_size; c++) {
-        const int32_t diff = in[(size_t)c * stride] - max;
+        const int32_t diff = in[(ptrdiff_t)c * stride] - max;
         int32_t res = -128;
         if (diff > adjusted_diff_min) {
             const int32_t scaled = (int32_t)((int64_t)diff * ((int64_t)1 << shift));
@@ -246,7 +246,7 @@ static void corten_log_softmax_row(const int8_t *in, int8_t *out, int32_t row_si
             res = corten_divide_by_power_of_two(corten_u32_to_i32((uint32_t)diff_q5 - (uint32_t)log_sum), 22) + 127;
             res = res > 127 ? 127 : (res < -128 ? -128 : res);
         }
-        out[(size_t)c * stride] = (int8_t)res;
+        out[(ptrdiff_t)c * stride] = (int8_t)res;
     }
 }
 
