@@ -178,7 +178,8 @@ class Block(nn.Module):
 def _tester() -> Tester:
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
-    return Tester(Block().eval(), (torch.randn(1, 6, 16),))
+    model = Block()
+    return Tester(model.eval(), (torch.randn(1, 6, 16),))
 
 
 def test_dialect():

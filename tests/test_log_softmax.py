@@ -193,7 +193,8 @@ class AnyDim(nn.Module):
 def _tester(target="cortex-m55") -> Tester:
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
-    return Tester(AnyDim().eval(), (torch.randn(1, 5, 12), torch.randn(1, 3, 4, 4)), target=target)
+    model = AnyDim()
+    return Tester(model.eval(), (torch.randn(1, 5, 12), torch.randn(1, 3, 4, 4)), target=target)
 
 
 def test_dialect_any_dim():

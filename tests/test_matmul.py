@@ -236,14 +236,16 @@ class Idioms(nn.Module):
         return self.attn(x), gram, xy, xw, px, bcast, mm
 
 
-def _tester(model: nn.Module, shape=(1, 5, 16), target: str = "cortex-m55") -> Tester:
+def _tester(make, shape=(1, 5, 16), target: str = "cortex-m55") -> Tester:
+    """The model built by ``make()`` after seeding (weights independent of the tests run before)."""
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
+    model = make()
     return Tester(model.eval(), (torch.randn(shape),), target=target)
 
 
 def test_dialect_attention():
-    t = _tester(Attention())
+    t = _tester(Attention)
     report = t.test_dialect(ops_before={"aten.matmul.default": 2, "aten.softmax.int": 1},
                             ops_after={"quantize_per_tensor": 1, "quantized_linear": 4, "quantized_transpose": 4,
                                        "quantized_matmul": 2, "quantized_mul": 1, "quantized_softmax": 1,
@@ -254,7 +256,7 @@ def test_dialect_attention():
 
 
 def test_dialect_idioms():
-    t = _tester(Idioms())
+    t = _tester(Idioms)
     t.lower()
     assert not t.program.unlowered_ops(), t.program.unlowered_ops()
     counts = t.program.op_counts()
@@ -280,7 +282,7 @@ class SDPA(nn.Module):
 
 
 def test_scaled_dot_product_attention_decomposes():
-    t = _tester(SDPA())
+    t = _tester(SDPA)
     t.lower()
     assert [u.op for u in t.program.unlowered_ops()] == ["aten.scaled_dot_product_attention.default"]  # is_causal
     counts = t.program.op_counts()
@@ -297,7 +299,7 @@ def test_one_d_operand_is_refused_clearly():
             y = self.fc(x)
             return y[0] @ y[0]
 
-    t = _tester(Vec(), (1, 8))
+    t = _tester(Vec, (1, 8))
     t.lower()
     bad = [u for u in t.program.unlowered_ops() if u.op == "aten.matmul.default"]
     assert bad and "unsqueeze" in bad[0].reason and "test_matmul.py" in bad[0].location
@@ -305,7 +307,7 @@ def test_one_d_operand_is_refused_clearly():
 
 def test_implementation_host_and_qemu():
     """Portable kernels: host, Cortex-M55 and Cortex-M4, bytes identical to the reference."""
-    t = _tester(Idioms())
+    t = _tester(Idioms)
     on = ("host", "qemu") if shutil.which("qemu-system-arm") and shutil.which("arm-none-eabi-gcc") else ("host",)
     t.test_implementation(on=on, n_inputs=1, targets=["cortex-m55", "cortex-m4"])
 
@@ -315,7 +317,7 @@ def test_implementation_host_and_qemu():
 def test_implementation_cmsis_nn_m55_m4():
     """arm_batch_matmul_s8 (Helium on M55, DSP on M4) where the operands are row-major, the portable
     kernel for multi-head NHWC operands; bytes identical to the reference."""
-    t = _tester(Idioms())
+    t = _tester(Idioms)
     t.test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=1, targets=["cortex-m55", "cortex-m4"])
     c = t.program.emit_c(_tmp(), kernels="cmsis-nn").source.read_text()
     assert c.count("arm_batch_matmul_s8(") == 5 and c.count("arm_transpose_s8(") >= 2
