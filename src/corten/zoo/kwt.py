@@ -66,7 +66,7 @@ class KWTTiny(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.blocks(self.embed(x) + self.pos)
-        return self.head(self.norm(x).mean(dim=1))
+        return self.head(self.norm(x).transpose(1, 2).mean(-1))  # mean over the frames
 
 
 def _init(model: nn.Module, generator: torch.Generator | None) -> None:
