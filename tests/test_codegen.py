@@ -242,14 +242,15 @@ def test_program_checks_arguments(tmp_path):
     in_bytes, _ = _quantized_io(ep, x)
     assert _run(exe, in_bytes, "4").returncode == 100 - (-2)  # misaligned arena -> NET_ERROR_ARENA_ALIGNMENT
     header = lib.header.read_text()
-    for macro in ("NET_INPUT_BYTES 768", "NET_OUTPUT_BYTES 10", "NET_ARENA_ALIGN 16", "NET_INPUT_SHAPE {1, 16, 16, 3}",
+    for macro in ("NET_INPUT_BYTES 768", "NET_OUTPUT_BYTES 10", "NET_ARENA_ALIGN 16", "NET_INPUT_DIM_H 16",
+                  "NET_INPUT_DIM_C 3", "NET_INPUT_RANK 4",
                   "NET_INPUT_ZERO_POINT 3", "NET_OUTPUT_SCALE 0.1f", "NET_PROGRAM_HASH", "NET_ERROR_NULL_POINTER",
                   "int net_run(const int8_t *input, int8_t *output, uint8_t *arena);"):
         assert macro in header
     assert f"NET_ARENA_BYTES {lib.arena_bytes}" in header
     src = lib.source.read_text()
-    assert "float" not in src and "malloc" not in src and "static " not in src
-    assert "quantized_depthwise_conv2d: node 'quantized_depthwise_conv2d'" in src
+    assert "float" not in src and "malloc" not in src
+    assert "- quantized_depthwise_conv2d" in src and "node 'quantized_depthwise_conv2d'" in src
 
 
 def test_emission_is_deterministic_and_hash_tracks_constants(tmp_path):

@@ -177,3 +177,177 @@ def test_models_from_another_corten_version_are_refused_at_compile_time(two_mode
     version.write_text(version.read_text().replace("#define CORTEN_KERNELS_VERSION 0x", "#define CORTEN_KERNELS_VERSION 0x1"))
     res = subprocess.run(["gcc", "-std=c99", "-fsyntax-only", str(libs[0].source)], capture_output=True, text=True)
     assert res.returncode != 0 and "another Corten version" in res.stderr
+
+
+# ----------------------------------------------------------------------------- readable, checkable C
+def test_designated_initialisers_module_path_names_and_step_comments(two_models, tmp_path):
+    import re
+
+    (head, _), _ = two_models
+    lib = head.emit_c(tmp_path)
+    src, consts = lib.source.read_text(), lib.constants.read_text()
+    structs = re.findall(r"const \w+ \w+ = \{.*", src)
+    assert structs and all(s.split("= {", 1)[1].startswith(".") for s in structs), structs
+    for name in ("head_conv_weight", "head_conv_bias", "head_dw_weight", "head_fc_weight", "head_fc_kernel_sum"):
+        assert f"{name}[" in consts, name
+    assert re.search(r"/\* Step 1: conv - quantized_conv2d \(test_firmware\.py:\d+ in forward\)", src)
+    assert re.search(r"Step \d+: dw - quantized_depthwise_conv2d", src)
+    assert [s.step for s in lib.steps] == list(range(1, len(lib.steps) + 1))
+    assert f"#define HEAD_NUM_STEPS {len(lib.steps)}" in lib.header.read_text()
+    header = lib.header.read_text()
+    for macro in ("HEAD_INPUT_DIM_N 1", "HEAD_INPUT_DIM_H 8", "HEAD_INPUT_DIM_W 8", "HEAD_INPUT_DIM_C 3",
+                  "HEAD_OUTPUT_RANK 2", "HEAD_OUTPUT_DIM1 4"):
+        assert f"#define {macro}" in header, macro
+
+
+STATUS_MAIN = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include "head.h"
+
+static int8_t in[HEAD_INPUT_BYTES];
+static int8_t out[HEAD_OUTPUT_BYTES];
+static uint8_t arena[HEAD_ARENA_BYTES] __attribute__((aligned(16)));
+
+int main(void)
+{
+    printf("short=%d\n", head_run_checked(in, out, arena, (size_t)HEAD_ARENA_BYTES - 1u));
+    printf("null=%d\n", head_run_checked(NULL, out, arena, sizeof arena));
+    printf("misaligned=%d\n", head_run(in, out, arena + 1));
+    fclose(fopen("output.bin", "wb"));
+    printf("CORTEN_RESULT status=%d elapsed=0 unit=ns\n", head_run_checked(in, out, arena, sizeof arena));
+    return 0;
+}
+"""
+
+
+def test_run_reports_the_failing_step_and_refuses_a_short_arena(two_models, tmp_path):
+    (head, _), _ = two_models
+    lib = head.emit_c(tmp_path / "lib")
+    main = tmp_path / "status_main.c"
+    main.write_text(STATUS_MAIN)
+    res = run_on_host(lib.sources, lib.include_dirs, {}, b"", 0, tmp_path / "run", main=main, progress=None,
+                      check=False)
+    assert "short=-4" in res.log and "null=-1" in res.log and "misaligned=-2" in res.log
+    assert res.status == 0
+    # break the linear layer's call (negative in_features): _run returns that step's number
+    linear = next(s for s in lib.steps if s.op == "quantized_linear")
+    src = lib.source.read_text()
+    broken = src.replace("corten_linear_s8(&params, &quant, 1, 8,", "corten_linear_s8(&params, &quant, 1, -8,")
+    assert broken != src
+    lib.source.write_text(broken)
+    res = run_on_host(lib.sources, lib.include_dirs, {}, b"", 0, tmp_path / "run2", main=main, progress=None,
+                      check=False)
+    assert res.status == linear.step > 1
+
+
+QUANT_MAIN = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include "head.h"
+
+int main(void)
+{
+    static float x[QN];
+    static int8_t q[QN];
+    static float back[QN];
+    FILE *f = fopen("input.bin", "rb");
+    size_t i;
+    if (f == NULL || fread(x, sizeof x[0], QN, f) != QN) {
+        return 2;
+    }
+    fclose(f);
+    for (i = 0; i < QN; i++) {
+        q[i] = head_quantize_input(x[i]);
+        back[i] = head_dequantize_output(q[i]);
+    }
+    f = fopen("output.bin", "wb");
+    fwrite(q, 1, QN, f);
+    fwrite(back, sizeof back[0], QN, f);
+    fclose(f);
+    printf("CORTEN_RESULT status=0 elapsed=0 unit=ns\n");
+    return 0;
+}
+"""
+
+
+def test_header_quantize_helpers_compute_what_python_computes(two_models, tmp_path):
+    import numpy as np
+
+    (head, _), _ = two_models
+    lib = head.emit_c(tmp_path / "lib")
+    s_in, z_in = head.inputs[0].scale, head.inputs[0].zero_point
+    s32 = float(np.float32(s_in))
+    ties = [(k + 0.5) * s32 for k in range(-140, 140)]  # exact .5 quotients (and their float32 neighbours)
+    x = torch.tensor(ties + [1e30, -1e30, 0.0, -0.0, 3.4e38] + torch.randn(500).mul(4).tolist(), dtype=torch.float32)
+    x = torch.cat([x, torch.nextafter(x, torch.full_like(x, 1e38)), torch.nextafter(x, torch.full_like(x, -1e38))])
+    n = x.numel()
+    main = tmp_path / "quant_main.c"
+    main.write_text(QUANT_MAIN.replace("QN", str(n)))
+    res = run_on_host(lib.sources, lib.include_dirs, {}, x.numpy().tobytes(), n * 5, tmp_path / "run", main=main,
+                      progress=None)
+    got_q = torch.from_numpy(np.frombuffer(res.output[:n], dtype=np.int8).copy())
+    want_q = torch.ops.corten.quantize_per_tensor(x, s_in, z_in)
+    assert torch.equal(got_q, want_q)
+    got_back = torch.from_numpy(np.frombuffer(res.output[n:], dtype=np.float32).copy())
+    o = head.outputs[0]
+    assert torch.equal(got_back, torch.ops.corten.dequantize_per_tensor(got_q, o.scale, o.zero_point))
+
+
+class TwoInTwoOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, 1, 1)
+        self.b = nn.Conv2d(3, 8, 3, 1, 1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, image, extra):
+        z = torch.relu(self.a(image)) + self.b(extra)
+        return self.fc(nn.functional.adaptive_avg_pool2d(z, 1).flatten(1)), z
+
+
+IO_MAIN = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include "two_io.h"
+
+static int8_t image[TWO_IO_INPUT0_BYTES];
+static int8_t extra[TWO_IO_INPUT1_BYTES];
+static int8_t logits[TWO_IO_OUTPUT0_BYTES];
+static int8_t features[TWO_IO_OUTPUT1_BYTES];
+static uint8_t arena[TWO_IO_ARENA_BYTES] __attribute__((aligned(16)));
+
+int main(void)
+{
+    const two_io_inputs in = {.image = image, .extra = extra};
+    const two_io_outputs out = {.output0 = logits, .output1 = features};
+    FILE *f = fopen("input.bin", "rb");
+    int status;
+    if (f == NULL || fread(image, 1, sizeof image, f) != sizeof image || fread(extra, 1, sizeof extra, f) != sizeof extra) {
+        return 2;
+    }
+    fclose(f);
+    status = two_io_run_io(&in, &out, arena, sizeof arena);
+    f = fopen("output.bin", "wb");
+    fwrite(logits, 1, sizeof logits, f);
+    fwrite(features, 1, sizeof features, f);
+    fclose(f);
+    printf("CORTEN_RESULT status=%d elapsed=0 unit=ns\n", status);
+    return 0;
+}
+"""
+
+
+def test_named_input_and_output_pointers(tmp_path):
+    torch.manual_seed(1)
+    x, y = torch.randn(1, 3, 8, 8), torch.randn(1, 3, 8, 8)
+    prog = corten.compile(TwoInTwoOut().eval(), (x, y), name="two_io")
+    lib = prog.emit_c(tmp_path / "lib")
+    main = tmp_path / "io_main.c"
+    main.write_text(IO_MAIN)
+    data = b"".join(tensor_to_c_bytes(q) for q in prog.quantize_inputs(x, y))
+    res = run_on_host(lib.sources, lib.include_dirs, {}, data, lib.output_bytes, tmp_path / "run", main=main,
+                      progress=None)
+    want = prog.run_int8(x, y)
+    for t, w in zip(lib.outputs, want):
+        assert torch.equal(c_bytes_to_tensor(res.output[t.offset:t.offset + t.nbytes], t.shape), w)

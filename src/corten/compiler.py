@@ -144,8 +144,28 @@ def compile(
     if unlowered and not allow_unlowered:
         raise UnsupportedOpsError(model_name, unlowered)
     program_ep = torch.export.export(lowered, tuple(example_inputs))
+    node_sources = _node_sources(lowered, program_ep)
     stages["lowered"] = graph_text(program_ep)
     timings["lower"] = time.perf_counter() - t0
 
     return Program(program_ep, tgt, name=name, stages=stages, unlowered=unlowered,
-                   info={"calibration_samples": n_calib, "seed": seed, "timings_s": timings})
+                   info={"calibration_samples": n_calib, "seed": seed, "timings_s": timings,
+                         "node_sources": node_sources})
+
+
+def _node_sources(lowered: torch.fx.GraphModule, program_ep) -> dict[str, dict[str, str]]:
+    """Per step node of the exported program (Corten ops and reshapes): the PyTorch module path and
+    source line it came from (``{"module": "features.3.conv.1", "source": "file.py:12 in forward"}``).
+    Re-exporting drops custom node metadata, so the lowered graph's nodes are matched to the
+    program's in graph order (same ops, same order); a mismatch gives ``{}`` (names fall back)."""
+    from corten.ops._rules import module_path, source_location
+    from corten.ops.registry import op_name_of
+
+    def steps(graph):
+        return [n for n in graph.nodes if n.op == "call_function"
+                and (op_name_of(n.target) is not None or n.target == torch.ops.aten.reshape.default)]
+
+    a, b = steps(lowered.graph), steps(program_ep.graph)
+    if len(a) != len(b) or any(x.target != y.target for x, y in zip(a, b)):
+        return {}
+    return {y.name: {"module": module_path(x), "source": source_location(x)} for x, y in zip(a, b)}

@@ -205,7 +205,8 @@ class Program:
         self._require_lowered("emit C")
         tgt = self.target if target is None else get_target(target)
         plan = self.memory if tgt == self.target else plan_memory(self.ep, tgt)
-        return emit_c(self.ep, plan, out_dir, self.name, tgt, kernels=kernels)
+        return emit_c(self.ep, plan, out_dir, self.name, tgt, kernels=kernels,
+                      node_sources=self.info.get("node_sources"))
 
     def run_c(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
               cmsis_nn_path: str | None = None, target: str | None = None, int8: bool = False,

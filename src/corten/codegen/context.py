@@ -5,11 +5,18 @@ generated ``<name>_run`` function.  The context hides the memory plan and the co
 
 * :meth:`EmitContext.arg` - the node's arguments by schema name (tensors are ``fx.Node``);
 * :meth:`EmitContext.buffer` / :meth:`EmitContext.out` - C expressions of the int8 buffers
-  (``(act + 1024)``, ``input``, ``output``) the planner assigned;
+  (``(act + 1024)``, ``(in0)``, ``(out0)``) the planner assigned;
 * :meth:`EmitContext.const` - the name of the ``const`` C array holding a constant argument
   (:meth:`EmitContext.derived_const` for arrays the hook computes, e.g. expanded multipliers);
 * :meth:`EmitContext.scratch` - the planned scratch buffer (expression, bytes) for CMSIS-NN;
-* :meth:`EmitContext.call` - a kernel call wrapped in the generated error check.
+* :meth:`EmitContext.params` / :meth:`EmitContext.dims` - a ``const`` parameter struct with a
+  designated initialiser (``{.stride_h = 1, .activation = {.min = -128, .max = 127}}``): the
+  only way hooks write parameter structs, so the generated C names every field;
+* :meth:`EmitContext.call` - a kernel call wrapped in the generated error check (a failing call
+  makes ``<name>_run`` return this step's number).
+
+Constant arrays are named after the PyTorch module that produced the node and the argument
+(``<model>_features_3_conv_1_weight``), see :meth:`EmitContext.const`.
 """
 from __future__ import annotations
 
@@ -49,6 +56,22 @@ def c_int(v: int) -> str:
     return str(v)
 
 
+def designated(fields: dict[str, Any]) -> str:
+    """A C designated initialiser ``{.a = 1, .b = {.x = 2}}`` (ints as C literals, strings verbatim)."""
+    parts = []
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            text = designated(value)
+        elif isinstance(value, bool):
+            text = "1" if value else "0"
+        elif isinstance(value, int):
+            text = c_int(value)
+        else:
+            text = str(value)
+        parts.append(f".{key} = {text}")
+    return "{" + ", ".join(parts) + "}"
+
+
 def nhwc(shape: Sequence[int]) -> tuple[int, int, int, int]:
     """Logical NCHW shape of a 4-D activation -> its memory-order dims (n, h, w, c)."""
     shape = tuple(int(d) for d in shape)
@@ -67,6 +90,7 @@ class EmitContext:
     kernels: str  # "portable" | "cmsis-nn"
     target: Any  # corten.targets.Target
     _gen: "_Generator"
+    step: int = 0  # this node's step number in <name>_run (1-based), returned when a kernel call fails
 
     # ------------------------------------------------------------------ arguments
     def arg(self, name: str) -> Any:
@@ -108,7 +132,7 @@ class EmitContext:
     def out(self) -> str:
         """C expression of this node's output buffer (``int8_t *``)."""
         expr = self._gen.buffer_expr(self.node)
-        if expr.startswith("(input"):
+        if expr.startswith("(in"):
             self.fail("the memory plan puts this op's output in the caller's input buffer")
         return expr
 
@@ -126,20 +150,28 @@ class EmitContext:
 
     # ------------------------------------------------------------------ constants
     def const(self, name: str, dtype: torch.dtype | None = None) -> str:
-        """C array name of the constant argument ``name`` (None arguments give ``NULL``)."""
+        """C array name of the constant argument ``name`` (None arguments give ``NULL``):
+        ``<model>_<module path>_<name>``, e.g. ``net_features_3_conv_1_weight``."""
         value = self.arg(name)
         if value is None:
             return "NULL"
-        return self._gen.constant_array(value, dtype)
+        return self._gen.constant_array(value, dtype, self._gen.node_prefix(self.node) + "_" + name)
 
     def derived_const(self, suffix: str, tensor: torch.Tensor) -> str:
-        """Register an extra constant array (named after this node and ``suffix``); returns its name."""
-        return self._gen.derived_array(f"{self.node.name}_{suffix}", tensor)
+        """Register an extra constant array (named after this node's module and ``suffix``); returns its name."""
+        return self._gen.derived_array(f"{self.node.name}_{suffix}", tensor,
+                                       self._gen.node_prefix(self.node) + "_" + suffix)
 
     # ------------------------------------------------------------------ statements
     def call(self, expr: str) -> str:
-        """A kernel call returning 0 on success, wrapped in the generated error check."""
-        return f"if ({expr} != 0) {{\n    return {self._gen.macro}_ERROR_KERNEL;\n}}"
+        """A kernel call returning 0 on success, wrapped in the generated error check: on failure
+        ``<name>_run`` returns this step's number (documented in the header)."""
+        return f"if ({expr} != 0) {{\n    return {self.step}; /* step {self.step} failed */\n}}"
+
+    def params(self, ctype: str, name: str, fields: dict[str, Any]) -> str:
+        """``const <ctype> <name> = {.field = value, ...};`` with nested dicts for nested structs
+        (values: ints, C expressions as strings, dicts)."""
+        return f"const {ctype} {name} = {designated(fields)};"
 
     def block(self, *statements: str) -> str:
         """Statements inside a ``{ }`` block (so local parameter structs do not clash)."""
@@ -148,7 +180,8 @@ class EmitContext:
 
     @staticmethod
     def dims(name: str, ctype: str, n: int, h: int, w: int, c: int) -> str:
-        return f"const {ctype} {name} = {{{n}, {h}, {w}, {c}}};"
+        """A ``corten_dims`` / ``cmsis_nn_dims`` (fields n, h, w, c) with a designated initialiser."""
+        return f"const {ctype} {name} = {designated(dict(n=n, h=h, w=w, c=c))};"
 
     @staticmethod
     def int_(v: int) -> str:

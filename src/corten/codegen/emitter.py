@@ -23,6 +23,7 @@ that the kernels it includes are the ones it was generated for (``CORTEN_KERNELS
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ class EmittedLibrary:
     arena_align: int
     constant_bytes: int
     program_hash: str
+    steps: tuple["StepInfo", ...] = ()  # one per step of <name>_run (module, op, kernel, MACs)
 
     @property
     def model_sources(self) -> list[Path]:
@@ -116,6 +118,53 @@ class EmittedLibrary:
         return f"{self.name}_run"
 
 
+@dataclass(frozen=True)
+class StepInfo:
+    """One step of ``<name>_run``: what the profile and the report show."""
+
+    step: int  # 1-based, the number <name>_run returns when this step's kernel fails
+    node: str  # graph node name
+    module: str  # PyTorch module path ("" for the root module's forward)
+    op: str  # Corten op (or "reshape (layout copy)", "output_copy")
+    source: str  # file.py:line in fn
+    kernel: str  # the C function called: arm_* (CMSIS-NN) or corten_* (portable)
+    macs: int  # multiply-accumulates (0 for data movement)
+
+    @property
+    def portable(self) -> bool:
+        return not self.kernel.startswith("arm_")
+
+
+_CALL_RE = re.compile(r"\b((?:arm|corten)_[A-Za-z0-9_]+)\s*\(")
+
+
+def kernel_called(body: str) -> str:
+    """The (first) kernel function a step's C statements call."""
+    m = _CALL_RE.search(body)
+    return m.group(1) if m else "inline"
+
+
+def _macs(g: "_Generator", node, op: str) -> int:
+    """Multiply-accumulates of a step (convs and linear layers; elementwise mul counts one per output)."""
+    try:
+        out = int(np.prod(g._shape(node)))
+        if op in ("quantized_conv2d", "quantized_depthwise_conv2d", "quantized_grouped_conv2d",
+                  "quantized_conv_transpose2d"):
+            w = g.constant_value(node.args[1])
+            per_out = int(np.prod(w.shape[1:])) if op != "quantized_depthwise_conv2d" else int(np.prod(w.shape[1:3]))
+            if op == "quantized_conv_transpose2d":
+                return int(np.prod(g._shape(node.args[0]))) * int(w.shape[0]) * int(np.prod(w.shape[1:3]))
+            return out * per_out
+        if op == "quantized_linear":
+            w = g.constant_value(node.args[1])
+            return out * int(w.shape[-1])
+        if op == "quantized_mul":
+            return out
+    except (CodegenError, IndexError, KeyError, AttributeError, TypeError):
+        return 0
+    return 0
+
+
 @dataclass
 class _Array:
     cname: str
@@ -137,9 +186,13 @@ class _Generator:
     families: set[str] = field(default_factory=set)
     uses_layout: bool = False
     portable_families: set[str] = field(default_factory=set)  # families run portably in every flavour
+    node_sources: dict = field(default_factory=dict)  # node name -> {"module": path, "source": file:line}
+    step_info: list = field(default_factory=list)  # per step: StepInfo
 
     def __post_init__(self):
         self.macro = self.name.upper()
+        self._prefixes: dict[str, str] = {}
+        self._used_names: set[str] = set()
         sig = self.ep.graph_signature
         self._const_keys = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
                             **sig.inputs_to_lifted_tensor_constants}
@@ -154,24 +207,63 @@ class _Generator:
             return self.ep.constants[key]
         return self.ep.state_dict[key]
 
-    def _add_array(self, key: str, tensor: torch.Tensor) -> str:
+    def _unique(self, base: str) -> str:
+        name, k = base, 2
+        while name in self._used_names:
+            name, k = f"{base}_{k}", k + 1
+        self._used_names.add(name)
+        return name
+
+    def _add_array(self, key: str, tensor: torch.Tensor, pretty: str | None = None) -> str:
         if key in self.arrays:
             return self.arrays[key].cname
         if tensor.dtype not in (torch.int8, torch.int32):
             raise CodegenError(f"constant {key!r} has dtype {tensor.dtype}; only int8 and int32 constants "
                                "can be emitted (was the program lowered by Corten?)")
-        cname = f"{self.name}_{c_identifier(key)}"
+        cname = self._unique(f"{self.name}_{c_identifier(pretty or key).strip('_') or 'const'}")
         self.arrays[key] = _Array(cname, tensor.detach().contiguous().cpu())
         return cname
 
-    def constant_array(self, node: torch.fx.Node, dtype: torch.dtype | None = None) -> str:
+    def constant_array(self, node: torch.fx.Node, dtype: torch.dtype | None = None, pretty: str | None = None) -> str:
         tensor = self.constant_value(node)
         if dtype is not None and tensor.dtype != dtype:
             raise CodegenError(f"constant {node.name!r} has dtype {tensor.dtype}, expected {dtype}")
-        return self._add_array(node.name, tensor)
+        return self._add_array(node.name, tensor, pretty)
 
-    def derived_array(self, key: str, tensor: torch.Tensor) -> str:
-        return self._add_array(key, tensor)
+    def derived_array(self, key: str, tensor: torch.Tensor, pretty: str | None = None) -> str:
+        return self._add_array(key, tensor, pretty)
+
+    # ------------------------------------------------------------------ naming
+    def module_path(self, node: torch.fx.Node) -> str:
+        """The PyTorch module path that produced ``node`` ("" for the root's forward)."""
+        info = self.node_sources.get(node.name) or {}
+        return str(info.get("module", ""))
+
+    def source_line(self, node: torch.fx.Node) -> str:
+        """``file.py:12 in forward`` of the user's code (basename only: the C stays machine independent)."""
+        info = self.node_sources.get(node.name) or {}
+        src = info.get("source")
+        if not src:
+            from corten.ops._rules import source_location
+
+            src = source_location(node)
+        if src.startswith("<"):
+            return ""
+        return src.rsplit("/", 1)[-1]
+
+    def node_prefix(self, node: torch.fx.Node) -> str:
+        """C name stem of a node's constants: its module path (``features_3_conv_1``), or, for code in
+        the root module's forward, the op and node number (``add_3``); unique within the model."""
+        if node.name not in self._prefixes:
+            path = self.module_path(node)
+            base = c_identifier(path.replace(".", "_")).strip("_") if path else ""
+            if not base:
+                base = c_identifier(node.name.replace("quantized_", "")).strip("_") or "step"
+            name, k = base, 2
+            while name in self._prefixes.values():
+                name, k = f"{base}_{k}", k + 1
+            self._prefixes[node.name] = name
+        return self._prefixes[node.name]
 
     # ------------------------------------------------------------------ memory
     def alloc(self, node: torch.fx.Node):
@@ -186,13 +278,11 @@ class _Generator:
 
     def buffer_expr(self, node: torch.fx.Node) -> str:
         a = self.alloc(node)
-        base = {"arena": "act", "input": "input", "output": "output"}.get(a.region)
-        if base is None:
+        if a.region not in ("arena", "input", "output"):
             raise CodegenError(f"tensor {node.name!r} has unknown region {a.region!r} in the memory plan")
+        # each program input / output has its own pointer (in<i> / out<i>) inside <name>_steps
+        base = "act" if a.region == "arena" else f"{'in' if a.region == 'input' else 'out'}{int(getattr(a, 'index', 0))}"
         offset = int(a.offset)
-        if a.region != "arena":  # several inputs/outputs are packed in the caller's buffer
-            in_offs, out_offs = self.io_offsets()
-            offset += (in_offs if a.region == "input" else out_offs)[int(getattr(a, "index", 0))]
         return f"({base} + {offset})" if offset else f"({base})"
 
     def scratch_expr(self, node: torch.fx.Node) -> tuple[str, int]:
@@ -241,8 +331,8 @@ class _Generator:
                     ops.append(f"reshape_alias {self._shape(node.args[0])} -> {self._shape(node)}")
                     continue
                 index += 1
-                stmts.append(self._comment(index, "reshape (layout copy)", node, [node.args[0]]) + "\n" +
-                             self._reshape_copy(node))
+                body = self._reshape_copy(node, index)
+                stmts.append(self._comment(index, "reshape (layout copy)", node, [node.args[0]], body) + "\n" + body)
                 ops.append(f"reshape_copy {self._shape(node.args[0])} -> {self._shape(node)}")
                 continue
             if name is None:
@@ -251,10 +341,11 @@ class _Generator:
             hook = hook_for(name, "emit_c")
             if hook is None:
                 raise CodegenError(f"op {name} (node {node.name!r}) has no C emission hook")
-            ctx = EmitContext(node, name, self.kernels, self.target, self)
             index += 1
+            ctx = EmitContext(node, name, self.kernels, self.target, self, step=index)
             inputs = [a for a in node.args if isinstance(a, torch.fx.Node) and a.op != "placeholder"]
-            stmts.append(self._comment(index, name, node, inputs) + "\n" + hook(ctx))
+            body = hook(ctx)
+            stmts.append(self._comment(index, name, node, inputs, body) + "\n" + body)
             self.families.add(family_of(name).name)
             ops.append(self._describe(node, name))
         for tensor_name, out_index in getattr(self.plan, "copies", []):
@@ -265,16 +356,15 @@ class _Generator:
 
     def _output_copy(self, index: int, tensor_name: str, out_index: int) -> str:
         """The plan keeps these bytes elsewhere (e.g. the output *is* the input): copy them at the end."""
-        out_offset = self.io_offsets()[1][out_index]
         node = next((n for n in self.ep.graph.nodes if n.name == tensor_name), None)
         if node is None:
             raise CodegenError(f"the memory plan copies unknown tensor {tensor_name!r}; plan the emitted program")
         nbytes = int(np.prod(self._shape(node)))
-        dst = f"output + {out_offset}" if out_offset else "output"
-        return (f"/* {index}. output copy: tensor '{tensor_name}' ({nbytes} bytes) -> output {out_index} */\n"
+        self.step_info.append(StepInfo(index, tensor_name, "", "output_copy", "", "copy", 0))
+        return (f"/* Step {index}: output copy of tensor '{tensor_name}' ({nbytes} bytes) -> output {out_index} */\n"
                 "{\n"
                 f"    const int8_t *src = {self.buffer_expr(node)};\n"
-                f"    int8_t *dst = {dst};\n"
+                f"    int8_t *dst = out{out_index};\n"
                 "    size_t i;\n"
                 f"    for (i = 0; i < {nbytes}u; i++) {{\n"
                 "        dst[i] = src[i];\n"
@@ -284,9 +374,17 @@ class _Generator:
     def _shape(self, node) -> list[int]:
         return [int(d) for d in node.meta["val"].shape]
 
-    def _comment(self, index: int, what: str, node, inputs) -> str:
-        ins = ", ".join(f"{i.name} {self._layout(i)}" for i in inputs)
-        return f"/* {index}. {what}: node '{node.name}', {ins} -> {self._layout(node)} */"
+    def _comment(self, index: int, what: str, node, inputs, body: str) -> str:
+        """``/* Step 5: features.3.conv.1 - quantized_conv2d (model.py:12 in forward) ... */`` and the
+        step's record (module, op, kernel called, MACs) for the profile."""
+        module = self.module_path(node)
+        source = self.source_line(node)
+        kernel = kernel_called(body)
+        self.step_info.append(StepInfo(index, node.name, module, what, source, kernel, _macs(self, node, what)))
+        ins = ", ".join(self._layout(i) for i in inputs)
+        where = f" ({source})" if source else ""
+        return (f"/* Step {index}: {module or '(forward)'} - {what}{where}\n"
+                f" *   {ins} -> {self._layout(node)}; node '{node.name}', kernel {kernel} */")
 
     def _layout(self, node) -> str:
         shape = self._shape(node)
@@ -309,7 +407,7 @@ class _Generator:
         parts.append(f"-> {self._shape(node)}")
         return " ".join(parts)
 
-    def _reshape_copy(self, node) -> str:
+    def _reshape_copy(self, node, index: int) -> str:
         src = node.args[0]
         in_shape, out_shape = self._shape(src), self._shape(node)
         in_nhwc = len(in_shape) == 4 and not _storage_is_logical(in_shape)
@@ -326,9 +424,9 @@ class _Generator:
                                "on both sides; flatten to 2-D first")
         out = self.buffer_expr(node)
         return ("{\n"
-                f"    const corten_dims dims = {{{dims[0]}, {dims[1]}, {dims[2]}, {dims[3]}}};\n"
+                f"    const corten_dims dims = {{.n = {dims[0]}, .h = {dims[1]}, .w = {dims[2]}, .c = {dims[3]}}};\n"
                 f"    if ({fn}(&dims, {self.buffer_expr(src)}, {out}) != 0) {{\n"
-                f"        return {self.macro}_ERROR_KERNEL;\n"
+                f"        return {index}; /* step {index} failed */\n"
                 "    }\n}")
 
 
@@ -362,56 +460,137 @@ def _format_array(arr: _Array) -> str:
 
 
 def _float_literal(v: float) -> str:
-    text = repr(float(v))
-    if "e" not in text and "." not in text:
+    """A float literal denoting exactly the float32 value of ``v`` (the value Python computes with:
+    ``torch.tensor(scale, dtype=torch.float32)``), not a double rounded twice."""
+    text = str(np.float32(v))
+    if "e" not in text and "." not in text and "inf" not in text:
         text += ".0"
     return text + "f"
 
 
-def _shape_macro(shape: tuple[int, ...]) -> tuple[str, str]:
-    """(initializer text, order description) of an I/O shape: NHWC for 4-D tensors."""
+def _dim_macros(p: str, shape: tuple[int, ...]) -> list[str]:
+    """One macro per dimension: ``_DIM_N/_H/_W/_C`` (memory order NHWC) for 4-D tensors, else
+    ``_DIM0``... (row-major)."""
     if len(shape) == 4:
         n, h, w, c = nhwc(shape)
-        return f"{{{n}, {h}, {w}, {c}}}", "NHWC (memory order)"
-    return "{" + ", ".join(str(d) for d in shape) + "}", "row-major"
+        return [f"#define {p}_RANK 4 /* memory order NHWC */", f"#define {p}_DIM_N {n}", f"#define {p}_DIM_H {h}",
+                f"#define {p}_DIM_W {w}", f"#define {p}_DIM_C {c}"]
+    return [f"#define {p}_RANK {len(shape)} /* row-major */"] + [f"#define {p}_DIM{i} {d}" for i, d in enumerate(shape)]
 
 
-def _io_macros(m: str, lib: dict) -> str:
-    """Per-tensor macros when the program has several inputs or outputs (packed in one buffer)."""
-    if len(lib["inputs"]) == 1 and len(lib["outputs"]) == 1:
-        return ""
-    out = [f"/* Several inputs/outputs: each is packed at its _OFFSET in the one input/output buffer. */",
-           f"#define {m}_NUM_INPUTS {len(lib['inputs'])}", f"#define {m}_NUM_OUTPUTS {len(lib['outputs'])}"]
-    for kind, tensors in (("INPUT", lib["inputs"]), ("OUTPUT", lib["outputs"])):
-        for i, t in enumerate(tensors):
-            shape, order = _shape_macro(t.shape)
-            p = f"{m}_{kind}{i}"
-            out += [f"#define {p}_OFFSET {t.offset}", f"#define {p}_BYTES {t.nbytes}",
-                    f"#define {p}_SHAPE {shape} /* {order} */", f"#define {p}_SCALE {_float_literal(t.scale)}",
-                    f"#define {p}_ZERO_POINT {t.zero_point}"]
-    return "\n".join(out) + "\n\n"
+def _io_block(p: str, t: IOTensor, what: str, offset: bool) -> str:
+    lines = [f"/* {what} */", *([f"#define {p}_BYTES {t.nbytes}"] if offset else []), *_dim_macros(p, t.shape),
+             f"#define {p}_SCALE {_float_literal(t.scale)}", f"#define {p}_ZERO_POINT {t.zero_point}"]
+    if offset:
+        lines.insert(1, f"#define {p}_OFFSET {t.offset} /* in the packed buffer of {{name}}_run */")
+    return "\n".join(lines)
 
 
-def _header(g: _Generator, lib: dict) -> str:
-    m = g.macro
-    in_shape, in_order = _shape_macro(lib["input_shape"])
-    out_shape, out_order = _shape_macro(lib["output_shape"])
-    guard = f"{m}_H"
+def _io_names(g: _Generator) -> tuple[list[str], list[str]]:
+    """C field names of the inputs (the forward's argument names) and outputs (output0, ...)."""
+    quants, deqs = g.io_nodes()
+    names, used = [], set()
+    for q in quants:
+        base = c_identifier(str(q.args[0].name)) if isinstance(q.args[0], torch.fx.Node) else "input"
+        name, k = base, 2
+        while name in used:
+            name, k = f"{base}_{k}", k + 1
+        used.add(name)
+        names.append(name)
+    return names, [f"output{i}" for i in range(len(deqs))]
+
+
+QUANT_HELPERS = r"""
+/**
+ * float -> int8 exactly as the Python program computes it (corten.quantize_per_tensor, TFLite's
+ * AffineQuantize): q = clamp(round_half_away_from_zero(x / scale) + zero_point, -128, 127), the
+ * division in float32.  NaN gives 127.  No libm needed.
+ */
+static inline int8_t {n}_quantize(float x, float scale, int32_t zero_point)
+{{
+    const float v = x / scale;
+    const float a = v < 0.0f ? -v : v;
+    int32_t r = 1024; /* saturates whatever the zero point */
+    if (a < 1024.0f) {{
+        r = (int32_t)a; /* floor, a >= 0 */
+        if (a - (float)r >= 0.5f) {{ /* exact: a and r are within 2**10 */
+            r += 1;
+        }}
+    }}
+    r = (v < 0.0f ? -r : r) + zero_point;
+    return (int8_t)(r < -128 ? -128 : (r > 127 ? 127 : r));
+}}
+
+/** int8 -> float exactly as corten.dequantize_per_tensor: (q - zero_point) * scale in float32. */
+static inline float {n}_dequantize(int8_t q, float scale, int32_t zero_point)
+{{
+    return (float)((int32_t)q - zero_point) * scale;
+}}
+"""
+
+
+def _header(g: _Generator, lib: dict, n_steps: int) -> str:
+    m, n = g.macro, g.name
+    ins, outs = lib["inputs"], lib["outputs"]
+    multi = len(ins) > 1 or len(outs) > 1
+    in_names, out_names = _io_names(g)
+    blocks = [_io_block(f"{m}_INPUT", ins[0], f"Input{' 0 (' + in_names[0] + ')' if multi else ''}", False),
+              _io_block(f"{m}_OUTPUT", outs[0], f"Output{' 0' if multi else ''}", False)]
+    helpers = [f"static inline int8_t {n}_quantize_input(float x)\n{{\n"
+               f"    return {n}_quantize(x, {m}_INPUT_SCALE, {m}_INPUT_ZERO_POINT);\n}}",
+               f"static inline float {n}_dequantize_output(int8_t q)\n{{\n"
+               f"    return {n}_dequantize(q, {m}_OUTPUT_SCALE, {m}_OUTPUT_ZERO_POINT);\n}}"]
+    io_api = ""
+    if multi:
+        blocks.append(f"/* Several inputs/outputs: {n}_run_io takes one pointer each ({n}_inputs / {n}_outputs);\n"
+                      f" * {n}_run takes them packed one after another at their _OFFSET. */\n"
+                      f"#define {m}_NUM_INPUTS {len(ins)}\n#define {m}_NUM_OUTPUTS {len(outs)}")
+        for kind, tensors, names in (("INPUT", ins, in_names), ("OUTPUT", outs, out_names)):
+            for i, t in enumerate(tensors):
+                blocks.append(_io_block(f"{m}_{kind}{i}", t, f"{kind.title()} {i} ({names[i]})", True).replace("{name}", n))
+                if kind == "INPUT":
+                    helpers.append(f"static inline int8_t {n}_quantize_input{i}(float x)\n{{\n"
+                                   f"    return {n}_quantize(x, {m}_INPUT{i}_SCALE, {m}_INPUT{i}_ZERO_POINT);\n}}")
+                else:
+                    helpers.append(f"static inline float {n}_dequantize_output{i}(int8_t q)\n{{\n"
+                                   f"    return {n}_dequantize(q, {m}_OUTPUT{i}_SCALE, {m}_OUTPUT{i}_ZERO_POINT);\n}}")
+        in_fields = "\n".join(f"    const int8_t *{nm}; /* {m}_INPUT{i}_BYTES bytes */" for i, nm in enumerate(in_names))
+        out_fields = "\n".join(f"    int8_t *{nm}; /* {m}_OUTPUT{i}_BYTES bytes */" for i, nm in enumerate(out_names))
+        io_api = f"""
+/** One pointer per program input / output (no packing needed). */
+typedef struct {{
+{in_fields}
+}} {n}_inputs;
+
+typedef struct {{
+{out_fields}
+}} {n}_outputs;
+
+/**
+ * Run the model on named inputs/outputs with an arena of arena_bytes bytes (refused with
+ * {m}_ERROR_ARENA_TOO_SMALL below {m}_ARENA_BYTES).  Returns as {n}_run.
+ */
+int {n}_run_io(const {n}_inputs *inputs, const {n}_outputs *outputs, uint8_t *arena, size_t arena_bytes);
+"""
+    body = "\n\n".join(blocks)
+    helper_text = QUANT_HELPERS.format(n=n) + "\n" + "\n\n".join(helpers)
     return f"""/*
- * {g.name}.h - int8 model library generated by Corten (kernels: {g.kernels}, target: {g.target.name}).
+ * {n}.h - int8 model library generated by Corten (kernels: {g.kernels}, target: {g.target.name}).
  *
- * Usage: quantize the float input with {m}_INPUT_SCALE / {m}_INPUT_ZERO_POINT
- * (q = clamp(round(x / scale) + zero_point, -128, 127)), lay it out as {in_order},
- * call {g.name}_run() with an arena of {m}_ARENA_BYTES bytes aligned to {m}_ARENA_ALIGN, then
- * dequantize the output with {m}_OUTPUT_SCALE / {m}_OUTPUT_ZERO_POINT.
- * The function uses no heap, no floating point and no mutable global state: it is reentrant
- * as long as each concurrent call has its own arena.
+ * Usage: quantize the float input with {n}_quantize_input() (or {m}_INPUT_SCALE /
+ * {m}_INPUT_ZERO_POINT), lay it out as the _DIM macros say (NHWC for 4-D tensors), call
+ * {n}_run_checked() with an arena of {m}_ARENA_BYTES bytes aligned to {m}_ARENA_ALIGN, then
+ * dequantize the output with {n}_dequantize_output().
+ * The library uses no heap, no floating point and no mutable global state: it is reentrant as
+ * long as each concurrent call has its own arena.  Every symbol starts with {n}_ (or {m}_);
+ * the portable kernels it calls are the shared corten_kernels/ library.
  *
  * Generated file: do not edit.
  */
-#ifndef {guard}
-#define {guard}
+#ifndef {m}_H
+#define {m}_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -420,75 +599,95 @@ extern "C" {{
 
 #define {m}_PROGRAM_HASH "{lib['program_hash']}"
 
-#define {m}_INPUT_BYTES {lib['input_bytes']}
-#define {m}_OUTPUT_BYTES {lib['output_bytes']}
+#define {m}_INPUT_BYTES {lib['input_bytes']}   /* all inputs, packed */
+#define {m}_OUTPUT_BYTES {lib['output_bytes']}  /* all outputs, packed */
 #define {m}_ARENA_BYTES {lib['arena_bytes']}
 #define {m}_ARENA_ALIGN {lib['arena_align']}
 #define {m}_CONSTANT_BYTES {lib['constant_bytes']}
+#define {m}_NUM_STEPS {n_steps}
 
-/* Input: shape {in_order} */
-#define {m}_INPUT_RANK {len(lib['input_shape'])}
-#define {m}_INPUT_SHAPE {in_shape}
-#define {m}_INPUT_SCALE {_float_literal(lib['input_scale'])}
-#define {m}_INPUT_ZERO_POINT {lib['input_zero_point']}
+{body}
 
-/* Output: shape {out_order} */
-#define {m}_OUTPUT_RANK {len(lib['output_shape'])}
-#define {m}_OUTPUT_SHAPE {out_shape}
-#define {m}_OUTPUT_SCALE {_float_literal(lib['output_scale'])}
-#define {m}_OUTPUT_ZERO_POINT {lib['output_zero_point']}
-
-{_io_macros(m, lib)}/* Return codes of {g.name}_run */
+/*
+ * Status of {n}_run*: 0 on success; negative for a bad call; a positive value k is the number of
+ * the step whose kernel rejected its arguments (1..{m}_NUM_STEPS, "Step k" in {n}.c: module path,
+ * op and source line), which means a generator bug: report it.
+ */
 #define {m}_OK 0
 #define {m}_ERROR_NULL_POINTER (-1)     /* input, output or arena is NULL */
 #define {m}_ERROR_ARENA_ALIGNMENT (-2)  /* arena is not aligned to {m}_ARENA_ALIGN bytes */
-#define {m}_ERROR_KERNEL (-3)           /* a kernel rejected its arguments (generator bug: report it) */
+#define {m}_ERROR_ARENA_TOO_SMALL (-4)  /* arena_bytes < {m}_ARENA_BYTES */
 
 /**
  * Run the model: input holds {m}_INPUT_BYTES int8 values, output receives {m}_OUTPUT_BYTES,
- * arena is {m}_ARENA_BYTES bytes of working memory aligned to {m}_ARENA_ALIGN.
- * Returns {m}_OK or one of the {m}_ERROR_* codes.
+ * arena is {m}_ARENA_BYTES bytes of working memory aligned to {m}_ARENA_ALIGN (not checked:
+ * prefer {n}_run_checked).  Returns {m}_OK, an {m}_ERROR_* code or a failed step's number.
  */
-int {g.name}_run(const int8_t *input, int8_t *output, uint8_t *arena);
+int {n}_run(const int8_t *input, int8_t *output, uint8_t *arena);
+
+/** {n}_run, refusing an arena shorter than {m}_ARENA_BYTES ({m}_ERROR_ARENA_TOO_SMALL). */
+int {n}_run_checked(const int8_t *input, int8_t *output, uint8_t *arena, size_t arena_bytes);
+{io_api}{helper_text}
 
 #ifdef __cplusplus
 }}
 #endif
 
-#endif /* {guard} */
+#endif /* {m}_H */
 """
 
 
-def _source(g: _Generator, statements: list[str], arena_bytes: int) -> str:
-    m = g.macro
-    includes = [f'#include "{g.name}.h"', f'#include "{g.name}_constants.h"']
+def _source(g: _Generator, statements: list[str], lib: dict) -> str:
+    m, n = g.macro, g.name
+    arena_bytes = lib["arena_bytes"]
+    ins, outs = lib["inputs"], lib["outputs"]
+    multi = len(ins) > 1 or len(outs) > 1
+    includes = [f'#include "{n}.h"', f'#include "{n}_constants.h"']
     if g.kernels == "cmsis-nn":
         includes.append('#include "arm_nnfunctions.h"')
     if g.kernels == "portable" or g.uses_layout or g.portable_families:
         includes.append(f'#include "{KERNELS_SUBDIR}/corten_kernels.h"')
         includes.append(f'#include "{KERNELS_SUBDIR}/{KERNELS_VERSION_HEADER}"\n'
                         f"#if CORTEN_KERNELS_VERSION != 0x{kernels_version()}UL\n"
-                        f'#error "{KERNELS_SUBDIR}/ comes from another Corten version than {g.name}.c: emit the '
+                        f'#error "{KERNELS_SUBDIR}/ comes from another Corten version than {n}.c: emit the '
                         'models with one Corten version and link one copy of its kernels"\n#endif')
     body = "\n\n".join(statements)
     body = "\n".join(("    " + line) if line else line for line in body.split("\n"))
-    if arena_bytes > 0:
-        prologue = (f"    int8_t *const act = (int8_t *)arena;\n"
-                    f"    (void)act;\n"
-                    f"    if (input == NULL || output == NULL || arena == NULL) {{\n"
-                    f"        return {m}_ERROR_NULL_POINTER;\n    }}\n"
-                    f"    if (((uintptr_t)arena % (uintptr_t){m}_ARENA_ALIGN) != 0u) {{\n"
-                    f"        return {m}_ERROR_ARENA_ALIGNMENT;\n    }}\n")
-    else:
-        prologue = (f"    (void)arena; /* this model needs no arena */\n"
-                    f"    if (input == NULL || output == NULL) {{\n"
-                    f"        return {m}_ERROR_NULL_POINTER;\n    }}\n")
-    return (f"/*\n * {g.name}.c - generated by Corten (kernels: {g.kernels}, target: {g.target.name}).\n"
-            f" * The fixed sequence of kernel calls of the model; buffers are offsets into the caller's\n"
-            f" * input, output and arena.  Generated file: do not edit.\n */\n"
+    params = ", ".join([f"const int8_t *in{i}" for i in range(len(ins))] + [f"int8_t *out{i}" for i in range(len(outs))]
+                       + ["int8_t *act"])
+    uses_act = "act" if arena_bytes > 0 else "act /* unused: this model needs no arena */"
+    steps_fn = (f"/* The model's steps; in<i>/out<i> point at each program input/output, act at the arena. */\n"
+                f"static int {n}_steps({params})\n{{\n" + ("" if arena_bytes > 0 else "    (void)act;\n")
+                + body + ("\n\n" if body else "") + f"    return {m}_OK;\n}}\n")
+    checks = [f"input == NULL || output == NULL" + (" || arena == NULL" if arena_bytes > 0 else "")]
+    align = (f"    if (arena != NULL && ((uintptr_t)arena % (uintptr_t){m}_ARENA_ALIGN) != 0u) {{\n"
+             f"        return {m}_ERROR_ARENA_ALIGNMENT;\n    }}\n")
+    call_args = ", ".join([f"input + {t.offset}" if t.offset else "input" for t in ins]
+                          + [f"output + {t.offset}" if t.offset else "output" for t in outs] + ["(int8_t *)arena"])
+    run = (f"int {n}_run(const int8_t *input, int8_t *output, uint8_t *arena)\n{{\n"
+           f"    if ({checks[0]}) {{\n        return {m}_ERROR_NULL_POINTER;\n    }}\n" + align +
+           f"    return {n}_steps({call_args});\n}}\n")
+    size_check = (f"    if (arena_bytes < (size_t){m}_ARENA_BYTES) {{\n        return {m}_ERROR_ARENA_TOO_SMALL;\n    }}\n"
+                  if arena_bytes > 0 else "    (void)arena_bytes; /* this model needs no arena */\n")
+    checked = (f"int {n}_run_checked(const int8_t *input, int8_t *output, uint8_t *arena, size_t arena_bytes)\n{{\n"
+               + size_check + f"    return {n}_run(input, output, arena);\n}}\n")
+    io = ""
+    if multi:
+        in_names, out_names = _io_names(g)
+        nulls = " || ".join(["inputs == NULL", "outputs == NULL"] + [f"inputs->{x} == NULL" for x in in_names]
+                            + [f"outputs->{x} == NULL" for x in out_names]
+                            + (["arena == NULL"] if arena_bytes > 0 else []))
+        args = ", ".join([f"inputs->{x}" for x in in_names] + [f"outputs->{x}" for x in out_names] + ["(int8_t *)arena"])
+        io = (f"\nint {n}_run_io(const {n}_inputs *inputs, const {n}_outputs *outputs, uint8_t *arena, size_t arena_bytes)\n{{\n"
+              f"    if ({nulls}) {{\n        return {m}_ERROR_NULL_POINTER;\n    }}\n"
+              + size_check + align + f"    return {n}_steps({args});\n}}\n")
+    del uses_act
+    return (f"/*\n * {n}.c - generated by Corten (kernels: {g.kernels}, target: {g.target.name}).\n"
+            f" * The fixed sequence of kernel calls of the model: one numbered step per kernel call (the\n"
+            f" * number {n}_run returns if that call fails), with the PyTorch module path, op and source\n"
+            f" * line it comes from.  Generated file: do not edit.\n */\n"
             "#include <stddef.h>\n#include <stdint.h>\n\n" + "\n".join(includes) + "\n\n"
-            f"int {g.name}_run(const int8_t *input, int8_t *output, uint8_t *arena)\n{{\n"
-            + prologue + "\n" + body + ("\n\n" if body else "") + f"    return {m}_OK;\n}}\n")
+            + steps_fn + "\n" + run + "\n" + checked + io)
 
 
 def _constants_header(g: _Generator) -> str:
@@ -510,13 +709,15 @@ def _constants_source(g: _Generator) -> str:
 
 # ----------------------------------------------------------------------------- public entry point
 def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, name: str, target: Any,
-           kernels: str = "portable") -> EmittedLibrary:
+           kernels: str = "portable", node_sources: dict | None = None) -> EmittedLibrary:
     """Write the C library of the lowered program ``ep`` planned by ``plan`` into ``out_dir``.
 
     ``name`` becomes the file names and the ``<name>_run`` symbol (a C identifier); ``target`` is a
     :class:`corten.targets.Target` (or its name); ``kernels`` is ``"portable"`` (Corten's C99
     kernels, copied next to the model) or ``"cmsis-nn"`` (calls into a CMSIS-NN tree found at
-    build time through ``CMSIS_NN_PATH``).  Output is deterministic byte for byte.
+    build time through ``CMSIS_NN_PATH``).  ``node_sources`` (``Program.info["node_sources"]``)
+    gives each node's PyTorch module path and source line: constant names and step comments use
+    them.  Output is deterministic byte for byte.
     """
     from corten.targets import get_target
 
@@ -532,7 +733,7 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    g = _Generator(ep, plan, name, target, kernels)
+    g = _Generator(ep, plan, name, target, kernels, node_sources=dict(node_sources or {}))
     quants, dequants = g.io_nodes()
     quant, dequant = quants[0], dequants[0]
     statements, op_lines = g.statements()
@@ -563,8 +764,8 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     )
 
     files: dict[str, str] = {
-        f"{name}.h": _header(g, lib),
-        f"{name}.c": _source(g, statements, lib["arena_bytes"]),
+        f"{name}.h": _header(g, lib, len(statements)),
+        f"{name}.c": _source(g, statements, lib),
         f"{name}_constants.h": _constants_header(g),
         f"{name}_constants.c": _constants_source(g),
     }
@@ -598,7 +799,8 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         name=name, out_dir=out_dir, header=out_dir / f"{name}.h", source=out_dir / f"{name}.c",
         constants=out_dir / f"{name}_constants.c", constants_header=out_dir / f"{name}_constants.h",
         kernel_files=tuple(kdir / k for k in kernel_names),
-        cmake=out_dir / f"{name}.cmake", makefile=out_dir / "Makefile", kernels=kernels, **lib)
+        cmake=out_dir / f"{name}.cmake", makefile=out_dir / "Makefile", kernels=kernels,
+        steps=tuple(g.step_info), **lib)
 
 
 def kernels_version() -> str:

@@ -99,8 +99,9 @@ def broadcast_struct(ctx) -> str:
     """C initialiser statement of ``corten_broadcast shape`` for this node's two inputs."""
     o, _, s1 = operand_geometry(ctx, "input1")
     _, _, s2 = operand_geometry(ctx, "input2")
-    fmt = lambda v: "{" + ", ".join(str(int(x)) for x in v) + "}"  # noqa: E731
-    return f"const corten_broadcast shape = {{{fmt(o)}, {fmt(s1)}, {fmt(s2)}}};"
+    dims = lambda v: dict(zip("nhwc", (int(x) for x in v)))  # noqa: E731
+    return ctx.params("corten_broadcast", "shape", dict(output=dims(o), input1_strides=dims(s1),
+                                                        input2_strides=dims(s2)))
 
 
 def same_dense_shape(ctx) -> bool:

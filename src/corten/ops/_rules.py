@@ -105,6 +105,21 @@ def source_location(node: Node) -> str:
         return last
 
 
+def module_path(node: Node) -> str:
+    """Dotted path of the innermost ``nn.Module`` that created ``node`` (``"features.3.conv.1"``;
+    ``""`` for code in the root module's forward), from torch.export's ``nn_module_stack``."""
+    stack = node.meta.get("corten_module_path")
+    if isinstance(stack, str):
+        return stack
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [v[0] for v in stack.values() if isinstance(v, tuple) and v and isinstance(v[0], str)]
+    path = paths[-1] if paths else ""
+    # torch.export spells module paths as attribute accesses in some versions: L['self'].features[3]
+    for junk in ("L['self'].", "L['self']"):
+        path = path.replace(junk, "")
+    return path.replace("[", ".").replace("]", "").replace("'", "").strip(".")
+
+
 def _is_library_frame(line: str) -> bool:
     import os
 
@@ -194,6 +209,7 @@ class Match:
         n.meta["stack_trace"] = self.node.meta.get("stack_trace")
         n.meta["nn_module_stack"] = self.node.meta.get("nn_module_stack")
         n.meta["corten_source"] = self.node.name
+        n.meta["corten_module_path"] = module_path(self.node)
         # The quantize this node replaces has its int8 shape; the final export recomputes it.
         n.meta["val"] = self.out_q.meta.get("val")
         self.new_nodes.append(n)

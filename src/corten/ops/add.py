@@ -128,7 +128,7 @@ def _emit_add_c(ctx) -> str:
         if ctx.kernels != "portable":
             ctx.portable_kernel()
         return ctx.block(
-            "const corten_add_params params = {" + ", ".join(v[k] for k in names) + "};",
+            ctx.params("corten_add_params", "params", {k: v[k] for k in names}),
             ctx.call(f"corten_add_s8(&params, {x1}, {x2}, {out}, {size})"))
     args = [x1, x2, v["input1_offset"], v["input1_multiplier"], v["input1_shift"], v["input2_offset"],
             v["input2_multiplier"], v["input2_shift"], v["left_shift"], out, v["output_offset"],

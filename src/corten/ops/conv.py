@@ -566,10 +566,11 @@ def _emit_conv_c(ctx) -> str:
         per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
         fn = "corten_depthwise_conv2d_s8" if depthwise else "corten_conv2d_s8"
         return ctx.block(
-            f"const corten_conv_params params = {{{sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {mult}, {in_off}, {out_off}, "
-            f"{act_min}, {act_max}}};",
-            f"const corten_quant quant = {{{ctx.const('output_multiplier')}, {ctx.const('output_shift')}, "
-            f"{per_channel}}};",
+            ctx.params("corten_conv_params", "params", dict(
+                stride_h=sh, stride_w=sw, pad_h=ph, pad_w=pw, dilation_h=dh, dilation_w=dw, depth_multiplier=mult,
+                input_offset=in_off, output_offset=out_off, activation_min=act_min, activation_max=act_max)),
+            ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
+                                                     shift=ctx.const("output_shift"), per_channel=per_channel)),
             ctx.dims("input_dims", "corten_dims", n, h, w, c_in),
             ctx.dims("filter_dims", "corten_dims", *filt),
             ctx.dims("output_dims", "corten_dims", n, ho, wo, c_out),
@@ -582,17 +583,20 @@ def _emit_conv_c(ctx) -> str:
         ctx.derived_const("zero_bias", torch.zeros(c_out, dtype=torch.int32))
     buf, size = ctx.scratch()
     if depthwise:
-        params = (f"const cmsis_nn_dw_conv_params params = {{{in_off}, {out_off}, {mult}, {{{sw}, {sh}}}, "
-                  f"{{{pw}, {ph}}}, {{{dw}, {dh}}}, {{{act_min}, {act_max}}}}};")
+        params = ctx.params("cmsis_nn_dw_conv_params", "params", dict(
+            input_offset=in_off, output_offset=out_off, ch_mult=mult, stride=dict(w=sw, h=sh),
+            padding=dict(w=pw, h=ph), dilation=dict(w=dw, h=dh), activation=dict(min=act_min, max=act_max)))
         fn = "arm_depthwise_conv_wrapper_s8"
     else:
-        params = (f"const cmsis_nn_conv_params params = {{{in_off}, {out_off}, {{{sw}, {sh}}}, {{{pw}, {ph}}}, "
-                  f"{{{dw}, {dh}}}, {{{act_min}, {act_max}}}}};")
+        params = ctx.params("cmsis_nn_conv_params", "params", dict(
+            input_offset=in_off, output_offset=out_off, stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph),
+            dilation=dict(w=dw, h=dh), activation=dict(min=act_min, max=act_max)))
         fn = "arm_convolve_wrapper_s8"
     return ctx.block(
-        f"const cmsis_nn_context nn_ctx = {{{buf}, {size}}};",
+        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
         params,
-        f"const cmsis_nn_per_channel_quant_params quant = {{(int32_t *){mults}, (int32_t *){shifts}}};",
+        ctx.params("cmsis_nn_per_channel_quant_params", "quant",
+                   dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
         ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c_in),
         ctx.dims("filter_dims", "cmsis_nn_dims", *filt),
         ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
@@ -618,10 +622,11 @@ def _emit_grouped_conv_c(ctx) -> str:
     if ctx.kernels == "portable":
         per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
         return ctx.block(
-            f"const corten_conv_params params = {{{sh}, {sw}, {ph}, {pw}, {dh}, {dw}, 1, {in_off}, {out_off}, "
-            f"{act_min}, {act_max}}};",
-            f"const corten_quant quant = {{{ctx.const('output_multiplier')}, {ctx.const('output_shift')}, "
-            f"{per_channel}}};",
+            ctx.params("corten_conv_params", "params", dict(
+                stride_h=sh, stride_w=sw, pad_h=ph, pad_w=pw, dilation_h=dh, dilation_w=dw, depth_multiplier=1,
+                input_offset=in_off, output_offset=out_off, activation_min=act_min, activation_max=act_max)),
+            ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
+                                                     shift=ctx.const("output_shift"), per_channel=per_channel)),
             ctx.dims("input_dims", "corten_dims", n, h, w, c_in),
             ctx.dims("filter_dims", "corten_dims", c_out, kh, kw, ck),
             ctx.dims("output_dims", "corten_dims", n, ho, wo, c_out),
@@ -633,10 +638,12 @@ def _emit_grouped_conv_c(ctx) -> str:
         ctx.derived_const("zero_bias", torch.zeros(c_out, dtype=torch.int32))
     buf, size = ctx.scratch()
     return ctx.block(
-        f"const cmsis_nn_context nn_ctx = {{{buf}, {size}}};",
-        f"const cmsis_nn_conv_params params = {{{in_off}, {out_off}, {{{sw}, {sh}}}, {{{pw}, {ph}}}, "
-        f"{{{dw}, {dh}}}, {{{act_min}, {act_max}}}}};",
-        f"const cmsis_nn_per_channel_quant_params quant = {{(int32_t *){mults}, (int32_t *){shifts}}};",
+        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
+        ctx.params("cmsis_nn_conv_params", "params", dict(
+            input_offset=in_off, output_offset=out_off, stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph),
+            dilation=dict(w=dw, h=dh), activation=dict(min=act_min, max=act_max))),
+        ctx.params("cmsis_nn_per_channel_quant_params", "quant",
+                   dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
         ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c_in),
         ctx.dims("filter_dims", "cmsis_nn_dims", c_out, kh, kw, ck),
         ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),

@@ -219,10 +219,12 @@ def _emit_c(ctx) -> str:
             ctx.portable_kernel()
         per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
         return ctx.block(
-            f"const corten_conv_transpose_params params = {{{sh}, {sw}, {ph}, {pw}, {oph}, {opw}, {dh}, {dw}, "
-            f"{in_off}, {out_off}, {act_min}, {act_max}}};",
-            f"const corten_quant quant = {{{ctx.const('output_multiplier')}, {ctx.const('output_shift')}, "
-            f"{per_channel}}};",
+            ctx.params("corten_conv_transpose_params", "params", dict(
+                stride_h=sh, stride_w=sw, pad_h=ph, pad_w=pw, output_pad_h=oph, output_pad_w=opw, dilation_h=dh,
+                dilation_w=dw, input_offset=in_off, output_offset=out_off, activation_min=act_min,
+                activation_max=act_max)),
+            ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
+                                                     shift=ctx.const("output_shift"), per_channel=per_channel)),
             ctx.dims("input_dims", "corten_dims", n, h, w, c_in),
             ctx.dims("filter_dims", "corten_dims", c_out, kh, kw, c_in),
             ctx.dims("output_dims", "corten_dims", n, ho, wo, c_out),
@@ -238,11 +240,13 @@ def _emit_c(ctx) -> str:
     # padding_offsets is not read by arm_transpose_conv_s8 (symmetric PyTorch padding); the second
     # context (reverse-conv weights) is only used by arm_transpose_conv_wrapper_s8.
     return ctx.block(
-        f"const cmsis_nn_context nn_ctx = {{{buf}, {size}}};",
-        "const cmsis_nn_context out_ctx = {NULL, 0};",
-        f"const cmsis_nn_transpose_conv_params params = {{{in_off}, {out_off}, {{{sw}, {sh}}}, {{{pw}, {ph}}}, "
-        f"{{0, 0}}, {{1, 1}}, {{{act_min}, {act_max}}}}};",
-        f"const cmsis_nn_per_channel_quant_params quant = {{(int32_t *){mults}, (int32_t *){shifts}}};",
+        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
+        ctx.params("cmsis_nn_context", "out_ctx", dict(buf="NULL", size=0)),
+        ctx.params("cmsis_nn_transpose_conv_params", "params", dict(
+            input_offset=in_off, output_offset=out_off, stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph),
+            padding_offsets=dict(w=0, h=0), dilation=dict(w=1, h=1), activation=dict(min=act_min, max=act_max))),
+        ctx.params("cmsis_nn_per_channel_quant_params", "quant",
+                   dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
         ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c_in),
         ctx.dims("filter_dims", "cmsis_nn_dims", c_out, kh, kw, c_in),
         ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),

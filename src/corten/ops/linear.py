@@ -151,21 +151,24 @@ def _emit_linear_c(ctx) -> str:
     w, ks = ctx.const("weight"), ctx.const("kernel_sum")
     if ctx.kernels == "portable":
         return ctx.block(
-            f"const corten_linear_params params = {{{out_off}, {act_min}, {act_max}}};",
-            f"const corten_quant quant = {{{ctx.const('output_multiplier')}, {ctx.const('output_shift')}, "
-            f"{int(per_channel)}}};",
+            ctx.params("corten_linear_params", "params",
+                       dict(output_offset=out_off, activation_min=act_min, activation_max=act_max)),
+            ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
+                                                     shift=ctx.const("output_shift"), per_channel=int(per_channel))),
             ctx.call(f"corten_linear_s8(&params, &quant, {batches}, {in_f}, {out_f}, {x}, {w}, {ks}, {out})"))
     if per_channel:
-        quant = (f"const cmsis_nn_per_channel_quant_params quant = {{(int32_t *){ctx.const('output_multiplier')}, "
-                 f"(int32_t *){ctx.const('output_shift')}}};")
+        quant = ctx.params("cmsis_nn_per_channel_quant_params", "quant",
+                           dict(multiplier=f"(int32_t *){ctx.const('output_multiplier')}",
+                                shift=f"(int32_t *){ctx.const('output_shift')}"))
         fn = "arm_fully_connected_per_channel_s8"
     else:
-        quant = (f"const cmsis_nn_per_tensor_quant_params quant = {{{ctx.int_(int(mult_t[0]))}, "
-                 f"{int(shift_t[0])}}};")
+        quant = ctx.params("cmsis_nn_per_tensor_quant_params", "quant",
+                           dict(multiplier=int(mult_t[0]), shift=int(shift_t[0])))
         fn = "arm_fully_connected_s8"
     return ctx.block(
-        f"const cmsis_nn_context nn_ctx = {{(void *){ks}, {4 * out_f}}};",
-        f"const cmsis_nn_fc_params params = {{0, 0, {out_off}, {{{act_min}, {act_max}}}}};",
+        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=f"(void *){ks}", size=4 * out_f)),
+        ctx.params("cmsis_nn_fc_params", "params", dict(input_offset=0, filter_offset=0, output_offset=out_off,
+                                                        activation=dict(min=act_min, max=act_max))),
         quant,
         ctx.dims("input_dims", "cmsis_nn_dims", batches, 1, 1, in_f),
         ctx.dims("filter_dims", "cmsis_nn_dims", in_f, 1, 1, out_f),

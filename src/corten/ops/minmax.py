@@ -126,7 +126,7 @@ def _emit_minmax_c(ctx) -> str:
     _, d2, s2 = loop_geometry(ctx.shape(), ctx.shape(ctx.arg("input2")))
     if ctx.kernels == "cmsis-nn" and is_dense(d1, s1) and is_dense(d2, s2) and cmsis_broadcast_supported(d1, d2):
         return ctx.block(
-            "const cmsis_nn_context nn_ctx = {NULL, 0};",
+            ctx.params("cmsis_nn_context", "nn_ctx", dict(buf="NULL", size=0)),
             ctx.dims("input1_dims", "cmsis_nn_dims", *d1),
             ctx.dims("input2_dims", "cmsis_nn_dims", *d2),
             ctx.dims("output_dims", "cmsis_nn_dims", *odims),

@@ -144,6 +144,6 @@ def _emit_mul_c(ctx) -> str:
         return ctx.call("arm_elementwise_mul_s8(" + ", ".join(args) + ")")
     ctx.portable_kernel()
     return ctx.block(
-        "const corten_mul_params params = {" + ", ".join(v[k] for k in names) + "};",
+        ctx.params("corten_mul_params", "params", {k: v[k] for k in names}),
         broadcast_struct(ctx),
         ctx.call(f"corten_mul_s8(&params, &shape, {x1}, {x2}, {out})"))

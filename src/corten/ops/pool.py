@@ -307,15 +307,18 @@ def _emit_pool_c(ctx) -> str:
     if ctx.kernels == "portable":
         fn = "corten_avg_pool2d_s8" if is_avg else "corten_max_pool2d_s8"
         return ctx.block(
-            f"const corten_pool_params params = {{{kh}, {kw}, {sh}, {sw}, {ph}, {pw}, {act_min}, {act_max}}};",
+            ctx.params("corten_pool_params", "params", dict(
+                kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw, pad_h=ph, pad_w=pw, activation_min=act_min,
+                activation_max=act_max)),
             ctx.dims("input_dims", "corten_dims", n, h, w, c),
             ctx.dims("output_dims", "corten_dims", n, ho, wo, c),
             ctx.call(f"{fn}(&params, &input_dims, {x}, &output_dims, {out})"))
     buf, size = ctx.scratch()
     fn = "arm_avgpool_s8" if is_avg else "arm_max_pool_s8"
     return ctx.block(
-        f"const cmsis_nn_context nn_ctx = {{{buf}, {size}}};",
-        f"const cmsis_nn_pool_params params = {{{{{sw}, {sh}}}, {{{pw}, {ph}}}, {{{act_min}, {act_max}}}}};",
+        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
+        ctx.params("cmsis_nn_pool_params", "params", dict(stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph),
+                                                          activation=dict(min=act_min, max=act_max))),
         ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c),
         ctx.dims("filter_dims", "cmsis_nn_dims", 1, kh, kw, 1),
         ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c),

@@ -254,5 +254,5 @@ def _emit_transpose_c(ctx) -> str:
         ctx.dims("input_dims", "cmsis_nn_dims", *in_dims),
         ctx.dims("output_dims", "cmsis_nn_dims", *out_dims),
         f"const uint32_t perm[{len(perm)}] = {_c_list(perm)};",
-        f"const cmsis_nn_transpose_params params = {{{len(perm)}, perm}};",
+        ctx.params("cmsis_nn_transpose_params", "params", dict(num_dims=len(perm), permutations="perm")),
         ctx.call(f"arm_transpose_s8({src}, {out}, &input_dims, &output_dims, &params)"))
