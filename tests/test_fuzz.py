@@ -31,6 +31,14 @@ def test_every_family_builds_models_and_cases_are_deterministic():
     for name, family in fuzz.FAMILIES.items():
         built = [family(random.Random(k), s) for k in range(20) for s in shapes]
         assert any(b is not None for b in built), name
+    for name, family in fuzz.SEQ_FAMILIES.items():
+        assert any(family(random.Random(k), (1, 3, 12)) is not None for k in range(20)), name
+    kinds = {"chain"}
+    for seed in range(200):
+        fams = fuzz.make_case(seed).families
+        kinds |= {"lstm"} & set(fams) | {"two_inputs"} & set(fams) | ({"seq"} if "conv1d" in fams or
+                                                                       "pool1d" in fams else set())
+    assert kinds == {"chain", "lstm", "two_inputs", "seq"}
     a, b = fuzz.make_case(7), fuzz.make_case(7)
     assert a.families == b.families and str(a.model) == str(b.model)
     assert all((pa == pb).all() for pa, pb in zip(a.model.parameters(), b.model.parameters()))
@@ -40,5 +48,5 @@ def test_regressions_found_by_the_fuzzer():
     """Seeds that failed before their fix: a permute feeding a program output (3, 11: lowering crashed),
     a sigmoid's fixed output grid feeding a minimum (14: a requantize was left unlowered)."""
     for seed in (3, 11, 14):
-        r = fuzz.run_case(seed, sanitize=True)
+        r = fuzz.run_case(seed, sanitize=True, builder=fuzz.make_chain_case)
         assert r.status == "exact", (seed, r.detail)

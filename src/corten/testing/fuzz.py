@@ -7,9 +7,11 @@ sanitizer report, a refusal only when emitting C - is a failure.
     python -m corten.testing.fuzz --n 1000 --seed 0          # the nightly run (seeds 0..999)
     python -m corten.testing.fuzz --n 20 --seed 500 --qemu-every 5 -v
 
-A model is a chain of 1-4 *steps* on a 4-D NCHW activation, optionally ended by a 2-D tail
-(flatten + linear [+ softmax]).  Each op family is one entry of :data:`FAMILIES`: a function
-``(rng, shape) -> (nn.Module, new shape) | None`` - adding a family is adding one function.
+Most models are a chain of 1-4 *steps* on a 4-D NCHW activation, optionally ended by a 2-D tail
+(flatten + linear [+ softmax]) and a second output.  Each op family is one entry of
+:data:`FAMILIES`: a function ``(rng, shape) -> (nn.Module, new shape) | None`` - adding a family is
+adding one function.  Other model kinds are entries of :data:`KINDS` (``[1, C, L]`` sequences with
+the :data:`SEQ_FAMILIES` conv1d/pool1d/mean over time, LSTMs, two-input models).
 Everything derives from the seed (``random.Random(seed)``), so a failing seed reproduces exactly.
 """
 from __future__ import annotations
@@ -265,8 +267,128 @@ class Case:
     families: list[str] = field(default_factory=list)
 
 
+# ----------------------------------------------------------------------------- other model kinds
+class Seq(nn.Module):
+    """A chain on a ``[1, C, L]`` sequence (conv1d, pool1d, activations), then mean over time or
+    flatten, then linear."""
+
+    def __init__(self, steps: list[nn.Module], head: nn.Module, mean: bool):
+        super().__init__()
+        self.steps, self.head, self.mean = nn.ModuleList(steps), head, mean
+
+    def forward(self, x):
+        for s in self.steps:
+            x = s(x)
+        x = x.mean(dim=2) if self.mean else x.flatten(1)
+        return self.head(x)
+
+
+def fam_seq_conv(rng: random.Random, shape):
+    _, c, length = shape
+    k, s, d = rng.choice([1, 3, 5]), rng.choice([1, 1, 2]), rng.choice([1, 1, 2])
+    p = rng.randint(0, k // 2)
+    c_out = rng.randint(1, 8)
+    lo = (length + 2 * p - d * (k - 1) - 1) // s + 1
+    if lo < 1:
+        return None
+    groups = c if (rng.random() < 0.25 and c_out % c == 0) else 1
+    return nn.Sequential(nn.Conv1d(c, c_out, k, s, p, d, groups), *_act(rng)), (1, c_out, lo)
+
+
+def fam_seq_pool(rng: random.Random, shape):
+    _, c, length = shape
+    k = rng.randint(1, 3)
+    s = rng.randint(1, 2)
+    lo = (length - k) // s + 1
+    if lo < 1:
+        return None
+    pool = nn.MaxPool1d(k, s) if rng.random() < 0.5 else nn.AvgPool1d(k, s)
+    layers = [pool] + ([rng.choice(LUTS)()] if rng.random() < 0.4 else [])
+    return nn.Sequential(*layers), (1, c, lo)
+
+
+SEQ_FAMILIES: dict[str, Callable] = {"conv1d": fam_seq_conv, "pool1d": fam_seq_pool}
+
+
+def make_seq_case(seed: int, rng: random.Random) -> Case:
+    shape = (1, rng.randint(1, 6), rng.randint(1, 24))
+    in_shape = shape
+    steps, fams = [], []
+    for _ in range(rng.randint(1, 3)):
+        name = rng.choice(list(SEQ_FAMILIES))
+        made = SEQ_FAMILIES[name](rng, shape)
+        if made is None:
+            continue
+        steps.append(made[0])
+        shape = made[1]
+        fams.append(name)
+    mean = rng.random() < 0.5
+    n = shape[1] if mean else shape[1] * shape[2]
+    head = nn.Sequential(nn.Linear(n, rng.randint(1, 8)), *([nn.Softmax(-1)] if rng.random() < 0.3 else []))
+    fams.append("mean_time" if mean else "linear")
+    model = _randomise(Seq(steps, head, mean), rng).eval()
+    x = torch.randn(in_shape, generator=torch.Generator().manual_seed(seed))
+    return Case(seed, model, (x,), fams)
+
+
+class LSTMNet(nn.Module):
+    def __init__(self, features: int, hidden: int, layers: int, last: bool, out: int):
+        super().__init__()
+        self.lstm = nn.LSTM(features, hidden, layers, batch_first=True)
+        self.last = last
+        self.fc = nn.Linear(hidden, out)
+
+    def forward(self, x):
+        y, _ = self.lstm(x)
+        return self.fc(y[:, -1] if self.last else y)
+
+
+def make_lstm_case(seed: int, rng: random.Random) -> Case:
+    t, f, h = rng.randint(1, 8), rng.randint(1, 8), rng.randint(1, 8)
+    model = _randomise(LSTMNet(f, h, rng.randint(1, 2), rng.random() < 0.6, rng.randint(1, 6)), rng).eval()
+    x = torch.randn((1, t, f), generator=torch.Generator().manual_seed(seed))
+    return Case(seed, model, (x,), ["lstm"])
+
+
+class TwoIn(nn.Module):
+    def __init__(self, c1: int, c2: int, c_out: int, op: str):
+        super().__init__()
+        self.a, self.b, self.op = nn.Conv2d(c1, c_out, 1), nn.Conv2d(c2, c_out, 3, padding=1), op
+
+    def forward(self, x, y):
+        a, b = self.a(x), torch.relu(self.b(y))
+        return torch.cat([a, b], 1) if self.op == "cat" else (a + b if self.op == "add" else a * b)
+
+
+def make_two_input_case(seed: int, rng: random.Random) -> Case:
+    h, w = rng.randint(1, 10), rng.randint(1, 10)
+    c1, c2 = rng.randint(1, 4), rng.randint(1, 4)
+    op = rng.choice(["add", "mul", "cat"])
+    model = _randomise(TwoIn(c1, c2, rng.randint(1, 6), op), rng).eval()
+    g = torch.Generator().manual_seed(seed)
+    return Case(seed, model, (torch.randn((1, c1, h, w), generator=g), torch.randn((1, c2, h, w), generator=g)),
+                ["two_inputs", op])
+
+
+# Model kinds beyond the 2-D chains (drawn from their own stream, so a 2-D seed's model never
+# changes when a kind is added): name -> (weight, builder(seed, rng) -> Case).
+KINDS: dict[str, tuple[float, Callable]] = {
+    "seq": (0.12, make_seq_case), "lstm": (0.05, make_lstm_case), "two_inputs": (0.05, make_two_input_case),
+}
+
+
 def make_case(seed: int) -> Case:
     """The random model and input of ``seed`` (deterministic)."""
+    pick = random.Random(f"kind-{seed}").random()
+    for name, (weight, builder) in KINDS.items():
+        if pick < weight:
+            return builder(seed, random.Random(f"{name}-{seed}"))
+        pick -= weight
+    return make_chain_case(seed)
+
+
+def make_chain_case(seed: int) -> Case:
+    """A 2-D chain of :data:`FAMILIES` steps (the default kind)."""
     rng = random.Random(seed)
     shape: Shape = (1, rng.randint(1, 6), rng.randint(1, 12), rng.randint(1, 12))
     in_shape = shape
@@ -314,12 +436,12 @@ def refusal_types() -> tuple[type, ...]:
     return (CortenError,)
 
 
-def _compile_case(seed: int):
+def _compile_case(seed: int, builder: Callable[[int], Case] | None = None):
     """(case, program or None, outcome or None): a refusal or a failure ends the case here."""
     from corten.compiler import compile as corten_compile
 
     t0 = time.perf_counter()
-    case = make_case(seed)
+    case = (builder or make_case)(seed)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -341,10 +463,12 @@ def _compare(seed, fams, where, expected, got) -> Outcome | None:
     return None
 
 
-def run_case(seed: int, qemu: bool = False, sanitize: bool = True, host: bool = True) -> Outcome:
-    """One model alone: compile, run the reference and the C library (its own build)."""
+def run_case(seed: int, qemu: bool = False, sanitize: bool = True, host: bool = True,
+             builder: Callable[[int], Case] | None = None) -> Outcome:
+    """One model alone (``builder(seed)``, default :func:`make_case`): compile, run the reference
+    and the C library (its own build)."""
     t0 = time.perf_counter()
-    case, prog, outcome = _compile_case(seed)
+    case, prog, outcome = _compile_case(seed, builder)
     if outcome is not None:
         return outcome
     try:
