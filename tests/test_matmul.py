@@ -360,3 +360,22 @@ def test_cmsis_nn_batch_matmul_vectors():
         got = matmul(lhs, rhs, cfg["LHS_OFFSET"], cfg["RHS_OFFSET"], cfg["OUTPUT_OFFSET"], cfg["OUTPUT_MULTIPLIER"],
                      cfg["OUTPUT_SHIFT"], cfg["ACTIVATION_MIN"], cfg["ACTIVATION_MAX"], True)
         assert got.contiguous().flatten().tolist() == want, case.name
+
+
+# ----------------------------------------------------------------------------- the zoo's kwt-tiny
+def test_kwt_tiny_agrees_with_float():
+    """kwt-tiny (2 attention blocks, LayerNorm, GELU MLP): int8 vs float cosine >= 0.98 on 10 random
+    inputs; its op counts and byte-exact C runs (host, M3/M4/M7/M55) are in test_zoo_programs.py."""
+    from test_zoo_programs import compiled
+
+    from corten.zoo import get_model
+
+    prog, _ = compiled("kwt-tiny")
+    model, _ = get_model("kwt-tiny")
+    g = torch.Generator().manual_seed(11)
+    cosines = []
+    for _ in range(10):
+        x = torch.randn(1, 49, 10, generator=g)
+        with torch.no_grad():
+            cosines.append(float(nn.functional.cosine_similarity(prog.run(x).flatten(), model(x).flatten(), dim=0)))
+    assert min(cosines) >= 0.98, cosines

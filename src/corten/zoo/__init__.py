@@ -15,13 +15,14 @@ from torch import nn
 
 from corten.zoo.batch_norm_stats import randomize_batch_norm
 from corten.zoo.kws import KWS1D
+from corten.zoo.kwt import KWTTiny
 from corten.zoo.lstm_kws import LSTMKWS
 from corten.zoo.mlperf_tiny import DSCNN, DeepAutoEncoder, MobileNetV1, ResNet8
 from corten.zoo.mobilenet_v2 import MobileNetV2, make_divisible
 from corten.zoo.mobilenet_v3 import MobileNetV3
 
 __all__ = ["MODELS", "ZooEntry", "get_model", "list_models", "MobileNetV2", "MobileNetV3", "DSCNN",
-           "ResNet8", "MobileNetV1", "DeepAutoEncoder", "KWS1D", "LSTMKWS", "make_divisible"]
+           "ResNet8", "MobileNetV1", "DeepAutoEncoder", "KWS1D", "LSTMKWS", "KWTTiny", "make_divisible"]
 
 CALIBRATION_BATCH = 2  # default number of samples used to measure BatchNorm running statistics
 
@@ -63,6 +64,9 @@ MODELS: dict[str, ZooEntry] = {
                  lambda gen: KWS1D(generator=gen), (1, 40, 49)),
         ZooEntry("lstm-kws", "keyword spotting LSTM: 2 layers of 64 units over 49 frames x 10 MFCC, last hidden "
                  "state -> 12 classes", lambda gen: LSTMKWS(generator=gen), (1, 49, 10)),
+        ZooEntry("kwt-tiny", "keyword transformer: 49 frames x 10 MFCC, linear frame embedding, 2 attention blocks "
+                 "(LayerNorm, 2 heads, GELU MLP), mean pooling, 12 classes",
+                 lambda gen: KWTTiny(generator=gen), (1, 49, 10)),
     )
 }
 

@@ -3,7 +3,7 @@
 After Berg et al., "Keyword Transformer: A Self-Attention Model for Keyword Spotting"
 (Interspeech 2021), scaled down for a microcontroller: the 49 x 10 MFCC input (49 frames of 20 ms,
 10 coefficients, as MLPerf Tiny's DS-CNN) is embedded frame by frame (a linear "patch" embedding
-of each 10-coefficient frame), a learned positional embedding is added, two pre-norm transformer
+of each 10-coefficient frame), a learned positional embedding is applied, two pre-norm transformer
 blocks (LayerNorm, hand-written multi-head self-attention, LayerNorm, GELU MLP, residuals) follow,
 then a final LayerNorm, mean pooling over the frames and a linear classifier over 12 classes.
 
@@ -65,7 +65,9 @@ class KWTTiny(nn.Module):
         _init(self, generator)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.blocks(self.embed(x) + self.pos)
+        # learned positional embedding, stored with the opposite sign (a convention of the learned
+        # parameter): the subtraction of a constant lowers as quantized_sub
+        x = self.blocks(self.embed(x) - self.pos)
         return self.head(self.norm(x).transpose(1, 2).mean(-1))  # mean over the frames
 
 
