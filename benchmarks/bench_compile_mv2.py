@@ -16,9 +16,16 @@ process's one-off warm-up costs; ``--peer-first`` swaps the order).
 Wall clock and the process's CPU time are both reported: on a shared machine the wall clock
 includes waiting for a core, the CPU time does not.
 
+Then the whole ``corten compile MODEL --out DIR`` command is run once as its own process (imports,
+compile, save, exit: what a user waits for), its wall and CPU time measured, and its stderr checked
+for anything but Corten's own progress lines (torchao's import noise must not show).
+``--write-readme README.md`` puts the measured ratio and CLI time into the README's table (between
+the ``bench_compile_mv2`` markers), so the README quotes a run, not a memory.
+
 Usage::
 
     python benchmarks/bench_compile_mv2.py [--model mv2] [--calib 8] [--seed 0] [--peer-first]
+    python benchmarks/bench_compile_mv2.py --write-readme README.md
     python benchmarks/bench_compile_mv2.py --profile 30     # cProfile Corten's compile, top 30 entries
 """
 from __future__ import annotations
@@ -27,7 +34,11 @@ import argparse
 import copy
 import cProfile
 import io
+import os
 import pstats
+import re
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -150,6 +161,59 @@ def print_comparison(corten: StageClock, peer: StageClock | None) -> None:
         print(f"ExecuTorch is not installed, so the peer was not measured; to compare in one run: {INSTALL_HINT}")
 
 
+SRC = Path(__file__).resolve().parent.parent / "src"
+README_BEGIN, README_END = "<!-- bench_compile_mv2: begin (generated) -->", "<!-- bench_compile_mv2: end -->"
+
+
+def time_cli(opts) -> tuple[float, float, list[str]]:
+    """(wall s, CPU s, foreign stderr lines) of one ``corten compile MODEL --out DIR`` process: the
+    user's whole wait, imports and exit included."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])))
+    with tempfile.TemporaryDirectory(prefix="corten-bench-cli-") as tmp:
+        cmd = [sys.executable, "-m", "corten.cli", "compile", opts.model, "--target", opts.target, "--out",
+               str(Path(tmp) / "out"), "--calib", str(opts.calib), "--seed", str(opts.seed),
+               "--threads", str(opts.threads)]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    foreign = [ln for ln in done.stderr.replace("\r", "\n").splitlines()
+               if ln.strip() and not ln.strip().startswith(("corten:", "calibrating"))]
+    return wall, cpu, foreign
+
+
+def readme_block(opts, corten: StageClock, peer: StageClock | None, cli: tuple[float, float, list[str]]) -> str:
+    c_stages = ("compile", "save", "memory plan")
+    c_wall, c_cpu = corten.total(c_stages), corten.total(c_stages, "cpu")
+    if peer is not None:
+        p_wall, p_cpu = peer.total(QUANTIZE_LOWER_STAGES), peer.total(QUANTIZE_LOWER_STAGES, "cpu")
+        compare = (f"ExecuTorch {peer_version()} Cortex-M peer quantize + lower (all layers lowered) "
+                   f"{p_cpu:.2f} s CPU ({p_wall:.2f} s wall): Corten / peer CPU = **{c_cpu / p_cpu:.2f}x** "
+                   f"(goal <= 0.33x)")
+    else:
+        compare = f"peer not installed, not measured ({INSTALL_HINT})"
+    wall, cpu, foreign = cli
+    quiet = "nothing but Corten's progress on stderr" if not foreign else f"{len(foreign)} foreign stderr line(s)"
+    return (f"| `corten compile {opts.model}` compile + save, {opts.threads} thread, {opts.calib} calibration samples | "
+            f"{c_cpu:.2f} s CPU ({c_wall:.2f} s wall); {compare} | `python benchmarks/bench_compile_mv2.py` |\n"
+            f"| whole `corten compile {opts.model} --out DIR` process (imports, compile, save, exit) | "
+            f"{wall:.2f} s wall, {cpu:.2f} s CPU (goal <= 5 s wall on a quiet machine; this one had load "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores); {quiet} | same run |")
+
+
+def write_readme(path: str, block: str) -> None:
+    text = Path(path).read_text()
+    pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{path}: no {README_BEGIN} ... {README_END} block to replace")
+    Path(path).write_text(pattern.sub(lambda _: f"{README_BEGIN}\n{block}\n{README_END}", text))
+    print(f"wrote the measured rows into {path}")
+
+
 # (label, file path suffix, function name): the pipeline steps the profile summary reports.
 PROFILE_STEPS = (
     ("capture (torch.export + checks)", "corten/capture/__init__.py", "capture"),
@@ -217,6 +281,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", type=int, default=None, metavar="N",
                         help="instead of comparing, cProfile Corten's compile and print the top N cumulative entries")
     parser.add_argument("--profile-out", default=None, help="with --profile: also dump the raw stats here")
+    parser.add_argument("--no-cli", action="store_true", help="skip timing the whole `corten compile` process")
+    parser.add_argument("--write-readme", default=None, metavar="README.md",
+                        help="write the measured rows into this README's bench_compile_mv2 block")
     opts = parser.parse_args(argv)
 
     torch.set_num_threads(opts.threads)
@@ -251,6 +318,13 @@ def main(argv: list[str] | None = None) -> None:
         print()
         peer_clock = run_peer(peer_model, example_inputs, calibration, opts.target, opts.peer_layout)
     print_comparison(corten_clock, peer_clock)
+    if opts.no_cli:
+        return
+    cli = time_cli(opts)
+    print(f"\nwhole `corten compile {opts.model} --out DIR` process: {cli[0]:.2f} s wall, {cli[1]:.2f} s CPU; "
+          + ("stderr: only Corten's progress lines" if not cli[2] else "foreign stderr lines:\n  " + "\n  ".join(cli[2])))
+    if opts.write_readme:
+        write_readme(opts.write_readme, readme_block(opts, corten_clock, peer_clock, cli))
 
 
 if __name__ == "__main__":

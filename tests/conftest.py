@@ -1,6 +1,21 @@
-"""Shared test setup: make ``tests/naive.py`` importable as ``naive`` whatever the import mode."""
+"""Shared test setup: ``tests/`` importable (``naive``, ``op_cases`` ...), one intra-op thread, and
+the markers every test file uses (import them: ``from conftest import needs_gcc, needs_qemu``).
+
+Markers:
+
+* ``needs_gcc``        - skipped without a host ``gcc``;
+* ``needs_arm_gcc``    - skipped without ``arm-none-eabi-gcc``;
+* ``needs_qemu``       - skipped without ``arm-none-eabi-gcc`` and ``qemu-system-arm``;
+* ``needs_cmsis_nn``   - skipped unless ``CMSIS_NN_PATH`` names a CMSIS-NN source tree (and gcc exists);
+* ``needs_cmake``      - skipped without ``cmake`` and ``make``;
+* ``@pytest.mark.slow`` - a test that takes more than ~10 s; it still runs in ``make test`` (CI), and
+  ``pytest -m "not slow"`` leaves it out for a quick local run.
+"""
 import os
+import shutil
 import sys
+
+import pytest
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:
@@ -11,3 +26,21 @@ if _TESTS_DIR not in sys.path:
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+GCC = shutil.which("gcc")
+ARM_GCC = shutil.which("arm-none-eabi-gcc")
+QEMU = shutil.which("qemu-system-arm")
+CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH") or None
+
+needs_gcc = pytest.mark.skipif(GCC is None, reason="needs gcc")
+needs_arm_gcc = pytest.mark.skipif(ARM_GCC is None, reason="needs arm-none-eabi-gcc")
+needs_qemu = pytest.mark.skipif(ARM_GCC is None or QEMU is None, reason="needs arm-none-eabi-gcc and qemu-system-arm")
+needs_cmsis_nn = pytest.mark.skipif(not CMSIS_NN_PATH or GCC is None,
+                                    reason="set CMSIS_NN_PATH to a CMSIS-NN source tree (and install gcc)")
+needs_cmake = pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("make") is None,
+                                 reason="needs cmake and make")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than ~10 s (still part of `make test`; deselect with "
+                                       "-m 'not slow' for a quick local run)")

@@ -283,7 +283,7 @@ def test_lowering_rule(case: Case):
     tester = make_tester(case)
     report = tester.test_dialect(ops_before=case.ops_before, ops_after=case.ops_after,
                                  qtol=case.qtol)
-    before = count_ops(tester.quantized_ep.graph)
+    before = count_ops(tester.quantized.graph)
     for gone in case.absent_before:
         assert gone not in before, f"{gone} should have been removed before quantization: {before}"
     lowered_ops = count_ops(tester.program.ep.graph)

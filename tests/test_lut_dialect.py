@@ -125,7 +125,7 @@ def _constant(tester: Tester, node) -> torch.Tensor:
 
 
 def _quantized_node(tester: Tester, target):
-    (node,) = [n for n in tester.quantized_ep.graph.nodes if n.target == target]
+    (node,) = [n for n in tester.quantized.graph.nodes if n.target == target]
     return node
 
 
@@ -167,7 +167,7 @@ def _tolerance(tester: Tester) -> int:
     table's own rounding (at least 2, as for the other compound cases in test_dialect.py)."""
     from corten.ops.lut import CLAMPS
 
-    ratios = [_qparams_around(n)[0][0] / _qparams_around(n)[1][0] for n in tester.quantized_ep.graph.nodes
+    ratios = [_qparams_around(n)[0][0] / _qparams_around(n)[1][0] for n in tester.quantized.graph.nodes
               if n.target in CLAMPS and "dequantize" in str(n.args[0].target)]
     return max([2] + [1 + math.ceil(r) for r in ratios])
 

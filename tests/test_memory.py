@@ -23,7 +23,7 @@ from corten.memory import (BudgetError, MemoryPlanError, TensorAlloc, check_budg
                            plan_memory, reshape_is_alias)
 from corten.memory.placement import Buffer, best_fit, pack
 from corten.ops import conv, linear, pool
-from corten.ops.registry import hook_for, op_name_of
+from corten.ops.registry import Hook, hook_for, op_name_of
 from corten.targets import get_target
 
 ISAS = {"plain": "cortex-m3", "dsp": "cortex-m4", "mve": "cortex-m55"}
@@ -331,10 +331,13 @@ def check_plan(ep, plan, target):
         if t in arena:
             groups.setdefault(st, (arena[st].offset, arena[st].nbytes, first, last))
             assert (arena[t].offset, arena[t].nbytes) == (arena[st].offset, arena[st].nbytes), t  # alias
-    in_place_ok = set()
+    in_place_ok = set()  # (input storage, op) pairs whose family declares the kernel may write in place
     for n in steps:
-        if op_name_of(n.target) == "quantized_add":
-            for a in n.args[:2]:
+        name = op_name_of(n.target)
+        in_place = hook_for(name, Hook.IN_PLACE_INPUTS) if name is not None else None
+        for i in (in_place(n) if in_place else ()):
+            a = n.args[i]
+            if isinstance(a, torch.fx.Node) and a.name in life:
                 st = life[a.name][0]
                 if st in groups and life[a.name][2] == steps.index(n):
                     in_place_ok.add(frozenset((st, n.name)))

@@ -146,7 +146,7 @@ def test_minmax_lowering_refuses_different_grids():
 
     warnings.simplefilter("ignore")
     t = _tester("max_broadcast").export()
-    gm = t.quantized_ep.graph_module
+    gm = t.quantized
     node = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.maximum.default)
     match = Match(gm, node, [Int8Value(node.args[0], QParams(0.1, 3)), Int8Value(node.args[1], QParams(0.2, 3))],
                   node, QParams(0.1, 3))

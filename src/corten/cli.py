@@ -5,7 +5,6 @@ import argparse
 import importlib.util
 import sys
 import time
-import warnings
 from pathlib import Path
 
 from corten.errors import CortenError
@@ -161,9 +160,8 @@ def cmd_run(args) -> int:
     print(f"corten: running {prog.name} ({args.kernels} kernels) on {args.on}"
           + (f" ({target})" if args.on == "qemu" else ""), flush=True)
     expected = prog.run_int8(*xs)
-    got = prog.run_c(*xs, on=args.on, kernels=args.kernels, target=target, int8=True, progress=True,
-                     cflags=args.cflags or ())
-    run = prog.last_c_run
+    run = prog.c_run(*xs, on=args.on, kernels=args.kernels, target=target, progress=True, cflags=args.cflags or ())
+    got = run.outputs
     same = all(torch.equal(e, g) for e, g in zip(expected, got))
     differing = sum(int((e != g).sum()) for e, g in zip(expected, got))
     print(f"output: {sum(g.numel() for g in got)} int8 bytes; byte-for-byte equal to the Python reference: "
@@ -212,7 +210,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    warnings.filterwarnings("ignore")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -2,9 +2,13 @@
 
     capture (torch.export) -> ATen passes (inside the quantizer's transform_for_annotation)
     -> prepare_pt2e + calibration + convert_pt2e -> shape propagation -> CortenPassManager -> export
+
+as the stages of :class:`Pipeline`, which :func:`compile` runs in order and
+:class:`corten.testing.Tester` drives one by one.
 """
 from __future__ import annotations
 
+import copy
 import sys
 import time
 import warnings
@@ -13,9 +17,9 @@ from typing import Callable, Iterable
 import torch
 
 from corten.capture import capture, remove_guards_fn
-from corten.errors import UsageError
+from corten.errors import UnsupportedOpsError
 from corten.lowering import CortenPassManager, unlowered_nodes
-from corten.program import Program, UnsupportedOpsError
+from corten.program import Program
 from corten.quantizer import CortenQuantizer
 from corten.targets import get_target
 
@@ -74,6 +78,176 @@ def _calibrate(prepared: torch.fx.GraphModule, samples: list[tuple], say: Callab
     return n
 
 
+class Pipeline:
+    """One compilation, stage by stage.  :func:`compile` runs every stage in order; the
+    :class:`~corten.testing.Tester` drives the same stages one at a time and inspects what each
+    produced (``exported``, ``prepared``, ``converted``, ``lowered``, ``program``).
+
+    Stages, each a method returning ``self``::
+
+        capture()     torch.export of the model (eval, batch 1, static shapes)     -> exported
+        prepare()     ATen passes + CortenQuantizer annotation + observers          -> prepared
+        calibrate()   run the calibration samples through the observers
+        convert()     convert_pt2e and shape propagation (``meta["val"]``)          -> converted
+        lower()       CortenPassManager: quantized ATen ops -> Corten ops           -> lowered
+        export()      the lowered graph as a Program (an ExportedProgram: saveable) -> program
+
+    Nothing here touches global state: no RNG seeding (calibration samples come from an explicit
+    ``torch.Generator``), warnings filtered only around the torchao calls that emit them.
+    """
+
+    def __init__(self, model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
+                 target: str = "cortex-m55", calibration: Iterable[tuple] | None = None, seed: int = 0, *,
+                 name: str = "model", progress: bool | Callable[[str], None] = False) -> None:
+        from corten.validation import as_input_tuple, check_example_inputs, check_samples
+
+        self.model = model
+        self.model_name = type(model).__name__
+        self.example_inputs = as_input_tuple(example_inputs)
+        check_example_inputs(self.example_inputs)
+        self.target = get_target(target)
+        # every calibration sample checked against the example inputs before anything runs
+        self.calibration = None if calibration is None else check_samples(calibration, self.example_inputs)
+        self.seed = seed
+        self.name = name
+        self.say = _progress_printer(progress)
+        self.graphs: dict[str, str] = {}  # stage -> graph text ("exported", "bn_fused", "quantized", "lowered")
+        self.timings: dict[str, float] = {}
+        self.exported: torch.export.ExportedProgram | None = None
+        self.float_module: torch.fx.GraphModule | None = None  # the captured graph (explains calibration failures)
+        self.quantizer: CortenQuantizer | None = None
+        self.prepared: torch.fx.GraphModule | None = None
+        self.calibration_samples = 0
+        self.converted: torch.fx.GraphModule | None = None
+        self.pass_manager: CortenPassManager | None = None
+        self.lowered: torch.fx.GraphModule | None = None
+        self.unlowered: list = []
+        self.program: Program | None = None
+
+    def _timed(self, key: str, t0: float) -> None:
+        self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ stages
+    def capture(self) -> "Pipeline":
+        t0 = time.perf_counter()
+        self.say(f"corten: capturing {type(self.model).__name__} with torch.export")
+        from corten.validation import check_exported
+
+        self.exported = capture(self.model, self.example_inputs)
+        check_exported(self.exported, self.model_name)
+        self.graphs["exported"] = graph_text(self.exported)
+        self._timed("capture", t0)
+        return self
+
+    def prepare(self) -> "Pipeline":
+        from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+        if self.exported is None:
+            self.capture()
+        t0 = time.perf_counter()
+        self.quantizer = CortenQuantizer()
+        self.float_module = unguarded_module(self.exported)
+        with _torchao_warnings():
+            self.prepared = prepare_pt2e(self.float_module, self.quantizer)
+        self.graphs["bn_fused"] = self.quantizer.transformed_graph_text or ""
+        self._timed("quantize", t0)
+        return self
+
+    def calibrate(self, samples: Iterable[tuple] | None = None) -> "Pipeline":
+        """Run ``samples`` (default: the pipeline's calibration, else 8 seeded random samples)
+        through the observers; then check that every observer saw finite values."""
+        from corten.validation import check_observers, check_samples
+
+        if self.prepared is None:
+            self.prepare()
+        t0 = time.perf_counter()
+        if samples is not None:
+            samples = check_samples(samples, self.example_inputs)
+        elif self.calibration is not None:
+            samples = self.calibration
+        else:
+            samples = default_calibration(self.example_inputs, 8, self.seed)
+        self.say("corten: calibrating")
+        with torch.no_grad():
+            self.calibration_samples += _calibrate(self.prepared, samples, self.say, self.float_module,
+                                                   self.model_name)
+        check_observers(self.prepared, self.model_name)
+        self._timed("quantize", t0)
+        return self
+
+    def convert(self) -> "Pipeline":
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+        if self.calibration_samples == 0:
+            self.calibrate()
+        t0 = time.perf_counter()
+        # convert_pt2e draws from torch's global RNG: give it its own seeded stream and leave the
+        # caller's generator state as it was.
+        with _torchao_warnings(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            self.converted = convert_pt2e(self.prepared)
+        self._timed("quantize", t0)
+        t0 = time.perf_counter()
+        propagate_shapes(self.converted, self.example_inputs)
+        self.graphs["quantized"] = graph_text(self.converted)
+        self._timed("lower", t0)
+        return self
+
+    def lower(self, keep_converted: bool = False) -> "Pipeline":
+        """``keep_converted``: lower a copy, so that ``converted`` stays the quantized ATen graph
+        (the Tester runs it as the fake-quantized reference); otherwise it is lowered in place."""
+        if self.converted is None:
+            self.convert()
+        t0 = time.perf_counter()
+        self.say("corten: lowering to Corten ops")
+        self.pass_manager = CortenPassManager()
+        if keep_converted:
+            with warnings.catch_warnings():  # torch's pytree specs warn about their own deprecations when copied
+                warnings.simplefilter("ignore", FutureWarning)
+                gm = copy.deepcopy(self.converted)
+        else:
+            gm = self.converted
+        self.lowered = self.pass_manager(gm)
+        from corten.validation import check_lowered
+
+        check_lowered(self.lowered, self.model_name)
+        self.unlowered = unlowered_nodes(self.lowered, self.pass_manager.refusals)
+        self._timed("lower", t0)
+        return self
+
+    def export(self, allow_unlowered: bool = False) -> Program:
+        """The lowered graph as a :class:`Program`; :class:`UnsupportedOpsError` when ops are left
+        unlowered (naming each with its count and source), unless ``allow_unlowered``."""
+        if self.lowered is None:
+            self.lower()
+        if self.unlowered and not allow_unlowered:
+            raise UnsupportedOpsError(self.model_name, self.unlowered)
+        t0 = time.perf_counter()
+        program_ep = torch.export.export(self.lowered, self.example_inputs)
+        node_sources = _node_sources(self.lowered, program_ep)
+        self.graphs["lowered"] = graph_text(program_ep)
+        self._timed("lower", t0)
+        self.program = Program(program_ep, self.target, name=self.name, stages=dict(self.graphs),
+                               unlowered=self.unlowered,
+                               info={"calibration_samples": self.calibration_samples, "seed": self.seed,
+                                     "timings_s": dict(self.timings), "node_sources": node_sources})
+        return self.program
+
+    def run(self, allow_unlowered: bool = False) -> Program:
+        """Every stage in order: the compiled program."""
+        return self.capture().prepare().calibrate().convert().lower().export(allow_unlowered)
+
+
+class _torchao_warnings(warnings.catch_warnings):
+    """Silence the deprecation/user warnings torchao's PT2E prepare/convert emit about its own
+    internals (only around those calls: the user's warnings are not touched)."""
+
+    def __enter__(self):
+        out = super().__enter__()
+        warnings.simplefilter("ignore")
+        return out
+
+
 def compile(
     model: torch.nn.Module,
     example_inputs: tuple[torch.Tensor, ...],
@@ -85,72 +259,16 @@ def compile(
     allow_unlowered: bool = False,
     progress: bool | Callable[[str], None] = False,
 ) -> Program:
-    """Compile ``model`` to a Corten int8 program for ``target``.
+    """Compile ``model`` to a Corten int8 program for ``target`` (runs every :class:`Pipeline` stage).
 
     ``calibration``: an iterable of input tuples; None means 8 random samples shaped like the
-    example inputs (seeded by ``seed``).  A model with ops Corten cannot lower raises
-    :class:`UnsupportedOpsError` (naming each op, its count and source location) unless
-    ``allow_unlowered=True``, which returns a partly lowered program whose ``unlowered_ops()``
-    lists them.
+    example inputs (drawn from ``torch.Generator().manual_seed(seed)``; the global RNG is not
+    touched).  A model with ops Corten cannot lower raises :class:`UnsupportedOpsError` (naming
+    each op, its count and source location) unless ``allow_unlowered=True``, which returns a
+    partly lowered program whose ``unlowered_ops()`` lists them.
     """
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    from corten.validation import (as_input_tuple, check_example_inputs, check_exported, check_lowered,
-                                   check_observers, check_samples)
-
-    tgt = get_target(target)
-    say = _progress_printer(progress)
-    example_inputs = as_input_tuple(example_inputs)
-    check_example_inputs(example_inputs)
-    model_name = type(model).__name__
-    # every calibration sample checked against the example inputs before anything runs
-    samples = default_calibration(example_inputs, 8, seed) if calibration is None else \
-        check_samples(calibration, example_inputs)
-    stages: dict[str, str] = {}
-    timings: dict[str, float] = {}
-    torch.manual_seed(seed)
-
-    t0 = time.perf_counter()
-    say(f"corten: capturing {type(model).__name__} with torch.export")
-    exported = capture(model, example_inputs)
-    check_exported(exported, model_name)
-    stages["exported"] = graph_text(exported)
-    gm = unguarded_module(exported)
-    timings["capture"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    quantizer = CortenQuantizer()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prepared = prepare_pt2e(gm, quantizer)
-    stages["bn_fused"] = quantizer.transformed_graph_text or ""
-    say("corten: calibrating")
-    with torch.no_grad():
-        n_calib = _calibrate(prepared, samples, say, gm, model_name)
-    check_observers(prepared, model_name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        converted = convert_pt2e(prepared)
-    timings["quantize"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    say("corten: lowering to Corten ops")
-    propagate_shapes(converted, example_inputs)
-    stages["quantized"] = graph_text(converted)
-    pm = CortenPassManager()
-    lowered = pm(converted)
-    check_lowered(lowered, model_name)
-    unlowered = unlowered_nodes(lowered, pm.refusals)
-    if unlowered and not allow_unlowered:
-        raise UnsupportedOpsError(model_name, unlowered)
-    program_ep = torch.export.export(lowered, tuple(example_inputs))
-    node_sources = _node_sources(lowered, program_ep)
-    stages["lowered"] = graph_text(program_ep)
-    timings["lower"] = time.perf_counter() - t0
-
-    return Program(program_ep, tgt, name=name, stages=stages, unlowered=unlowered,
-                   info={"calibration_samples": n_calib, "seed": seed, "timings_s": timings,
-                         "node_sources": node_sources})
+    return Pipeline(model, example_inputs, target, calibration, seed, name=name,
+                    progress=progress).run(allow_unlowered)
 
 
 def _node_sources(lowered: torch.fx.GraphModule, program_ep) -> dict[str, dict[str, str]]:

@@ -208,12 +208,12 @@ class Program:
         return emit_c(self.ep, plan, out_dir, self.name, tgt, kernels=kernels,
                       node_sources=self.info.get("node_sources"))
 
-    def run_c(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
-              cmsis_nn_path: str | None = None, target: str | None = None, int8: bool = False,
-              progress: bool = False, cflags: str | Sequence[str] = ()):
+    def c_run(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
+              cmsis_nn_path: str | None = None, target: str | None = None, progress: bool = False,
+              cflags: str | Sequence[str] = ()):
         """Run the program's C library on the host or on QEMU (for the program's target, or
-        ``target``) and return its outputs as :meth:`run` does (``int8=True``: the raw int8
-        outputs, as :meth:`run_int8`).  The run's figures are kept in ``last_c_run``.
+        ``target``) and return the run as a value: a :class:`corten.runners.program.CRun` with the
+        int8 ``outputs`` (as :meth:`run_int8`), ``wall_s``, ``instructions`` (QEMU) and the log.
 
         ``cflags``: extra compiler flags (a list, or one string split like a shell would), added
         after Corten's ``-O2``, e.g. ``"-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all"``
@@ -228,7 +228,20 @@ class Program:
         tgt = self.target if target is None else get_target(target)
         cmsis = cmsis_nn_path or os.environ.get("CMSIS_NN_PATH")
         flags = _cflags_tuple(cflags)
-        outs, self.last_c_run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, cflags=flags)
+        outs, run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, cflags=flags)
+        run.outputs = list(outs)
+        return run
+
+    def run_c(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
+              cmsis_nn_path: str | None = None, target: str | None = None, int8: bool = False,
+              progress: bool = False, cflags: str | Sequence[str] = ()):
+        """:meth:`c_run`, returning the outputs as :meth:`run` does (``int8=True``: the raw int8
+        outputs, as :meth:`run_int8`).  The run itself is also kept in ``last_c_run`` (a
+        convenience; :meth:`c_run` returns it)."""
+        run = self.c_run(*inputs, on=on, kernels=kernels, cmsis_nn_path=cmsis_nn_path, target=target,
+                         progress=progress, cflags=cflags)
+        self.last_c_run = run
+        outs = run.outputs
         if int8:
             return outs
         deq = [torch.ops.corten.dequantize_per_tensor(o.contiguous(), s.scale, s.zero_point)

@@ -55,7 +55,19 @@ def add_constant(gm: GraphModule, base_name: str, value: torch.Tensor, before: N
     name = _unique_attr_name(gm, base_name)
     gm.register_parameter(name, nn.Parameter(value.detach().clone(), requires_grad=False))
     with gm.graph.inserting_before(before):
-        return gm.graph.get_attr(name)
+        node = gm.graph.get_attr(name)
+    mode = _fake_mode_of(gm)
+    if mode is not None:  # shaped like the exported nodes, so no re-propagation is needed for it
+        node.meta["val"] = mode.from_tensor(value.detach(), static_shapes=True)
+    return node
+
+
+def _fake_mode_of(gm: GraphModule) -> FakeTensorMode | None:
+    for n in gm.graph.nodes:
+        mode = getattr(n.meta.get("val"), "fake_mode", None)
+        if mode is not None:
+            return mode
+    return None
 
 
 def arg_or_kwarg(node: Node, index: int, name: str, default: Any = None) -> Any:
@@ -124,8 +136,13 @@ def refresh_meta_val(gm: GraphModule) -> None:
 
 
 def finish_rewrite(gm: GraphModule) -> None:
-    """What every pass does after changing ``gm``: drop unused state, check, recompile, re-infer shapes."""
+    """What every pass does after changing ``gm``: drop unused state, check, recompile, and re-infer
+    shapes when a node lacks them.  The passes only remove shape-preserving nodes, rewire arguments
+    without changing shapes, or add nodes; constants added with :func:`add_constant` carry their
+    shape already, so re-propagation (a fake run of the whole graph) happens only after a pass
+    created other nodes."""
     remove_unused_attributes(gm)
     gm.graph.lint()
     gm.recompile()
-    refresh_meta_val(gm)
+    if any("val" not in n.meta for n in gm.graph.nodes if n.op != "output"):
+        refresh_meta_val(gm)

@@ -13,6 +13,7 @@ and lets it add constants and Corten nodes.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -125,12 +126,9 @@ def _is_library_frame(line: str) -> bool:
 
     path = line.split('"')[1] if line.count('"') >= 2 else line
     roots = [os.path.dirname(torch.__file__)]
-    try:
-        import torchao
-
+    torchao = sys.modules.get("torchao")  # loaded when the graph was quantized; never imported here
+    if torchao is not None and getattr(torchao, "__file__", None):
         roots.append(os.path.dirname(torchao.__file__))
-    except ImportError:  # pragma: no cover
-        pass
     return any(path.startswith(r + os.sep) for r in roots)
 
 

@@ -88,7 +88,7 @@ def _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, 
                   output_multiplier, output_shift, activation_min, activation_max):
     op = "quantized_conv2d"
     check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
-                  output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
+                      output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
     if weight.shape[3] != input.shape[1]:
         checks.fail(op, "weight", f"OHWI weight has C_in={weight.shape[3]} but input has {input.shape[1]} channels")
     return _out_hw(op, input, weight.shape[1], weight.shape[2], stride, padding, dilation)
@@ -112,7 +112,8 @@ def quantized_conv2d(
     _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                   output_multiplier, output_shift, activation_min, activation_max)
     acc = conv2d_accumulators(input, weight, stride, padding, dilation, input_offset)
-    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
+    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min,
+                               activation_max)
 
 
 @quantized_conv2d.register_fake
@@ -151,7 +152,7 @@ def _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multi
                      output_offset, output_multiplier, output_shift, activation_min, activation_max):
     op = "quantized_depthwise_conv2d"
     check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
-                  output_multiplier, output_shift, activation_min, activation_max, weight.shape[3])
+                      output_multiplier, output_shift, activation_min, activation_max, weight.shape[3])
     if depth_multiplier < 1:
         checks.fail(op, "depth_multiplier", f"must be >= 1, got {depth_multiplier}")
     if weight.shape[0] != 1:
@@ -180,7 +181,8 @@ def quantized_depthwise_conv2d(
     _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset,
                      output_offset, output_multiplier, output_shift, activation_min, activation_max)
     acc = depthwise_accumulators(input, weight, stride, padding, dilation, depth_multiplier, input_offset)
-    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
+    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min,
+                               activation_max)
 
 
 @quantized_depthwise_conv2d.register_fake
@@ -209,7 +211,7 @@ def _check_grouped(input, weight, bias, stride, padding, dilation, groups, input
                    output_multiplier, output_shift, activation_min, activation_max):
     op = "quantized_grouped_conv2d"
     check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
-                  output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
+                      output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
     if groups < 1:
         checks.fail(op, "groups", f"must be >= 1, got {groups}")
     if weight.shape[0] % groups:
@@ -240,7 +242,8 @@ def quantized_grouped_conv2d(
     _check_grouped(input, weight, bias, stride, padding, dilation, groups, input_offset, output_offset,
                    output_multiplier, output_shift, activation_min, activation_max)
     acc = grouped_conv2d_accumulators(input, weight, stride, padding, dilation, groups, input_offset)
-    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min, activation_max)
+    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min,
+                               activation_max)
 
 
 @quantized_grouped_conv2d.register_fake

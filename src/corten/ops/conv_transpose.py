@@ -43,7 +43,7 @@ def transpose_out_size(size: int, k: int, stride: int, padding: int, output_padd
 def _check(input, weight, bias, stride, padding, output_padding, dilation, input_offset, output_offset,
            output_multiplier, output_shift, activation_min, activation_max) -> tuple[int, int]:
     check_conv_common(OP, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
-                  output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
+                      output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
     oph, opw = checks.pair(OP, "output_padding", output_padding, 0)
     if oph >= max(stride[0], dilation[0]) or opw >= max(stride[1], dilation[1]):
         checks.fail(OP, "output_padding", f"{list(output_padding)} must be smaller than stride or dilation")
@@ -104,7 +104,7 @@ def quantized_conv_transpose2d(
            output_multiplier, output_shift, activation_min, activation_max)
     acc = conv_transpose2d_accumulators(input, weight, stride, padding, output_padding, dilation, input_offset)
     return finish_accumulators(acc.contiguous(), bias, output_multiplier, output_shift, output_offset, activation_min,
-                   activation_max)
+                               activation_max)
 
 
 @quantized_conv_transpose2d.register_fake

@@ -8,7 +8,7 @@ would with the header's scale/zero-point macros.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +49,7 @@ def cmsis_nn_sources(cmsis_nn_path: str | Path) -> tuple[list[Path], list[Path]]
 
 @dataclass
 class CRun:
-    """The figures of the last C run of a program (``prog.last_c_run``)."""
+    """One C run of a program (``Program.c_run``; the last one also in ``prog.last_c_run``)."""
 
     on: str  # "host" or "qemu"
     target: str | None  # the Cortex-M target for QEMU runs
@@ -57,6 +57,7 @@ class CRun:
     wall_s: float  # host: the inference call alone; QEMU: the whole emulator run
     instructions: int | None  # QEMU: instructions of the inference alone
     result: CRunResult
+    outputs: list[torch.Tensor] = field(default_factory=list)  # the int8 outputs, set by Program.c_run
 
 
 _KERNEL_OBJECTS: dict[str, Path] = {}

@@ -1,8 +1,15 @@
-"""``Tester``: chained pipeline stages and the two checks every lowering rule gets.
+"""``Tester``: the compiler's own pipeline stage by stage, and the two checks every lowering rule gets.
 
     Tester(model, example_inputs).quantize().export().lower()
     tester.test_dialect(ops_before, ops_after, qtol=1)    # graph + numerics in Python
     tester.test_implementation()                          # the C library on host and QEMU, byte for byte
+
+The stages are those of :class:`corten.compiler.Pipeline`, which :func:`corten.compile` runs:
+``quantize`` = capture + prepare + calibrate + convert (with shape propagation), ``lower`` = the
+lowering passes + the export to a :class:`~corten.program.Program`; ``export`` is kept for
+existing callers and does nothing more (the converted graph already carries its shapes).  A test of
+the Tester is therefore a test of the compiler (``tests/test_architecture.py`` checks that both
+give the same program for every zoo model).
 
 ``test_dialect`` checks the op counts of the quantized graph before lowering (the keys given)
 and of the lowered program (exactly), and that the int8 program's outputs stay within ``qtol``
@@ -12,13 +19,13 @@ output quantization steps of the PT2E-converted (fake-quantized) model; it retur
 from __future__ import annotations
 
 import collections
-import warnings
+import types
 from dataclasses import dataclass, field
 
 import torch
 
-from corten.compiler import default_calibration, graph_text, unguarded_module
-from corten.lowering import CortenPassManager, unlowered_nodes
+from corten.compiler import Pipeline
+from corten.lowering import CortenPassManager
 from corten.lowering.pass_manager import op_display_name
 from corten.program import Program
 from corten.targets import get_target
@@ -52,51 +59,56 @@ def count_ops(graph) -> dict[str, int]:
 
 class Tester:
     __test__ = False  # not a pytest test class
+
     def __init__(self, model: torch.nn.Module, example_inputs: tuple, target: str = "cortex-m55",
-                 calibration=None, seed: int = 0):
+                 calibration=None, seed: int = 0, name: str = "tested"):
         self.model = model.eval()
         self.example_inputs = tuple(example_inputs)
         self.target = get_target(target)
         self.seed = seed
         self.calibration = calibration
-        self.converted: torch.fx.GraphModule | None = None
-        self.quantized_ep: torch.export.ExportedProgram | None = None
+        self.name = name
+        self.pipeline: Pipeline | None = None
         self.program: Program | None = None
-        self.pass_manager: CortenPassManager | None = None
+
+    # ------------------------------------------------------------------ what the stages produced
+    @property
+    def converted(self) -> torch.fx.GraphModule | None:
+        """The quantized (PT2E-converted) ATen graph, with ``meta["val"]`` shapes."""
+        return None if self.pipeline is None else self.pipeline.converted
+
+    @property
+    def quantized(self) -> torch.fx.GraphModule | None:
+        """The graph the lowering reads (the converted graph)."""
+        return self.converted
+
+    @property
+    def quantized_ep(self):
+        """For older callers: the converted graph where an ExportedProgram used to be
+        (``.graph``, ``.graph_module``)."""
+        gm = self.converted
+        return None if gm is None else types.SimpleNamespace(graph=gm.graph, graph_module=gm)
+
+    @property
+    def pass_manager(self) -> CortenPassManager | None:
+        return None if self.pipeline is None else self.pipeline.pass_manager
 
     # ------------------------------------------------------------------ stages
     def quantize(self, calibration=None) -> "Tester":
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-        from corten.capture import capture
-        from corten.quantizer import CortenQuantizer
-
-        gm = unguarded_module(capture(self.model, self.example_inputs))
-        samples = calibration or self.calibration or default_calibration(self.example_inputs, 8, self.seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            prepared = prepare_pt2e(gm, CortenQuantizer())
-            with torch.no_grad():
-                for s in samples:
-                    prepared(*(s if isinstance(s, tuple) else (s,)))
-            self.converted = convert_pt2e(prepared)
+        self.pipeline = Pipeline(self.model, self.example_inputs, self.target.name, self.calibration, self.seed,
+                                 name=self.name)
+        self.pipeline.capture().prepare().calibrate(calibration or None).convert()
         return self
 
     def export(self) -> "Tester":
-        if self.converted is None:
+        if self.pipeline is None:
             self.quantize()
-        self.quantized_ep = torch.export.export(self.converted, self.example_inputs)
         return self
 
     def lower(self) -> "Tester":
-        if self.quantized_ep is None:
-            self.export()
-        self.pass_manager = CortenPassManager()
-        lowered = self.pass_manager(unguarded_module(self.quantized_ep))
-        ep = torch.export.export(lowered, self.example_inputs)
-        self.program = Program(ep, self.target, name="tested",
-                               stages={"quantized": graph_text(self.quantized_ep), "lowered": graph_text(ep)},
-                               unlowered=unlowered_nodes(lowered, self.pass_manager.refusals))
+        if self.pipeline is None:
+            self.quantize()
+        self.program = self.pipeline.lower(keep_converted=True).export(allow_unlowered=True)
         return self
 
     # ------------------------------------------------------------------ checks
@@ -109,7 +121,7 @@ class Tester:
                      inputs: list[tuple] | None = None, n_inputs: int = 4) -> DialectReport:
         if self.program is None:
             self.lower()
-        before = count_ops(self.quantized_ep.graph)
+        before = count_ops(self.quantized.graph)
         wrong = {k: (v, before.get(k, 0)) for k, v in ops_before.items() if before.get(k, 0) != v}
         assert not wrong, f"ops before lowering (expected, got): {wrong}\nall: {before}"
         after = self.program.op_counts()
@@ -145,11 +157,11 @@ class Tester:
             expected = self.program.run_int8(*inp)
             for where in on:
                 for tgt in (targets or [self.target.name]) if where == "qemu" else [None]:
-                    got = self.program.run_c(*inp, on=where, kernels=kernels, target=tgt, int8=True)
-                    for e, g in zip(expected, got):
+                    run = self.program.c_run(*inp, on=where, kernels=kernels, target=tgt)
+                    for e, g in zip(expected, run.outputs):
                         assert torch.equal(e, g), (f"C output on {where} {tgt or ''} differs from the reference in "
                                                    f"{int((e != g).sum())} of {e.numel()} bytes")
-                    results.append((where, tgt, self.program.last_c_run))
+                    results.append((where, tgt, run))
         return results
 
 

@@ -33,6 +33,21 @@ def make_divisible(value: float, divisor: int = 8, min_value: int | None = None)
     return rounded
 
 
+def torchvision_init(model: nn.Module, generator: torch.Generator | None) -> None:
+    """torchvision's MobileNet scheme: kaiming-normal (fan_out) convs, unit BN, N(0, 0.01) linear layers."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", generator=generator)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0, 0.01, generator=generator)
+            nn.init.zeros_(m.bias)
+
+
 class ConvBNReLU6(nn.Sequential):
     """Conv2d (no bias, 'same' padding) -> BatchNorm2d -> ReLU6."""
 
@@ -95,21 +110,7 @@ class MobileNetV2(nn.Module):
         features.append(ConvBNReLU6(input_channel, self.last_channel, kernel_size=1))
         self.features = nn.Sequential(*features)
         self.classifier = nn.Sequential(nn.Dropout(p=dropout), nn.Linear(self.last_channel, num_classes))
-        self._init_weights(generator)
-
-    def _init_weights(self, generator: torch.Generator | None) -> None:
-        """torchvision's scheme: kaiming-normal (fan_out) convs, unit BN, N(0, 0.01) classifier."""
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", generator=generator)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0, 0.01, generator=generator)
-                nn.init.zeros_(m.bias)
+        torchvision_init(self, generator)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.features(x)

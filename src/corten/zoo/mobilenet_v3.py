@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from corten.zoo.mobilenet_v2 import make_divisible
+from corten.zoo.mobilenet_v2 import make_divisible, torchvision_init
 
 BatchNorm = partial(nn.BatchNorm2d, eps=0.001, momentum=0.01)  # torchvision's MobileNetV3 BatchNorm
 
@@ -142,21 +142,7 @@ class MobileNetV3(nn.Module):
             nn.Dropout(p=dropout, inplace=True),
             nn.Linear(hidden, num_classes),
         )
-        self._init_weights(generator)
-
-    def _init_weights(self, generator: torch.Generator | None) -> None:
-        """torchvision's scheme: kaiming-normal (fan_out) convs, unit BN, N(0, 0.01) linear layers."""
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", generator=generator)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0, 0.01, generator=generator)
-                nn.init.zeros_(m.bias)
+        torchvision_init(self, generator)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.avgpool(self.features(x))
