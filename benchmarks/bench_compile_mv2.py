@@ -198,7 +198,8 @@ def readme_block(opts, corten: StageClock, peer: StageClock | None, cli: tuple[f
         compare = f"peer not installed, not measured ({INSTALL_HINT})"
     wall, cpu, foreign = cli
     quiet = "nothing but Corten's progress on stderr" if not foreign else f"{len(foreign)} foreign stderr line(s)"
-    return (f"| `corten compile {opts.model}` compile + save, {opts.threads} thread, {opts.calib} calibration samples | "
+    return ("| what | number | command |\n|---|---|---|\n"
+            f"| `corten compile {opts.model}` compile + save, {opts.threads} thread, {opts.calib} calibration samples | "
             f"{c_cpu:.2f} s CPU ({c_wall:.2f} s wall); {compare} | `python benchmarks/bench_compile_mv2.py` |\n"
             f"| whole `corten compile {opts.model} --out DIR` process (imports, compile, save, exit) | "
             f"{wall:.2f} s wall, {cpu:.2f} s CPU (goal <= 5 s wall on a quiet machine; this one had load "

@@ -32,13 +32,39 @@ def unguarded_module(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
 
 
 def propagate_shapes(gm: torch.fx.GraphModule, example_inputs) -> None:
-    """Give every node ``meta["val"]`` (a FakeTensor) as export would, without re-exporting:
-    the lowering rules read shapes from it.  (Re-exporting the converted model gives the same graph
-    and costs three times as long.)"""
+    """Give every node ``meta["val"]`` (a FakeTensor) as export would, without re-exporting: the
+    lowering rules read shapes from it.  (Re-exporting the converted model gives the same graph and
+    costs three times as long.)
+
+    ``convert_pt2e`` keeps the exported compute nodes, with their ``val``; only the q/dq nodes and
+    the constants it added lack one.  Those are computed node by node on fake tensors, in the
+    fake mode of the existing values; a graph without such values gets a whole fake run."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*example_inputs)
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    have = [n.meta["val"] for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    modes = {id(v.fake_mode): v.fake_mode for v in have if getattr(v, "fake_mode", None) is not None}
+    missing = [n for n in nodes if "val" not in n.meta]
+    if len(modes) != 1 or any(n.op not in ("get_attr", "call_function") for n in missing):
+        FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*example_inputs)
+        return
+    (mode,) = modes.values()
+    val = lambda a: a.meta["val"] if isinstance(a, torch.fx.Node) else a  # noqa: E731
+    for n in missing:  # graph order: every argument is done before its user
+        if n.op == "get_attr":
+            n.meta["val"] = mode.from_tensor(_attr(gm, n.target), static_shapes=True)
+        else:
+            with mode:
+                n.meta["val"] = n.target(*torch.fx.node.map_aggregate(n.args, val),
+                                         **torch.fx.node.map_aggregate(n.kwargs, val))
+
+
+def _attr(gm: torch.fx.GraphModule, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def graph_text(gm_or_ep) -> str:

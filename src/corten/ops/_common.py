@@ -199,3 +199,30 @@ def constant_operand(m: Match, x) -> tuple[torch.Tensor, QParams]:
 def is_activation_operand(arg, x: Int8Value) -> bool:
     """True when the ATen argument ``arg`` reads the int8 activation ``x`` (through its dequantize)."""
     return isinstance(arg, torch.fx.Node) and arg.target in DQ_PER_TENSOR and arg.args[0] is x.node
+
+
+# ----------------------------------------------------------------------------- add-style ops
+# The scalar parameters of quantized_add / quantized_sub, in schema order (``arm_elementwise_add_s8``
+# convention), and their one op schema: ``(input1, input2, *RESCALED_BINARY_PARAMS) -> Tensor``.
+RESCALED_BINARY_PARAMS = ("input1_offset", "input1_multiplier", "input1_shift", "input2_offset", "input2_multiplier",
+                          "input2_shift", "left_shift", "output_offset", "output_multiplier", "output_shift",
+                          "activation_min", "activation_max")
+RESCALED_BINARY_SCHEMA = ("(Tensor input1, Tensor input2, " + ", ".join(f"SymInt {p}" for p in RESCALED_BINARY_PARAMS)
+                          + ") -> Tensor")
+
+
+def rescaled_binary(input1: torch.Tensor, input2: torch.Tensor, params, negate_input2: bool) -> torch.Tensor:
+    """``arm_elementwise_add_s8``'s arithmetic, per element in int32 exactly as the C kernels (numpy
+    broadcasting between the inputs); ``negate_input2``: input2's multiplier negated (TFLite's SUB)::
+
+        a = requantize((x1 + input1_offset) << left_shift, input1_multiplier, input1_shift)
+        b = requantize((x2 + input2_offset) << left_shift, +-input2_multiplier, input2_shift)
+        y = clamp(requantize(a + b, output_multiplier, output_shift) + output_offset, act_min, act_max)
+    """
+    (in1_offset, in1_multiplier, in1_shift, in2_offset, in2_multiplier, in2_shift, left_shift, out_offset,
+     out_multiplier, out_shift, act_min, act_max) = params
+    a = requantize((input1.to(torch.int64) + in1_offset) << left_shift, in1_multiplier, in1_shift)
+    b = requantize((input2.to(torch.int64) + in2_offset) << left_shift,
+                   -in2_multiplier if negate_input2 else in2_multiplier, in2_shift)
+    out = wrap_int32_t(requantize(wrap_int32_t(a + b), out_multiplier, out_shift) + out_offset)
+    return clamp_activation(out, act_min, act_max)

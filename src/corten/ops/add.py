@@ -15,9 +15,8 @@ from __future__ import annotations
 import torch
 
 from corten.errors import LoweringError
-from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops._common import layout_of
+from corten.ops._common import RESCALED_BINARY_PARAMS, RESCALED_BINARY_SCHEMA, layout_of, rescaled_binary
 from corten.ops._qparams import add_params
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
@@ -25,49 +24,26 @@ from corten.ops.registry import OpFamily, annotates, lowers, register_family
 FAMILY = "add"
 
 
-def _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset,
-           input2_multiplier, input2_shift, left_shift, output_offset, output_multiplier, output_shift,
-           activation_min, activation_max):
+def _check(input1, input2, *params) -> None:
     op = "quantized_add"
     checks.dtype(op, "input1", input1, torch.int8)
     checks.dtype(op, "input2", input2, torch.int8)
     if input1.shape != input2.shape:
         checks.fail(op, "input2", f"shape {tuple(input2.shape)} differs from input1's {tuple(input1.shape)}")
-    checks.rescaled_binary(op, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-                           input2_shift, left_shift, output_offset, output_multiplier, output_shift,
-                           activation_min, activation_max)
+    checks.rescaled_binary(op, *params)
 
 
-@torch.library.custom_op("corten::quantized_add", mutates_args=())
-def quantized_add(
-    input1: torch.Tensor,
-    input2: torch.Tensor,
-    input1_offset: int,
-    input1_multiplier: int,
-    input1_shift: int,
-    input2_offset: int,
-    input2_multiplier: int,
-    input2_shift: int,
-    left_shift: int,
-    output_offset: int,
-    output_multiplier: int,
-    output_shift: int,
-    activation_min: int,
-    activation_max: int,
-) -> torch.Tensor:
-    _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-           input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max)
-    a = requantize((input1.to(torch.int64) + input1_offset) << left_shift, input1_multiplier, input1_shift)
-    b = requantize((input2.to(torch.int64) + input2_offset) << left_shift, input2_multiplier, input2_shift)
-    out = wrap_int32_t(requantize(wrap_int32_t(a + b), output_multiplier, output_shift) + output_offset)
-    return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=layout_of(input1))
+@torch.library.custom_op("corten::quantized_add", mutates_args=(), schema=RESCALED_BINARY_SCHEMA)
+def quantized_add(input1: torch.Tensor, input2: torch.Tensor, *params: int) -> torch.Tensor:
+    """``params``: the 12 scalars of :data:`corten.ops._common.RESCALED_BINARY_PARAMS`."""
+    _check(input1, input2, *params)
+    out = rescaled_binary(input1, input2, params, negate_input2=False)
+    return out.contiguous(memory_format=layout_of(input1))
 
 
 @quantized_add.register_fake
-def _(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-      input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max):
-    _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-           input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max)
+def _(input1, input2, *params):
+    _check(input1, input2, *params)
     return torch.empty_like(input1, memory_format=layout_of(input1))
 
 
@@ -116,9 +92,7 @@ def _emit_add_c(ctx) -> str:
     size = 1
     for d in ctx.shape(a):
         size *= int(d)
-    names = ("input1_offset", "input1_multiplier", "input1_shift", "input2_offset", "input2_multiplier",
-             "input2_shift", "left_shift", "output_offset", "output_multiplier", "output_shift",
-             "activation_min", "activation_max")
+    names = RESCALED_BINARY_PARAMS
     v = {k: ctx.int_(int(ctx.arg(k))) for k in names}
     x1, x2, out = ctx.input("input1"), ctx.input("input2"), ctx.out()
     # CMSIS-NN's DSP path masks (x + offset) to 16 bits before the left shift: only exact for left

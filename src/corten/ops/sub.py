@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 
 from corten.errors import LoweringError
-from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
 from corten.ops._broadcast import (
     broadcast_shape,
@@ -34,7 +33,10 @@ from corten.ops._broadcast import (
     output_layout,
     same_dense_shape,
 )
-from corten.ops._common import check_lowerable_shapes, check_ranks, constant_operand, is_activation_operand
+from corten.ops._common import (
+    RESCALED_BINARY_PARAMS, RESCALED_BINARY_SCHEMA, check_lowerable_shapes, check_ranks, constant_operand,
+    is_activation_operand, rescaled_binary,
+)
 from corten.ops._qparams import add_params
 from corten.ops._rules import Int8Value, Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
@@ -42,52 +44,27 @@ from corten.ops.registry import OpFamily, annotates, lowers, register_family
 FAMILY = "sub"
 
 
-def _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-           input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
-           activation_max) -> tuple[int, ...]:
+def _check(input1, input2, *params) -> tuple[int, ...]:
     op = "quantized_sub"
     checks.dtype(op, "input1", input1, torch.int8)
     checks.dtype(op, "input2", input2, torch.int8)
     shape = broadcast_shape(op, input1, input2)
-    checks.rescaled_binary(op, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-                           input2_shift, left_shift, output_offset, output_multiplier, output_shift,
-                           activation_min, activation_max)
+    checks.rescaled_binary(op, *params)
     return shape
 
 
-@torch.library.custom_op("corten::quantized_sub", mutates_args=())
-def quantized_sub(
-    input1: torch.Tensor,
-    input2: torch.Tensor,
-    input1_offset: int,
-    input1_multiplier: int,
-    input1_shift: int,
-    input2_offset: int,
-    input2_multiplier: int,
-    input2_shift: int,
-    left_shift: int,
-    output_offset: int,
-    output_multiplier: int,
-    output_shift: int,
-    activation_min: int,
-    activation_max: int,
-) -> torch.Tensor:
-    shape = _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-                   input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
-                   activation_max)
-    a = requantize((input1.to(torch.int64) + input1_offset) << left_shift, input1_multiplier, input1_shift)
-    b = requantize((input2.to(torch.int64) + input2_offset) << left_shift, -input2_multiplier, input2_shift)
-    out = wrap_int32_t(requantize(wrap_int32_t(a + b), output_multiplier, output_shift) + output_offset)
-    return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=output_layout(shape))
+@torch.library.custom_op("corten::quantized_sub", mutates_args=(), schema=RESCALED_BINARY_SCHEMA)
+def quantized_sub(input1: torch.Tensor, input2: torch.Tensor, *params: int) -> torch.Tensor:
+    """``params``: the 12 scalars of :data:`corten.ops._common.RESCALED_BINARY_PARAMS` (input2's
+    multiplier positive; the op negates it)."""
+    shape = _check(input1, input2, *params)
+    out = rescaled_binary(input1, input2, params, negate_input2=True)
+    return out.contiguous(memory_format=output_layout(shape))
 
 
 @quantized_sub.register_fake
-def _(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-      input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max):
-    shape = _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-                   input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
-                   activation_max)
-    return empty_output(shape, input1)
+def _(input1, input2, *params):
+    return empty_output(_check(input1, input2, *params), input1)
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_sub",), doc=__doc__))
@@ -130,9 +107,7 @@ def _sub_scratch(node, target) -> int:
 
 
 # ----------------------------------------------------------------------------- C emission
-PARAM_NAMES = ("input1_offset", "input1_multiplier", "input1_shift", "input2_offset", "input2_multiplier",
-               "input2_shift", "left_shift", "output_offset", "output_multiplier", "output_shift",
-               "activation_min", "activation_max")
+PARAM_NAMES = RESCALED_BINARY_PARAMS
 
 
 @family.provides("emit_c", "quantized_sub")

@@ -6,25 +6,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .common import (
-    HARNESS_DIR,
-    HARNESS_MAIN,
-    INPUT_FILE,
-    OUTPUT_FILE,
-    WARNING_FLAGS,
-    CRunError,
-    CRunResult,
-    CRunTimeout,
-    Progress,
-    compile_and_link,
-    complete_defines,
-    define_flags,
-    include_flags,
-    parse_harness_report,
-    prepare_workdir,
-    print_progress,
-    read_output,
-    split_sources,
-    tail,
+    HARNESS_DIR, HARNESS_MAIN, INPUT_FILE, OUTPUT_FILE, WARNING_FLAGS, CRunError, CRunResult, CRunTimeout, Progress,
+    compile_and_link, complete_defines, define_flags, include_flags, parse_harness_report, prepare_workdir,
+    print_progress, read_output, split_sources, tail
 )
 
 HOST_CC = "gcc"
