@@ -657,7 +657,8 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
                        + ["int8_t *act"])
     uses_act = "act" if arena_bytes > 0 else "act /* unused: this model needs no arena */"
     steps_fn = (f"/* The model's steps; in<i>/out<i> point at each program input/output, act at the arena. */\n"
-                f"static int {n}_steps({params})\n{{\n" + ("" if arena_bytes > 0 else "    (void)act;\n")
+                f"static int {n}_steps({params})\n{{\n"
+                + ("" if re.search(r"\bact\b", body) else "    (void)act;\n")  # e.g. only scratch in the arena
                 + body + ("\n\n" if body else "") + f"    return {m}_OK;\n}}\n")
     checks = [f"input == NULL || output == NULL" + (" || arena == NULL" if arena_bytes > 0 else "")]
     align = (f"    if (arena != NULL && ((uintptr_t)arena % (uintptr_t){m}_ARENA_ALIGN) != 0u) {{\n"
