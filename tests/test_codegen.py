@@ -3,7 +3,6 @@ reference kernels' int8 output; determinism; warning-free cross-compiles; the CM
 (only when CMSIS_NN_PATH points at a CMSIS-NN tree)."""
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CMSIS_NN_PATH, needs_arm_gcc, needs_cmake, needs_cmsis_nn, needs_gcc, needs_qemu
 
 import corten.ops  # noqa: F401
 from corten.codegen import CodegenError, emit_c
@@ -22,10 +22,9 @@ from corten.targets import get_target
 OPS = torch.ops.corten
 GCC = shutil.which("gcc")
 ARM_GCC = shutil.which("arm-none-eabi-gcc")
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
 WARN = ["-std=c99", "-Wall", "-Wextra", "-Werror"]
 
-pytestmark = pytest.mark.skipif(GCC is None, reason="needs gcc")
+pytestmark = needs_gcc
 
 DRIVER = r"""
 #include <stdio.h>
@@ -279,7 +278,7 @@ def test_rejects_bad_names_and_flavours(tmp_path):
         emit_c(ep, plan, tmp_path, "net", "cortex-m4", kernels="fast")
 
 
-@pytest.mark.skipif(ARM_GCC is None, reason="needs arm-none-eabi-gcc")
+@needs_arm_gcc
 @pytest.mark.parametrize("target_name", ["cortex-m4", "cortex-m55"])
 def test_cross_compiles_warning_free(target_name, tmp_path):
     target = get_target(target_name)
@@ -308,7 +307,7 @@ def test_makefile_builds_static_library(tmp_path):
 
 
 # ----------------------------------------------------------------------------- CMSIS-NN flavour
-@pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 @pytest.mark.parametrize("kind", sorted(PROGRAMS))
 def test_cmsis_nn_library_matches_reference(kind, tmp_path):
     root = Path(CMSIS_NN_PATH)
@@ -332,7 +331,6 @@ def test_cmsis_nn_library_matches_reference(kind, tmp_path):
 
 # ----------------------------------------------------------------------------- on QEMU (Cortex-M)
 QEMU = shutil.which("qemu-system-arm")
-needs_qemu = pytest.mark.skipif(ARM_GCC is None or QEMU is None, reason="needs arm-none-eabi-gcc and qemu-system-arm")
 
 
 def _run_qemu(lib, ep, x, target_name, tmp_path, extra_sources=(), include_dirs=()):
@@ -378,7 +376,7 @@ def _cmsis_nn_archive(root: Path, target_name: str, work: Path) -> Path:
 
 
 @needs_qemu
-@pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 @pytest.mark.parametrize("target_name", ["cortex-m4", "cortex-m55", "cortex-m3"])
 def test_cmsis_nn_library_on_qemu(target_name, tmp_path):
     """DSP (m4), Helium (m55) and plain (m3) CMSIS-NN paths give the reference bytes (the linear
@@ -412,7 +410,7 @@ def test_output_that_is_the_input_is_copied(tmp_path):
     assert res.returncode == 0 and res.stdout == want == in_bytes
 
 
-@pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("make") is None, reason="needs cmake and make")
+@needs_cmake
 def test_cmake_builds_static_library(tmp_path):
     ep, _ = _export("flatten")
     emit_c(ep, plan_memory(ep, "cortex-m55"), tmp_path / "src", "net", "cortex-m55")

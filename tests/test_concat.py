@@ -17,6 +17,7 @@ import subprocess
 import pytest
 import torch
 from torch import nn
+from conftest import needs_cmsis_nn
 
 import naive_data_movement as naive
 import op_cases as oc
@@ -221,7 +222,7 @@ def test_implementation_branches_cat_conv_host_and_qemu():
     assert {(r[0], r[1]) for r in results} == {("host", None), ("qemu", "cortex-m55")}
 
 
-@pytest.mark.skipif(not os.environ.get("CMSIS_NN_PATH"), reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 @pytest.mark.parametrize("dim, variant", [(1, "x"), (2, "z"), (3, "y")])
 def test_implementation_cmsis_nn_concatenation(dim, variant, tmp_path):
     torch.manual_seed(6)

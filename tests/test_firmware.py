@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from conftest import needs_qemu
 
 import corten
 from corten.runners import run_on_host, run_on_qemu
@@ -15,7 +16,6 @@ from corten.runners.program import c_bytes_to_tensor, tensor_to_c_bytes
 
 ARM_GCC = shutil.which("arm-none-eabi-gcc")
 QEMU = shutil.which("qemu-system-arm")
-needs_qemu = pytest.mark.skipif(ARM_GCC is None or QEMU is None, reason="needs arm-none-eabi-gcc and qemu-system-arm")
 
 
 class Head(nn.Module):

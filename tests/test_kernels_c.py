@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import ctypes
 import random
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import needs_gcc
 
 import corten.ops  # noqa: F401  (registers the ops)
 from corten.codegen import KERNELS_DIR
 from corten.fixed_point import quantize_multiplier, requantize_scalar
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+pytestmark = needs_gcc
 OPS = torch.ops.corten
 
 

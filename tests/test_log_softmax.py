@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import random
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from conftest import CMSIS_NN_PATH
 
 import corten.ops  # noqa: F401
 import naive_softmax as naive
@@ -28,7 +28,6 @@ from test_softmax import random_row, random_row_size
 softmax = torch.ops.corten.quantized_softmax
 log_softmax = torch.ops.corten.quantized_log_softmax
 GCC = shutil.which("gcc")
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
 HAVE_QEMU = shutil.which("qemu-system-arm") is not None and shutil.which("arm-none-eabi-gcc") is not None
 
 

@@ -10,7 +10,6 @@ is CMSIS-NN's."""
 from __future__ import annotations
 
 import ctypes
-import os
 import random
 import re
 import shutil
@@ -19,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CMSIS_NN_PATH
 
 from test_lstm import random_case
 
 GCC = shutil.which("gcc")
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
 pytestmark = pytest.mark.skipif(GCC is None or not CMSIS_NN_PATH, reason="needs gcc and CMSIS_NN_PATH")
 
 SOURCES = ["LSTMFunctions/arm_lstm_unidirectional_s8.c", "NNSupportFunctions/arm_nn_lstm_step_s8.c",

@@ -4,22 +4,20 @@ flavours (CMSIS-NN has no table kernel: its flavour runs Corten's portable one t
 from __future__ import annotations
 
 import ctypes
-import os
 import random
-import shutil
 import subprocess
 import warnings
 
 import pytest
 import torch
 from torch import nn
+from conftest import needs_cmsis_nn, needs_gcc
 
 import op_cases as oc
 from corten.codegen import KERNELS_DIR
 from corten.testing import Tester
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
+pytestmark = needs_gcc
 C_CASES = 2000
 
 lut = torch.ops.corten.quantized_lut
@@ -122,6 +120,6 @@ def test_cmsis_nn_flavour_runs_the_portable_kernel(tester, tmp_path):
     assert all(p.exists() for p in lib.kernel_files)
 
 
-@pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 def test_cmsis_nn_flavour_byte_exact_on_host_and_qemu_m55(tester):
     tester.test_implementation(on=("host", "qemu"), kernels="cmsis-nn", n_inputs=2)

@@ -6,7 +6,6 @@ CMSIS-NN's own ``batch_matmul_*_s8`` unit-test vectors read from that tree."""
 from __future__ import annotations
 
 import ctypes
-import os
 import random
 import re
 import shutil
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from conftest import CMSIS_NN_PATH, needs_qemu
 
 import corten.ops  # noqa: F401
 import naive_matmul as naive
@@ -27,9 +27,6 @@ from corten.testing.tester import Tester
 
 matmul = torch.ops.corten.quantized_matmul
 GCC = shutil.which("gcc")
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
-needs_qemu = pytest.mark.skipif(shutil.which("qemu-system-arm") is None or shutil.which("arm-none-eabi-gcc") is None,
-                                reason="needs qemu-system-arm and arm-none-eabi-gcc")
 needs_cmsis = pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
 
 

@@ -6,14 +6,13 @@ the host and on QEMU (Cortex-M55); with CMSIS_NN_PATH set also the CMSIS-NN flav
 from __future__ import annotations
 
 import ctypes
-import os
 import random
-import shutil
 import warnings
 
 import pytest
 import torch
 from torch import nn
+from conftest import needs_cmsis_nn, needs_gcc, needs_qemu
 
 import naive_elementwise as ne
 import op_cases as oc
@@ -21,10 +20,6 @@ from corten.testing import Tester
 
 OPS = {"maximum": torch.ops.corten.quantized_maximum, "minimum": torch.ops.corten.quantized_minimum}
 C_CASES = 400
-needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
-needs_qemu = pytest.mark.skipif(shutil.which("qemu-system-arm") is None or shutil.which("arm-none-eabi-gcc") is None,
-                                reason="needs qemu-system-arm and arm-none-eabi-gcc")
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +174,7 @@ def test_minmax_implementation_qemu_m55(name):
     _tester(name).test_implementation(on=("host", "qemu"), n_inputs=1)
 
 
-@pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 @pytest.mark.parametrize("name", ["conv_min_max", "max_broadcast", "guard_shape"])
 def test_minmax_implementation_cmsis_nn(name):
     warnings.simplefilter("ignore")

@@ -5,14 +5,13 @@ on QEMU (Cortex-M55), portable kernels (CMSIS-NN too when CMSIS_NN_PATH is set).
 from __future__ import annotations
 
 import ctypes
-import os
 import random
-import shutil
 import warnings
 
 import pytest
 import torch
 from torch import nn
+from conftest import needs_cmsis_nn, needs_gcc, needs_qemu
 
 import naive_elementwise as ne
 import op_cases as oc
@@ -20,10 +19,6 @@ from corten.testing import Tester
 
 OPS = torch.ops.corten
 C_CASES = 400
-needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
-needs_qemu = pytest.mark.skipif(shutil.which("qemu-system-arm") is None or shutil.which("arm-none-eabi-gcc") is None,
-                                reason="needs qemu-system-arm and arm-none-eabi-gcc")
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
 
 
 class MulParams(ctypes.Structure):
@@ -189,7 +184,7 @@ def test_mul_se_implementation_qemu_m55():
     _tester("se").test_implementation(on=("host", "qemu"), n_inputs=1)
 
 
-@pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 @pytest.mark.parametrize("name", ["se", "same_shape", "by_parameter"])
 def test_mul_implementation_cmsis_nn(name):
     warnings.simplefilter("ignore")

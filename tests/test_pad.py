@@ -8,7 +8,6 @@ oracle; C_PAD_CASES through ``corten_pad_s8``.
 from __future__ import annotations
 
 import ctypes
-import os
 import random
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from conftest import needs_cmsis_nn
 
 import naive_data_movement as naive
 import op_cases as oc
@@ -214,7 +214,7 @@ def test_implementation_conv_pad_conv_host_and_qemu():
     assert {(r[0], r[1]) for r in results} == {("host", None), ("qemu", "cortex-m55")}
 
 
-@pytest.mark.skipif(not os.environ.get("CMSIS_NN_PATH"), reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 def test_implementation_cmsis_nn_arm_pad_s8(tmp_path):
     torch.manual_seed(3)
     t = Tester(ConvPadConv((1, 2, 2, 0, 0, 1), 0.25).eval(), (torch.randn(1, 3, 7, 6),))

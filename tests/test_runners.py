@@ -20,11 +20,11 @@ from corten.runners import (
     run_on_qemu,
 )
 from corten.runners.common import complete_defines, parse_harness_report
+from conftest import needs_qemu
 
 HAVE_ARM_TOOLS = shutil.which("arm-none-eabi-gcc") is not None and shutil.which(
     "qemu-system-arm"
 ) is not None
-needs_qemu = pytest.mark.skipif(not HAVE_ARM_TOOLS, reason="arm-none-eabi-gcc/qemu-system-arm missing")
 TARGETS = sorted(BOARDS)
 QUIET = None  # progress sink for tests
 

@@ -4,7 +4,6 @@ built on the host) against the portable kernel on many random rows."""
 from __future__ import annotations
 
 import ctypes
-import os
 import random
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CMSIS_NN_PATH, needs_cmsis_nn, needs_gcc
 
 import corten.ops  # noqa: F401
 from corten.codegen import KERNELS_DIR
@@ -19,11 +19,10 @@ from corten.ops.softmax import MAX_ROW_SIZE, softmax_params
 from test_softmax import random_row, random_row_size, random_scale_beta, raw_params
 
 GCC = shutil.which("gcc")
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
 C_CASES = 800
 CMSIS_ROWS = 20000
 
-pytestmark = pytest.mark.skipif(GCC is None, reason="needs gcc")
+pytestmark = needs_gcc
 softmax = torch.ops.corten.quantized_softmax
 
 
@@ -110,7 +109,7 @@ def cmsis(tmp_path_factory):
     return lib
 
 
-@pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 def test_cmsis_nn_arm_softmax_s8_matches_portable_kernel(cmsis, portable):
     """arm_softmax_s8 (host, plain C path) == corten_softmax_s8 on CMSIS_ROWS random rows of up to 511
     elements (longer rows of near-equal values make CMSIS-NN shift by >= 32: undefined behaviour)."""

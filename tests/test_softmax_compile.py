@@ -4,19 +4,18 @@ emitted C on the host and QEMU (portable; CMSIS-NN's arm_softmax_s8 when CMSIS_N
 Other dimensions and log_softmax: tests/test_log_softmax.py."""
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
 import torch
 from torch import nn
+from conftest import needs_cmsis_nn
 
 from corten.testing.tester import Tester
 
 Q, DQ, LINEAR, SOFTMAX = "quantize_per_tensor", "dequantize_per_tensor", "quantized_linear", "quantized_softmax"
 A_LINEAR, A_SOFTMAX, A__SOFTMAX = "aten.linear.default", "aten.softmax.int", "aten._softmax.default"
 LOWERED = {Q: 1, LINEAR: 1, SOFTMAX: 1, DQ: 1}
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
 
 
 class LinearSoftmax(nn.Module):
@@ -70,7 +69,7 @@ def test_implementation_host_and_qemu_m55():
     assert {(r[0], r[1]) for r in results} == {("host", None), ("qemu", "cortex-m55")}
 
 
-@pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 def test_implementation_cmsis_nn_m55():
     """arm_softmax_s8 itself: its Helium path on QEMU's Cortex-M55, its plain C path on the host.
     39 features per row: the Helium kernel's 4-wide loops and its 3-element scalar tail both run;

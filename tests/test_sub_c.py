@@ -5,14 +5,13 @@ CMSIS-NN flavour (same-shape sub is arm_elementwise_add_s8 with input2's multipl
 from __future__ import annotations
 
 import ctypes
-import os
 import random
-import shutil
 import warnings
 
 import pytest
 import torch
 from torch import nn
+from conftest import needs_cmsis_nn, needs_gcc, needs_qemu
 
 import naive_elementwise as ne
 import op_cases as oc
@@ -21,10 +20,6 @@ from corten.testing import Tester
 
 OPS = torch.ops.corten
 C_CASES = 400
-needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
-needs_qemu = pytest.mark.skipif(shutil.which("qemu-system-arm") is None or shutil.which("arm-none-eabi-gcc") is None,
-                                reason="needs qemu-system-arm and arm-none-eabi-gcc")
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
 FIELDS = ("input1_offset", "input1_multiplier", "input1_shift", "input2_offset", "input2_multiplier", "input2_shift",
           "left_shift", "output_offset", "output_multiplier", "output_shift", "activation_min", "activation_max")
 
@@ -182,7 +177,7 @@ def test_sub_broadcast_implementation_qemu_m55():
     _tester("centre_broadcast").test_implementation(on=("host", "qemu"), n_inputs=1)
 
 
-@pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 @pytest.mark.parametrize("name", ["same_shape", "centre_broadcast"])
 def test_sub_implementation_cmsis_nn(name):
     warnings.simplefilter("ignore")

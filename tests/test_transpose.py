@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from conftest import needs_cmsis_nn
 
 import naive_data_movement as naive
 import op_cases as oc
@@ -283,7 +284,7 @@ def test_implementation_conv_permute_reshape_linear_host_and_qemu():
     assert {(r[0], r[1]) for r in results} == {("host", None), ("qemu", "cortex-m55")}
 
 
-@pytest.mark.skipif(not os.environ.get("CMSIS_NN_PATH"), reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 @pytest.mark.parametrize("model, shape", [(ConvPermuteLinear, (1, 3, 5, 4)), (TransposeHWTokens, (1, 2, 5, 6))],
                          ids=["2-D", "3-D"])
 def test_implementation_cmsis_nn_arm_transpose_s8(model, shape, tmp_path):

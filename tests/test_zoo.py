@@ -7,7 +7,7 @@ from torch import nn
 from corten.zoo import MODELS, get_model, list_models, make_divisible
 from corten.zoo.mobilenet_v2 import InvertedResidual
 
-MV2_MODELS = ["mv2", "mv2-0.35-96"]  # the other zoo models are covered by test_zoo_more.py
+MV2_MODELS = ["mv2", "mv2-0.35-96"]  # the other zoo models are covered by test_zoo_architectures.py
 
 
 @pytest.fixture(scope="module")

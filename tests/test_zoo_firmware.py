@@ -7,7 +7,6 @@ the optimiser show up); each model's own files are checked with -fsyntax-only.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,9 +16,9 @@ import pytest
 from corten.codegen import KERNELS_DIR
 from corten.runners.program import ProgramRunner
 from test_zoo_programs import EXPECTED_OPS, compiled
+from conftest import CMSIS_NN_PATH
 
 STRICT = ("-std=c99", "-Wall", "-Wextra", "-Wpedantic", "-Wshadow", "-Wconversion", "-Wsign-conversion", "-Werror")
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
 COMPILERS = {
     "gcc": ["gcc"],
     "clang": ["clang"],

@@ -2,7 +2,7 @@
 
 * the portable kernels ``corten_grouped_conv2d_s8`` and ``corten_conv_transpose2d_s8`` against the
   reference ops byte for byte (gcc -O2 -Werror shared library through ctypes, seeded random cases
-  from ``test_conv_more_ops``);
+  from ``test_conv_variants``);
 * ``Tester.test_implementation`` on the host and on QEMU (Cortex-M55) for a small keyword-spotting-
   like 1-D net, a grouped conv net and a transposed conv net (portable kernels);
 * the same nets with ``kernels="cmsis-nn"`` when ``CMSIS_NN_PATH`` points at a CMSIS-NN tree
@@ -11,27 +11,22 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import random
-import shutil
 import subprocess
 
 import pytest
 import torch
 from torch import nn
+from conftest import needs_cmsis_nn, needs_gcc, needs_qemu
 
 import corten.ops  # noqa: F401  (registers the ops)
 import op_cases as oc
 from corten.codegen import KERNELS_DIR
 from corten.fixed_point import quantize_multiplier
 from corten.testing.tester import Tester
-from test_conv_more_dialect import KwsLike
-from test_conv_more_ops import _random_grouped, _random_transpose
+from test_conv_variants_dialect import KwsLike
+from test_conv_variants import _random_grouped, _random_transpose
 
-needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
-needs_qemu = pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
-                                reason="needs arm-none-eabi-gcc and qemu-system-arm")
-CMSIS_NN_PATH = os.environ.get("CMSIS_NN_PATH")
 C_CASES = 400
 
 
@@ -92,7 +87,7 @@ def _c_range_quant(rng: random.Random, case: dict) -> dict:
 
 
 def _common(case):
-    """(quant, bias, input, weight buffers, kept alive) for a case of test_conv_more_ops."""
+    """(quant, bias, input, weight buffers, kept alive) for a case of test_conv_variants."""
     c_out = case["weight"].shape[0]
     mult = torch.tensor(oc.expand(case["mult"], c_out), dtype=torch.int32)
     shift = torch.tensor(oc.expand(case["shift"], c_out), dtype=torch.int32)
@@ -211,7 +206,7 @@ def test_implementation_portable(name):
 
 
 @needs_qemu
-@pytest.mark.skipif(not CMSIS_NN_PATH, reason="set CMSIS_NN_PATH to a CMSIS-NN source tree")
+@needs_cmsis_nn
 @pytest.mark.parametrize("name", ["grouped", "transpose", "transpose_fallback"])
 def test_implementation_cmsis_nn(name):
     """arm_convolve_s8 (groups) and arm_transpose_conv_s8 (or the portable fallback) on QEMU (Helium)

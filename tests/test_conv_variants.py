@@ -1,5 +1,5 @@
 """``corten.quantized_grouped_conv2d`` / ``quantized_conv_transpose2d`` reference kernels vs
-``naive_conv_more.py``; opcheck; argument errors.
+``naive_conv_variants.py``; opcheck; argument errors.
 
 Case counts: GROUPED_CASES random grouped convolutions and TRANSPOSE_CASES random transposed
 convolutions (spatial <= 5x5, <= 6 channels), in CHUNKS seeded chunks each.
@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-import naive_conv_more as naive
+import naive_conv_variants as naive
 import op_cases as oc
 from corten.ops import CortenOpError
 

@@ -1,5 +1,5 @@
 """Deliberately naive models of grouped and transposed int8 convolutions (nested lists, NHWC), for
-``tests/test_conv_more_ops.py``.  Same conventions as :mod:`naive`: plain Python ints, an explicit
+``tests/test_conv_variants.py``.  Same conventions as :mod:`naive`: plain Python ints, an explicit
 int32 wrap after every C ``int32_t`` addition, nothing shared with :mod:`corten`.
 
 * ``grouped_conv2d``: ``arm_convolve_s8`` with filter C = C_in / groups: output channel ``o`` is in
