@@ -1,6 +1,7 @@
 """ATen-level graph passes run on the captured model before quantization.
 
-The default pipeline (:class:`AtenPassManager`) removes inference no-ops (dropout, clone, ...),
+The default pipeline (:class:`AtenPassManager`) puts data movement in single-input form
+(split/unbind pieces become slices, stack a cat, movement of constants is folded), removes inference no-ops (dropout, clone, ...),
 folds BatchNorm into the conv / linear producing its input when that is exact, and rewrites every
 other BatchNorm as a depthwise 1x1 conv, so the quantizer never sees a BatchNorm.
 
@@ -8,6 +9,7 @@ Each pass is a ``torch.fx.passes.infra.pass_base.PassBase``: ``pass_(gm) -> Pass
 """
 from corten.aten_passes.batch_norm import BatchNormMatch, batch_norms, is_batch_norm, match_batch_norm
 from corten.aten_passes.batch_norm_to_depthwise import BatchNormToDepthwiseConvPass
+from corten.aten_passes.decompose_movement import DecomposeMovementPass
 from corten.aten_passes.fuse_batch_norm import (FuseBatchNormIntoConvPass, FuseBatchNormIntoLinearPass,
                                                 fold_scale_into_conv_weight)
 from corten.aten_passes.graph_utils import AtenPassError
@@ -17,6 +19,6 @@ from corten.aten_passes.remove_noops import RemoveNoOpsPass, is_noop
 __all__ = [
     "AtenPassManager", "AtenPassError", "default_passes",
     "FuseBatchNormIntoConvPass", "FuseBatchNormIntoLinearPass", "BatchNormToDepthwiseConvPass",
-    "RemoveNoOpsPass", "BatchNormMatch", "batch_norms", "is_batch_norm", "match_batch_norm",
+    "RemoveNoOpsPass", "DecomposeMovementPass", "BatchNormMatch", "batch_norms", "is_batch_norm", "match_batch_norm",
     "is_noop", "fold_scale_into_conv_weight",
 ]

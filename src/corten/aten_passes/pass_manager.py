@@ -8,6 +8,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from corten.aten_passes.batch_norm_to_depthwise import BatchNormToDepthwiseConvPass
 from corten.aten_passes.decompose_attention import DecomposeScaledDotProductAttentionPass
+from corten.aten_passes.decompose_movement import DecomposeMovementPass
 from corten.aten_passes.fold_pad_into_conv import FoldPadIntoConvPass
 from corten.aten_passes.fuse_batch_norm import FuseBatchNormIntoConvPass, FuseBatchNormIntoLinearPass
 from corten.aten_passes.remove_noops import RemoveNoOpsPass
@@ -16,11 +17,13 @@ AtenPass = Callable[[GraphModule], PassResult]
 
 
 def default_passes() -> list[AtenPass]:
-    """No-op removal first (so ``conv -> dropout/clone -> BN`` still folds), symmetric zero pads into
+    """Data movement in single-input form (split/unbind pieces as slices, stack as cat, movement of
+    constants folded), then no-op removal (so ``conv -> dropout/clone -> BN`` still folds), symmetric zero pads into
     the convs reading them, then BatchNorm folding
     into conv and linear, then the depthwise rewrite of every BatchNorm that could not be folded, then
     ``scaled_dot_product_attention`` spelled out as matmul, mul, softmax, matmul."""
     return [
+        DecomposeMovementPass(),
         RemoveNoOpsPass(),
         FoldPadIntoConvPass(),
         FuseBatchNormIntoConvPass(),

@@ -2,7 +2,8 @@
 
 The generator walks the graph in order and asks each node's op family for its C statements
 (``corten.ops.hook_for(op_name, "emit_c")``, see :mod:`corten.codegen.context`).  Reshapes are
-handled here: nothing when they alias their input's bytes, an NHWC <-> NCHW copy otherwise.
+handled here: nothing when they alias their input's bytes, an NHWC <-> NCHW copy otherwise; views
+(:func:`corten.memory.views.alias_offset`) emit nothing.
 
 Written files (``<name>`` is the library name; every model symbol starts with ``<name>_``)::
 
@@ -335,6 +336,9 @@ class _Generator:
                 stmts.append(self._comment(index, "reshape (layout copy)", node, [node.args[0]], body) + "\n" + body)
                 ops.append(f"reshape_copy {self._shape(node.args[0])} -> {self._shape(node)}")
                 continue
+            if name is not None and _alias_offset(node) is not None:  # a view: the plan placed it in its input
+                ops.append(f"view {self._describe(node, name)}")
+                continue
             if name is None:
                 raise CodegenError(f"node {node.name!r} ({node.target}) is not a Corten op; only lowered programs "
                                    "(Corten ops and aten.reshape) can be emitted as C")
@@ -434,6 +438,12 @@ def _reshape_is_alias(node: torch.fx.Node) -> bool:
     from corten.memory.views import reshape_is_alias
 
     return reshape_is_alias(node)
+
+
+def _alias_offset(node: torch.fx.Node) -> int | None:
+    from corten.memory.views import alias_offset
+
+    return alias_offset(node)
 
 
 def _storage_is_logical(shape) -> bool:

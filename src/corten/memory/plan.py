@@ -4,7 +4,9 @@ Model (what the C generator implements):
 
 * **Steps.**  The C code runs the program's nodes in graph order.  A *step* is a node that does
   work in C: a Corten compute op, or a reshape that needs a copy (see :mod:`corten.memory.views`).
-  Quantize/dequantize run in the caller; aliasing reshapes cost nothing.
+  Quantize/dequantize run in the caller; views (aliasing reshapes, slices that are one contiguous
+  run of their input's bytes) cost nothing: they are placed at their input's offset plus the
+  view's byte offset.
 * **Regions.**  The int8 program input (the output of a ``quantize_per_tensor``) lives in the
   caller's input buffer (region ``"input"``, ``index`` = user-input number), the int8 tensor fed to
   a ``dequantize_per_tensor`` program output lives in the caller's output buffer (region
@@ -195,7 +197,8 @@ def in_place_merges(prog: ProgramTensors) -> dict[str, str]:
         for i in hook(node):
             arg = node.args[i]
             cls = prog.classes[prog.class_of[arg.name]]
-            if cls.region == "arena" and cls.last == s and cls.first < s and cls.nbytes == out.nbytes:
+            whole = prog.nbytes[arg.name] == cls.nbytes and not prog.view_offset.get(arg.name)  # not a slice view
+            if cls.region == "arena" and cls.last == s and cls.first < s and cls.nbytes == out.nbytes and whole:
                 merges[out.root] = cls.root
                 break
     return merges
@@ -238,7 +241,7 @@ def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = T
     lifetimes: dict[str, tuple[int, int]] = {}
     for name, root in prog.class_of.items():
         cls = prog.classes[root]
-        offset = offsets[owner(root)] if cls.region == "arena" else 0
+        offset = (offsets[owner(root)] if cls.region == "arena" else 0) + prog.view_offset.get(name, 0)
         tensors[name] = TensorAlloc(cls.region, offset, prog.nbytes[name], cls.index)
         lifetimes[name] = (cls.first, cls.last)
     scratch = {prog.steps[s].name: TensorAlloc("arena", offsets[f"scratch:{prog.steps[s].name}"], n)

@@ -13,7 +13,7 @@ import torch
 from torch.export import ExportedProgram
 
 from corten.errors import MemoryPlanError
-from corten.memory.views import RESHAPE, reshape_is_alias
+from corten.memory.views import RESHAPE, alias_offset
 from corten.ops.registry import op_name_of
 
 QUANTIZE = "quantize_per_tensor"
@@ -49,7 +49,8 @@ def tensor_nbytes(node: torch.fx.Node) -> int:
 
 @dataclass
 class StorageClass:
-    """Tensors that share one set of bytes: a producer and the reshape aliases of it."""
+    """Tensors that share one set of bytes: a producer and its views (reshape aliases, slices that
+    are contiguous runs of its bytes)."""
 
     root: str  # the node that writes the bytes (op output, or the quantize of a program input)
     members: list[str]
@@ -70,6 +71,7 @@ class ProgramTensors:
     copies: list[tuple[str, int]] = field(default_factory=list)  # (tensor, output index) copied at the end
     constant_bytes: int = 0
     constant_names: list[str] = field(default_factory=list)
+    view_offset: dict[str, int] = field(default_factory=dict)  # view tensor -> its first byte in its class
 
     def live_classes(self, step: int) -> list[StorageClass]:
         return [c for c in self.classes.values() if c.first <= step <= c.last]
@@ -93,6 +95,7 @@ def analyse(ep: ExportedProgram) -> ProgramTensors:
     nbytes: dict[str, int] = {}
     input_index: dict[str, int] = {}
     constants: dict[str, int] = {}
+    view_offset: dict[str, int] = {}
 
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):
@@ -119,13 +122,14 @@ def analyse(ep: ExportedProgram) -> ProgramTensors:
                 raise MemoryPlanError(f"memory plan: {node.name!r} quantizes {src}, not a program input")
             input_index[node.name] = user_inputs.index(src.name)
             class_of[node.name] = node.name
+        elif (offset := alias_offset(node)) is not None:  # a view: the bytes of its input (from offset)
+            src = node.args[0].name
+            class_of[node.name] = class_of[src]
+            view_offset[node.name] = view_offset.get(src, 0) + offset
         elif node.target == RESHAPE:
-            if reshape_is_alias(node):
-                class_of[node.name] = class_of[node.args[0].name]
-            else:
-                class_of[node.name] = node.name
-                steps.append(node)
-                op_names.append("reshape_copy")
+            class_of[node.name] = node.name
+            steps.append(node)
+            op_names.append("reshape_copy")
         else:
             class_of[node.name] = node.name
             steps.append(node)
@@ -168,4 +172,4 @@ def analyse(ep: ExportedProgram) -> ProgramTensors:
             cls.region, cls.index = "output", outs[0]
             copies += [(root, k) for k in outs[1:]]  # one tensor returned twice: copy to the others
     return ProgramTensors(steps, op_names, classes, class_of, nbytes, sorted(copies),
-                          sum(constants.values()), sorted(constants))
+                          sum(constants.values()), sorted(constants), view_offset)

@@ -1,4 +1,15 @@
-"""Which ``aten.reshape`` nodes of a lowered program are free (aliases) and which need a copy in C.
+"""Which nodes of a lowered program are free *views* of their input's bytes and which need a copy in C.
+
+Two kinds of views (:func:`alias_offset`):
+
+* an ``aten.reshape`` that leaves every value at the same byte (below);
+* a Corten op whose family declares, through its ``"alias_offset"`` hook, that this node's
+  output is one contiguous run of its input's bytes starting at some byte offset (a
+  ``quantized_strided_copy`` slicing H of an NHWC tensor, the batch, a row-major tensor's outer
+  dims, ...) - unless a program output reads it (:func:`feeds_program_output`): the caller's
+  output buffer holds only the output, so there the bytes are copied.
+
+Reshapes:
 
 A graph tensor's C bytes are its values in *storage order*: NHWC for 4-D activations (Corten's
 convention: the reference kernels return ``channels_last`` tensors), row-major for every other
@@ -16,38 +27,13 @@ A 4-D ``[N, C, H, W]`` tensor's NHWC storage equals its logical order when ``C =
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
+from corten.ops._movement import shapes_share_bytes, storage_is_logical, storage_order  # noqa: F401  (re-exported)
+from corten.ops.registry import Hook, all_op_names, hook_for, op_name_of
+
 RESHAPE = torch.ops.aten.reshape.default
-
-
-def storage_is_logical(shape: Sequence[int]) -> bool:
-    """True when a tensor of this shape has its C bytes in logical (row-major NCHW) order."""
-    if len(shape) != 4:
-        return True
-    _, c, h, w = (int(d) for d in shape)
-    return c == 1 or h * w == 1
-
-
-def storage_order(shape: Sequence[int]) -> torch.Tensor:
-    """The logical (row-major) index of the value held at each byte of a tensor of ``shape``."""
-    shape = [int(d) for d in shape]
-    idx = torch.arange(int(torch.Size(shape).numel()), dtype=torch.int64).reshape(shape)
-    if len(shape) == 4:
-        idx = idx.permute(0, 2, 3, 1)
-    return idx.reshape(-1)
-
-
-def shapes_share_bytes(in_shape: Sequence[int], out_shape: Sequence[int]) -> bool:
-    """True when reshaping ``in_shape`` to ``out_shape`` leaves every value at the same byte."""
-    in_logical, out_logical = storage_is_logical(in_shape), storage_is_logical(out_shape)
-    if in_logical and out_logical:
-        return True
-    if in_logical != out_logical:
-        return False
-    return bool(torch.equal(storage_order(in_shape), storage_order(out_shape)))
+DEQUANTIZE = "dequantize_per_tensor"
 
 
 def reshape_is_alias(node: torch.fx.Node) -> bool:
@@ -63,3 +49,35 @@ def reshape_is_alias(node: torch.fx.Node) -> bool:
         raise ValueError(f"reshape_is_alias: node {node.name!r} lacks meta['val'] shapes on its input or "
                          "output; run it through torch.export (or FakeTensorProp) first")
     return shapes_share_bytes(tuple(src.meta["val"].shape), tuple(node.meta["val"].shape))
+
+
+def feeds_program_output(node: torch.fx.Node) -> bool:
+    """True when a program output (a ``dequantize_per_tensor``) reads ``node``'s bytes, directly or
+    through reshape aliases."""
+    for user in node.users:
+        if user.op == "call_function" and op_name_of(user.target) == DEQUANTIZE:
+            return True
+        if user.op == "call_function" and user.target == RESHAPE and reshape_is_alias(user) and \
+                feeds_program_output(user):
+            return True
+    return False
+
+
+def alias_offset(node: torch.fx.Node) -> int | None:
+    """Where ``node``'s bytes start inside its first input's bytes when ``node`` is a view (an alias,
+    no C code), else None: 0 for an aliasing reshape; for a Corten op, what its family's
+    ``"alias_offset"`` hook says, unless a program output reads the node."""
+    if node.op != "call_function":
+        return None
+    if node.target == RESHAPE:
+        return 0 if reshape_is_alias(node) else None
+    name = op_name_of(node.target)
+    if name is None or name not in all_op_names():
+        return None
+    hook = hook_for(name, Hook.ALIAS_OFFSET)
+    if hook is None:
+        return None
+    offset = hook(node)
+    if offset is None or feeds_program_output(node):
+        return None
+    return int(offset)

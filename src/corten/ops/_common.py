@@ -27,7 +27,10 @@ aten = torch.ops.aten
 
 # Shape-only ATen ops, lowered by the shape family (to ``aten.reshape``) and recognised by others.
 RESHAPES = (aten.flatten.using_ints, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
-            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default)
+            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default,
+            aten.squeeze_.dim, aten.squeeze_.dims, aten.squeeze_.default, aten.unsqueeze_.default,
+            aten.unflatten.int, aten.atleast_1d.default, aten.atleast_2d.default, aten.atleast_3d.default,
+            aten.ravel.default)
 
 
 # ----------------------------------------------------------------------------- byte layout

@@ -25,6 +25,10 @@ Extension points (the only ones; each is registered by the family module at impo
   - ``Hook.IN_PLACE_INPUTS``: ``fn(node: torch.fx.Node) -> tuple[int, ...]``, the indices of the
     node's tensor arguments its kernel may overwrite with its output (same size, each element read
     before it is written).  Optional (memory planner; tests' independent plan checker).
+  - ``Hook.ALIAS_OFFSET``: ``fn(node: torch.fx.Node) -> int | None``, the byte of its first input
+    where the node's output starts when the output is one contiguous run of that input's bytes (a
+    view: no C code, no bytes of its own), else None.  Optional (memory planner, C generator; see
+    :func:`corten.memory.views.alias_offset`).
 
   ``kind`` is the :class:`Hook` member or its string value; anything else raises ValueError when
   the family module is imported, so a misspelled hook cannot silently disable a feature.
@@ -47,6 +51,7 @@ class Hook(str, enum.Enum):
     SCRATCH_BYTES = "scratch_bytes"
     EMIT_C = "emit_c"
     IN_PLACE_INPUTS = "in_place_inputs"
+    ALIAS_OFFSET = "alias_offset"
 
     @classmethod
     def of(cls, kind: "Hook | str") -> "Hook":

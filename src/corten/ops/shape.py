@@ -1,9 +1,13 @@
 """Shape-only ops: they move no arithmetic, so they lower to ``aten.reshape`` on the int8 tensor
 (or vanish, for identity-like ops).  They need the same quantization on both sides, which
-CortenQuantizer's shared specs give them.
+CortenQuantizer's shared specs give them.  In-place forms (``squeeze_``, ``unsqueeze_``) lower
+like the functional ones.
 
 In C a reshape is free (an alias of its input's bytes) except when an NHWC tensor with H*W > 1
 and C > 1 is flattened: NCHW order then differs from the bytes, and the generator emits a copy.
+A reshape between two 4-D shapes whose bytes are both channels-last permuted (``[1, 8, 4, 4] ->
+[1, 4, 8, 4]``), or one of bytes another movement just copied, is one ``quantized_strided_copy``
+(:mod:`corten.ops._movement`).
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import torch
 
 from corten.errors import LoweringError
 from corten.ops._common import RESHAPES
+from corten.ops._movement import composes_with_copy, lower_byte_map, shapes_share_bytes, storage_is_logical
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
@@ -19,7 +24,7 @@ aten = torch.ops.aten
 family = register_family(OpFamily("shape", (), doc=__doc__))
 
 IDENTITIES = (aten.dropout.default, aten.clone.default, aten.alias.default, aten.contiguous.default,
-              aten.detach.default)
+              aten.detach.default, aten.lift_fresh_copy.default, aten.detach_.default)
 annotates("shared", *RESHAPES, *IDENTITIES)
 
 
@@ -32,8 +37,14 @@ def _check_shared(m: Match) -> None:
 def lower_reshape(m: Match):
     _check_shared(m)
     shape = list(m.node.meta["val"].shape)
-    if list(m.inputs[0].node.meta["val"].shape) == shape:
+    in_shape = list(m.inputs[0].node.meta["val"].shape)
+    if in_shape == shape:
         return m.inputs[0].node
+    if not shapes_share_bytes(in_shape, shape) and (
+            (not storage_is_logical(in_shape) and not storage_is_logical(shape)) or composes_with_copy(m)):
+        # both sides channels-last permuted (no layout copy does it), or a copy of bytes another
+        # movement just copied: one strided copy
+        return lower_byte_map(m, lambda t: t.reshape(shape), "reshape")
     return m.call_aten(aten.reshape.default, m.inputs[0].node, shape)
 
 

@@ -27,6 +27,7 @@ import torch
 from corten.errors import LoweringError
 from corten.ops import checks
 from corten.ops._common import RESHAPES, output_format, storage_dim_order, storage_shape
+from corten.ops._movement import aten_overloads, composes_with_copy, lower_byte_map
 from corten.ops._rules import DQ_PER_TENSOR, Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
@@ -141,22 +142,23 @@ family = register_family(OpFamily(FAMILY, ("quantized_transpose",), doc=__doc__)
 # ----------------------------------------------------------------------------- lowering
 
 _aten = torch.ops.aten
-PERMUTES = (_aten.permute.default, _aten.transpose.int, _aten.t.default)
+PERMUTES = aten_overloads("permute.default", "transpose.int", "t.default", "movedim.int", "movedim.intlist",
+                          "moveaxis.int", "moveaxis.intlist", "swapaxes.default", "swapdims.default",
+                          "numpy_T.default", "mT.default", "adjoint.default", "permute_copy.default",
+                          "transpose_copy.int")
 annotates("shared", *PERMUTES)
 
 
 def aten_permutation(node) -> list[int]:
-    """The logical permutation of an ``aten.permute`` / ``transpose.int`` / ``t`` node."""
+    """The logical permutation of a permute-like node (``permute``, ``transpose``, ``t``,
+    ``movedim``, ``swapaxes``, ``.T``, ``.mT``, ...): the op applied to a probe tensor whose
+    dimension ``d`` has size ``d + 2`` tells where each dimension went."""
     rank = node.args[0].meta["val"].dim()
     if node.target == _aten.permute.default:
         return normalize_perm(node.args[1], rank)
-    perm = list(range(rank))
-    if node.target == _aten.t.default:
-        a, b = (0, 1) if rank == 2 else (0, 0)
-    else:
-        a, b = (int(d) % rank for d in node.args[1:3])
-    perm[a], perm[b] = perm[b], perm[a]
-    return perm
+    probe = torch.empty([d + 2 for d in range(rank)], device="meta")
+    out = node.target(probe, *node.args[1:], **node.kwargs)
+    return [int(s) - 2 for s in out.shape]
 
 
 @lowers(*PERMUTES)
@@ -178,6 +180,9 @@ def lower_permute(m: Match):
         return x.node
     if keeps_logical_order(in_shape, perm):
         return m.call_aten(_aten.reshape.default, x.node, out_shape)
+    if composes_with_copy(m):
+        # bytes another movement just copied (e.g. a flatten of NHWC): one strided copy for both
+        return lower_byte_map(m, lambda t: t.permute(perm), "permute")
     flat = _flattened_shape(m)
     if flat is None:
         return m.call("quantized_transpose", x.node, perm)
@@ -248,8 +253,12 @@ def _emit_transpose_c(ctx) -> str:
             ctx.call(f"corten_transpose_s8({len(dims)}, dims, perm, {src}, {out})"))
     try:
         in_dims, out_dims, perm = cmsis_transpose_plan(ctx.shape(x), ctx.arg("perm"), flattened)
-    except ValueError as e:
-        ctx.fail(f"{e}: emit with kernels='portable' or permute fewer dimensions")
+    except ValueError:  # more than 4 byte dims: Corten's portable kernel, in the CMSIS-NN flavour too
+        ctx.portable_kernel()
+        return ctx.block(
+            f"const int32_t dims[{len(dims)}] = {_c_list(dims)};",
+            f"const int32_t perm[{len(perm)}] = {_c_list(perm)};",
+            ctx.call(f"corten_transpose_s8({len(dims)}, dims, perm, {src}, {out})"))
     return ctx.block(
         ctx.dims("input_dims", "cmsis_nn_dims", *in_dims),
         ctx.dims("output_dims", "cmsis_nn_dims", *out_dims),

@@ -161,7 +161,8 @@ class CortenQuantizer(Quantizer):
                 if node.op != "call_function" or _annotated(node):
                     continue
                 ann = annotation_for(node.target)
-                if ann is None or (ann.kind == "shared") != shared_pass or not _float_tensors_only(node):
+                if ann is None or (ann.kind == "shared") != shared_pass or \
+                        not _float_tensors_only(node, constant_indices=ann.kind == "shared"):
                     continue
                 if ann.kind == "weighted":
                     self._annotate_weighted(node, act, ann.weight_axis)
@@ -219,7 +220,8 @@ class CortenQuantizer(Quantizer):
     def _annotate_shared(self, node: Node, act: QuantizationSpec) -> None:
         """Output and every tensor input share the first input's qparams (e.g. pooling, reshape, cat)."""
         # each tensor once: ``cat([y, y])`` lists y twice, and y sharing with itself would loop
-        tensors = list(dict.fromkeys(a for a in _flat_args(node) if isinstance(a, Node)))
+        # (integer tensors - the constant indices of an index_select or gather - are not quantized)
+        tensors = list(dict.fromkeys(a for a in _flat_args(node) if isinstance(a, Node) and not _integer_valued(a)))
         if not tensors:
             return
         first = tensors[0]
@@ -244,12 +246,34 @@ def _transposed_groups(node: Node) -> int:
     return int(node.args[6]) if len(node.args) > 6 else int(node.kwargs.get("groups", 1))
 
 
-def _float_tensors_only(node: Node) -> bool:
-    """Only float activations are quantized (``num_batches_tracked += 1`` in QAT graphs is not)."""
-    for a in [*_flat_args(node), node]:
-        val = a.meta.get("val") if isinstance(a, Node) else None
-        if isinstance(val, torch.Tensor) and not val.dtype.is_floating_point:
+def _integer_valued(a) -> bool:
+    val = a.meta.get("val") if isinstance(a, Node) else None
+    return isinstance(val, torch.Tensor) and not val.dtype.is_floating_point
+
+
+def _float_tensors_only(node: Node, constant_indices: bool = False) -> bool:
+    """Only float activations are quantized (``num_batches_tracked += 1`` in QAT graphs is not).
+    ``constant_indices``: integer tensor arguments computed without the model's inputs (the index
+    of an ``index_select`` / ``gather``) are allowed; the output must still be float."""
+    if _integer_valued(node):
+        return False
+    for a in _flat_args(node):
+        if _integer_valued(a) and not (constant_indices and _input_free(a)):
             return False
+    return True
+
+
+def _input_free(node: Node) -> bool:
+    """True when ``node`` is computed from constants only (no placeholder upstream)."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            return False
+        todo.extend(n.all_input_nodes)
     return True
 
 

@@ -202,6 +202,28 @@ int corten_concat_s8(const int8_t *input, int32_t outer, int32_t inner, int32_t 
 int corten_transpose_s8(int32_t num_dims, const int32_t *dims, const int32_t *perm, const int8_t *input,
                         int8_t *output);
 
+#define CORTEN_STRIDED_COPY_MAX_DIMS 10
+
+/**
+ * A strided (or indexed) byte copy: slice, select, flip, expand, repeat, pixel_shuffle, gather, ...
+ * The output bytes, in order, are indexed by dims[0..num_dims) (row-major, outermost first); output
+ * byte (i_0, ..., i_k) is input byte offset + sum_d i_d * strides[d], where at d == index_dim (when
+ * index is not NULL) the term is index[i_d] instead.  Strides may be negative or zero.
+ */
+typedef struct {
+    int32_t num_dims;       /* 1 .. CORTEN_STRIDED_COPY_MAX_DIMS */
+    const int32_t *dims;    /* output sizes, each >= 1 */
+    const int32_t *strides; /* input byte step per output index (ignored at index_dim) */
+    int32_t offset;         /* input byte of output byte 0, before the index term */
+    const int32_t *index;   /* NULL, or dims[index_dim] input byte offsets */
+    int32_t index_dim;      /* -1 without an index table */
+    int32_t input_size;     /* input bytes: every byte read must lie in [0, input_size) */
+} corten_strided_copy_params;
+
+/** Copy input to output as params say; input and output must not overlap.  Returns CORTEN_OK or
+ * CORTEN_ERROR_ARGUMENT (bad geometry, or a byte read outside the input). */
+int corten_strided_copy_s8(const corten_strided_copy_params *params, const int8_t *input, int8_t *output);
+
 /**
  * Softmax over num_rows rows of row_size (1..4095) int8 values with arm_softmax_s8 arithmetic
  * (see corten/ops/softmax.py): output scale 1/256, zero point -128.
