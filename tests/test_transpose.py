@@ -324,7 +324,7 @@ def test_six_dim_permute_portable_on_host_and_in_the_cmsis_nn_flavour(tmp_path):
     lib = t.program.emit_c(tmp_path, kernels="cmsis-nn")
     assert "corten_transpose_s8(5, dims, perm" in lib.source.read_text()
     assert "arm_transpose_s8" not in lib.source.read_text()
-    assert tmp_path / "transpose.c" in lib.kernel_files
+    assert tmp_path / "corten_kernels" / "transpose.c" in lib.kernel_files
 
 
 # ----------------------------------------------------------------------------- CMSIS-NN arm_transpose_s8
