@@ -180,8 +180,9 @@ def lower_permute(m: Match):
         return x.node
     if keeps_logical_order(in_shape, perm):
         return m.call_aten(_aten.reshape.default, x.node, out_shape)
-    if composes_with_copy(m):
+    if composes_with_copy(m) and not _read_by_matmul(m):
         # bytes another movement just copied (e.g. a flatten of NHWC): one strided copy for both
+        # (not before a matmul, which folds a transposed operand into its kernel call)
         return lower_byte_map(m, lambda t: t.permute(perm), "permute")
     flat = _flattened_shape(m)
     if flat is None:
@@ -189,6 +190,14 @@ def lower_permute(m: Match):
     node = m.call("quantized_transpose", x.node, perm, flat)
     node.meta["val"] = m.out_q.meta["val"].reshape(flat).contiguous()
     return node
+
+
+_MATMULS = aten_overloads("matmul.default", "bmm.default", "mm.default")
+
+
+def _read_by_matmul(m: Match) -> bool:
+    """True when a matmul reads the permute's output (through its dequantize nodes)."""
+    return any(r.target in _MATMULS for dq in m.out_q.users for r in dq.users)
 
 
 def _flattened_shape(m: Match) -> list[int] | None:
