@@ -69,3 +69,54 @@ def test_zoo_library_builds_with_strict_warnings(name, tmp_path):
             # the constants file is arrays of literals: one compiler is enough (mv2's is 20 MB of text)
             sources = [str(lib.source)] + ([str(lib.constants)] if key == "gcc" else [])
             _check([*cmd, *STRICT, *includes, "-fsyntax-only", *sources], tmp_path)
+
+
+# ----------------------------------------------------------------------------- memory per kernel flavour
+@pytest.mark.parametrize("name", list(EXPECTED_OPS))
+def test_arena_is_planned_for_the_kernel_flavour(name):
+    """Portable kernels take no CMSIS-NN scratch (only an LSTM's own state buffers): the portable plan reserves none for zoo models.  The CMSIS-NN plan
+    reserves, per step, exactly the bytes of CMSIS-NN's *_get_buffer_size* formula for that call on
+    the target's ISA (the families' scratch_bytes hooks), and the emitted library hands each call
+    exactly its planned buffer."""
+    import re
+
+    from corten.memory.program import analyse
+    from corten.ops.registry import hook_for
+
+    prog, _ = compiled(name)
+    portable, cmsis = prog.memory_for("portable"), prog.memory_for("cmsis-nn")
+    assert (portable.kernels, cmsis.kernels) == ("portable", "cmsis-nn")
+    assert prog.memory is cmsis
+    assert "portable kernels" in portable.report() and "cmsis-nn kernels" in cmsis.report()
+    steps = analyse(prog.ep)
+    want = {"scratch_bytes": {}, "portable_scratch_bytes": {}}
+    for node, op in zip(steps.steps, steps.op_names):
+        for kind, sizes in want.items():
+            hook = hook_for(op, kind) if op != "reshape_copy" else None
+            n = int(hook(node, prog.target)) if hook is not None else 0
+            if n:
+                sizes[node.name] = n
+    # portable: only a portable kernel's own buffers (an LSTM's state), never CMSIS-NN scratch
+    assert {k: a.nbytes for k, a in portable.scratch.items()} == want["portable_scratch_bytes"]
+    assert all(op == "quantized_lstm" for op in (steps.op_names[[n.name for n in steps.steps].index(k)]
+                                                   for k in portable.scratch))
+    assert portable.arena_bytes <= cmsis.arena_bytes
+    assert {k: a.nbytes for k, a in cmsis.scratch.items()} == want["scratch_bytes"]
+    if name == "mv2":  # 20 MB of constants to write; the plan check above covers it
+        return
+    for kernels, plan in (("portable", portable), ("cmsis-nn", cmsis)):
+        _, lib = library(name, kernels)
+        assert lib.arena_bytes == plan.arena_bytes
+        src = lib.source.read_text()
+        given = sorted((int(o), int(s)) for o, s in re.findall(r"\.buf = \(void \*\)\(act \+ (\d+)\), \.size = (\d+)", src))
+        planned = sorted((a.offset, a.nbytes) for a in plan.scratch.values())
+        assert set(given) <= set(planned)  # each CMSIS-NN context gets exactly its planned buffer
+        assert all(f"(void *)(act + {off})" in src for off, _ in planned)
+        if kernels == "cmsis-nn":
+            assert len(given) == len([1 for k in plan.scratch if "lstm" not in k])
+
+
+def test_ds_cnn_portable_arena_has_no_cmsis_scratch():
+    """The issue's example: ds-cnn for M55 declared 19,824 B with portable kernels."""
+    prog, _ = compiled("ds-cnn")
+    assert prog.memory_for("portable").arena_bytes < prog.memory_for("cmsis-nn").arena_bytes == 19824

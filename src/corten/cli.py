@@ -93,15 +93,17 @@ def cmd_compile(args) -> int:
                   f"compiled from {args.model} with {args.calib} calibration samples, seed {args.seed}", "",
                   prog.operator_table()]
         if not prog.unlowered_ops():
-            report += ["", prog.memory_report()]
+            report += ["", prog.memory_report(args.kernels)]
         text = "\n".join(report) + "\n"
         (tmp / "report.txt").write_text(text)
         print(text, end="")
         if args.max_arena is not None or args.max_flash is not None:
             from corten.memory import check_budget
 
-            check_budget(prog.memory, args.max_arena, args.max_flash)  # BudgetError -> exit code 2
-            print(f"budget: fits (arena {prog.memory.arena_bytes:,} B, flash constants {prog.memory.constant_bytes:,} B)")
+            check_budget(prog.memory_for(args.kernels), args.max_arena, args.max_flash)  # BudgetError -> exit code 2
+            plan = prog.memory_for(args.kernels)
+            print(f"budget: fits (arena {plan.arena_bytes:,} B with {args.kernels} kernels, flash constants "
+                  f"{plan.constant_bytes:,} B)")
         if args.emit_c:
             lib = prog.emit_c(tmp / "c", kernels=args.kernels)
             print(f"C model library ({args.kernels} kernels): {out / 'c'}/ ({lib.name}.h, {lib.name}.c, "

@@ -181,16 +181,26 @@ class Program:
     # ------------------------------------------------------------------ memory and C
     @property
     def memory(self):
-        """The static memory plan for the program's target (:class:`corten.memory.MemoryPlan`)."""
-        if self._memory is None:
-            from corten.memory import plan_memory
+        """The static memory plan for the program's target with CMSIS-NN kernels (their scratch
+        included; ``memory.kernels`` says so); :meth:`memory_for` gives the portable one."""
+        return self.memory_for("cmsis-nn")
 
-            self._require_lowered("plan memory")
-            self._memory = plan_memory(self.ep, self.target)
-        return self._memory
+    def memory_for(self, kernels: str = "cmsis-nn", target: str | None = None):
+        """The memory plan of the C library for ``kernels`` ("portable": no CMSIS-NN scratch) and
+        the program's target (or ``target``)."""
+        from corten.memory import plan_memory
 
-    def memory_report(self) -> str:
-        return self.memory.report()
+        self._require_lowered("plan memory")
+        tgt = self.target if target is None else get_target(target)
+        if not isinstance(self._memory, dict):
+            self._memory = {}
+        key = (kernels, tgt.name)
+        if key not in self._memory:
+            self._memory[key] = plan_memory(self.ep, tgt, kernels=kernels)
+        return self._memory[key]
+
+    def memory_report(self, kernels: str = "cmsis-nn") -> str:
+        return self.memory_for(kernels).report()
 
     def _require_lowered(self, what: str) -> None:
         if self.unlowered:
@@ -200,11 +210,10 @@ class Program:
         """Write the C model library (see :func:`corten.codegen.emit_c`) for the program's target,
         or for ``target`` (the memory plan is then made for that target's kernels)."""
         from corten.codegen import emit_c
-        from corten.memory import plan_memory
 
         self._require_lowered("emit C")
         tgt = self.target if target is None else get_target(target)
-        plan = self.memory if tgt == self.target else plan_memory(self.ep, tgt)
+        plan = self.memory_for(kernels, tgt.name)
         return emit_c(self.ep, plan, out_dir, self.name, tgt, kernels=kernels,
                       node_sources=self.info.get("node_sources"))
 

@@ -73,6 +73,7 @@ class MemoryPlan:
     target: str = ""
     isa: str = ""
     strategy: str = ""  # the packing order that won (see corten.memory.placement)
+    kernels: str = "cmsis-nn"  # the kernel flavour planned for: "portable" reserves no scratch
 
     @property
     def ratio(self) -> float:
@@ -105,6 +106,7 @@ class MemoryPlan:
         return {
             "target": self.target,
             "isa": self.isa,
+            "kernels": self.kernels,
             "arena_bytes": self.arena_bytes,
             "lower_bound_bytes": self.lower_bound_bytes,
             "ratio": round(self.ratio, 4),
@@ -123,7 +125,7 @@ class MemoryPlan:
 
     def report(self) -> str:
         lines = [
-            f"Corten memory plan ({self.target or '?'}, isa {self.isa or '?'})",
+            f"Corten memory plan ({self.target or '?'}, isa {self.isa or '?'}, {self.kernels} kernels)",
             f"  arena              {self.arena_bytes:>12,} B",
             f"  lower bound        {self.lower_bound_bytes:>12,} B   (arena / lower bound = {self.ratio:.4f})",
             f"  constant (flash)   {self.constant_bytes:>12,} B",
@@ -173,6 +175,16 @@ def step_scratch_bytes(prog: ProgramTensors, target: Target) -> list[int]:
     return sizes
 
 
+def portable_scratch_bytes(prog: ProgramTensors, target: Target) -> list[int]:
+    """Scratch bytes of each step with Corten's portable kernels (hook ``portable_scratch_bytes``;
+    0 for the families that do not provide it: their portable kernels take no buffer)."""
+    sizes = []
+    for node, op_name in zip(prog.steps, prog.op_names):
+        hook = hook_for(op_name, "portable_scratch_bytes") if op_name != "reshape_copy" else None
+        sizes.append(int(hook(node, target)) if hook is not None else 0)
+    return sizes
+
+
 def live_bytes_per_step(prog: ProgramTensors, scratch: list[int]) -> list[int]:
     """Arena bytes live at each step without in-place sharing (the lower bound's terms)."""
     arena = [c for c in prog.classes.values() if c.region == "arena"]
@@ -205,16 +217,21 @@ def in_place_merges(prog: ProgramTensors) -> dict[str, str]:
 
 
 def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = True,
-                alignment: int = ALIGNMENT) -> MemoryPlan:
+                alignment: int = ALIGNMENT, kernels: str = "cmsis-nn") -> MemoryPlan:
     """Plan every int8 activation and scratch buffer of the lowered program ``ep`` for ``target``.
 
     ``ep`` may also be a :class:`corten.program.Program` (its ``.ep`` is planned).  ``target`` is a
     :class:`~corten.targets.Target` or a target name.  ``in_place=False`` turns off in-place adds
-    (for measurements)."""
+    (for measurements).  ``kernels`` is the flavour the C library is emitted for: "cmsis-nn"
+    reserves each step's CMSIS-NN scratch (the families' ``scratch_bytes`` hooks, CMSIS-NN's
+    ``*_get_buffer_size*`` formulas for the target's ISA), "portable" none (Corten's portable
+    kernels take no scratch buffer)."""
+    if kernels not in ("portable", "cmsis-nn"):
+        raise MemoryPlanError(f"memory plan: kernels must be 'portable' or 'cmsis-nn', got {kernels!r}")
     ep = getattr(ep, "ep", ep)
     target = _resolve_target(target)
     prog = analyse(ep)
-    scratch_sizes = step_scratch_bytes(prog, target)
+    scratch_sizes = step_scratch_bytes(prog, target) if kernels == "cmsis-nn" else portable_scratch_bytes(prog, target)
     live = live_bytes_per_step(prog, scratch_sizes)
 
     merges = in_place_merges(prog) if in_place else {}
@@ -265,5 +282,6 @@ def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = T
         copies=list(prog.copies),
         target=target.name,
         isa=target.isa,
+        kernels=kernels,
         strategy=strategy,
     )

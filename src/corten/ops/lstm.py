@@ -501,6 +501,7 @@ def _batches(node) -> int:
     return int(val.shape[1] if time_major else val.shape[0])
 
 
+@family.provides(Hook.PORTABLE_SCRATCH_BYTES, "quantized_lstm")
 @family.provides(Hook.SCRATCH_BYTES, "quantized_lstm")
 def _lstm_scratch(node, target) -> int:
     hidden = int(node.args[1].meta["val"].shape[1]) if "val" in node.args[1].meta else None

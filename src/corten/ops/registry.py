@@ -49,6 +49,9 @@ class Hook(str, enum.Enum):
     """The per-op hook kinds (signatures in the module docstring)."""
 
     SCRATCH_BYTES = "scratch_bytes"
+    # Scratch of Corten's portable kernel (the memory plan of a kernels="portable" library);
+    # families whose portable kernel takes none (almost all) do not provide it: 0.
+    PORTABLE_SCRATCH_BYTES = "portable_scratch_bytes"
     EMIT_C = "emit_c"
     IN_PLACE_INPUTS = "in_place_inputs"
     ALIAS_OFFSET = "alias_offset"
