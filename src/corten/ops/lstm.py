@@ -43,9 +43,14 @@ constants, as CMSIS-NN's ``arm_vector_sum_s8`` fills them).  ``act_k`` is ``arm_
 (sigmoid for i, f, o; tanh for g): a 256-entry uint16 table of sigmoid(k/24) with linear
 interpolation.  The table is an argument of the op (:func:`sigmoid_table`, Corten's own:
 ``min(round(65536 * sigmoid(k / 24)), 65535)``).  CMSIS-NN ships its own table, which differs from
-Corten's in 44 entries by one unit of 2**-16, so both C flavours run Corten's portable
-``corten_lstm_s8`` (byte-exact with this reference); the CMSIS-NN-gated test feeds CMSIS-NN's table
-to the reference and checks it against ``arm_lstm_unidirectional_s8`` byte for byte.
+Corten's in 44 entries by one unit of 2**-16, and Corten does not copy it, so neither C flavour calls
+``arm_lstm_unidirectional_s8`` whole: the portable flavour runs ``corten_lstm_s8``; the CMSIS-NN
+flavour computes the gate pre-activations (all the multiply-accumulates) with CMSIS-NN's
+``arm_nn_vec_mat_mul_result_acc_s8_s16`` (Helium/DSP code, the same integer arithmetic) and the
+int16 sigmoid/tanh, cell and output with ``corten_lstm_step_s8``; both are byte-exact with this
+reference.  The CMSIS-NN-gated test (tests/test_lstm_cmsis.py) feeds CMSIS-NN's table, read from the
+tree at run time, to the reference and checks it against ``arm_lstm_unidirectional_s8`` byte for
+byte: the arithmetic is CMSIS-NN's.
 """
 from __future__ import annotations
 
@@ -513,8 +518,11 @@ def _lstm_scratch(node, target) -> int:
 # ----------------------------------------------------------------------------- C emission
 @family.provides(Hook.EMIT_C, "quantized_lstm")
 def _emit_lstm_c(ctx) -> str:
-    """One ``corten_lstm_s8`` call in both flavours (see the module docstring for why the CMSIS-NN
-    flavour does not call ``arm_lstm_unidirectional_s8``)."""
+    """Portable: one ``corten_lstm_s8`` call.  CMSIS-NN: per step and batch, the gate
+    pre-activations with CMSIS-NN's ``arm_nn_vec_mat_mul_result_acc_s8_s16`` (the MACs: Helium/DSP
+    code; the same integer arithmetic as the portable kernel) and ``corten_lstm_step_s8`` for the
+    int16 sigmoid/tanh, cell and output (Corten's table; see the module docstring for why the
+    flavour does not call ``arm_lstm_unidirectional_s8`` whole)."""
     ctx.portable_kernel()
     shape = ctx.shape(ctx.arg("input"))
     time_major = bool(ctx.arg("time_major"))
@@ -526,7 +534,8 @@ def _emit_lstm_c(ctx) -> str:
     if nbytes < need:
         ctx.fail(f"the memory plan gives {nbytes} scratch bytes; corten_lstm_s8 needs {need}")
     a = ctx.arg
-    return ctx.block(
+    x, out = ctx.input("input"), ctx.out()
+    params = [
         "const corten_lstm_params params = {",
         f"    .time_major = {int(time_major)}, .last_only = {int(bool(a('last_only')))},",
         f"    .batches = {batches}, .time_steps = {steps}, .input_size = {inputs}, .hidden_size = {hidden},",
@@ -545,7 +554,34 @@ def _emit_lstm_c(ctx) -> str:
         f" .gate_shifts = {ctx.const('gate_shifts', torch.int32)},",
         f"    .sigmoid_table = {ctx.const('sigmoid_table', torch.int32)}",
         "};",
-        ctx.call(f"corten_lstm_s8(&params, {ctx.input('input')}, {ctx.out()}, {scratch})"))
+    ]
+    if ctx.kernels == "portable":
+        return ctx.block(*params, ctx.call(f"corten_lstm_s8(&params, {x}, {out}, {scratch})"))
+    return ctx.block(
+        *params,
+        "/* declared in arm_nnsupportfunctions.h, which the generated code does not include */",
+        "extern arm_cmsis_nn_status arm_nn_vec_mat_mul_result_acc_s8_s16(const int8_t *lhs, const int8_t *rhs,",
+        "    const int32_t *effective_bias, int16_t *dst, const int32_t dst_multiplier, const int32_t dst_shift,",
+        "    const int32_t rhs_cols, const int32_t rhs_rows, const int32_t batches, const int32_t batch_offset);",
+        "int32_t t, b, k;",
+        f"for (t = 0; t < {steps}; t++) {{",
+        f"    for (b = 0; b < {batches}; b++) {{",
+        f"        const int8_t *x_row = corten_lstm_input_row(&params, {x}, t, b);",
+        f"        const int8_t *h_row = corten_lstm_hidden_in(&params, {out}, {scratch}, t, b);",
+        "        for (k = 0; k < 4; k++) {",
+        f"            int16_t *gate = corten_lstm_gate_row(&params, {scratch}, k, b);",
+        f"            (void)arm_nn_vec_mat_mul_result_acc_s8_s16(x_row, params.input_weights + k * {hidden * inputs},",
+        f"                params.input_effective_bias + k * {hidden}, gate, params.gate_multipliers[2 * k],",
+        f"                params.gate_shifts[2 * k], {inputs}, {hidden}, 1, 1);",
+        "            if (h_row != NULL) {",
+        f"                (void)arm_nn_vec_mat_mul_result_acc_s8_s16(h_row, params.hidden_weights + k * {hidden * hidden},",
+        f"                    params.hidden_effective_bias + k * {hidden}, gate, params.gate_multipliers[2 * k + 1],",
+        f"                    params.gate_shifts[2 * k + 1], {hidden}, {hidden}, 1, 1);",
+        "            }",
+        "        }",
+        "    }",
+        "    " + ctx.call(f"corten_lstm_step_s8(&params, t, {out}, {scratch})").replace("\n", "\n    "),
+        "}")
 
 
 rewrites_aten(SplitLSTMPass())

@@ -299,6 +299,18 @@ typedef struct {
 /** LSTM layer; scratch: 10 * batches * hidden_size + batches * hidden_size bytes, 2-byte aligned. */
 int corten_lstm_s8(const corten_lstm_params *params, const int8_t *input, int8_t *output, void *scratch);
 
+/* The pieces of corten_lstm_s8, for a caller computing the gate pre-activations itself (e.g. with
+ * CMSIS-NN's arm_nn_vec_mat_mul_result_acc_s8_s16), step by step: for each t and batch b, for each
+ * gate k, fill corten_lstm_gate_row(k, b) (returned zeroed) with sat16(R(x.Wx_k + ebx_k) +
+ * R(h.Wh_k + ebh_k)) where x = corten_lstm_input_row(t, b) and h = corten_lstm_hidden_in(t, b)
+ * (NULL at t = 0: no hidden term); then corten_lstm_step_s8(t) applies the gates' sigmoid/tanh and
+ * updates the cell state and the hidden state/output. */
+const int8_t *corten_lstm_input_row(const corten_lstm_params *params, const int8_t *input, int32_t t, int32_t b);
+const int8_t *corten_lstm_hidden_in(const corten_lstm_params *params, const int8_t *output, const void *scratch,
+                                    int32_t t, int32_t b);
+int16_t *corten_lstm_gate_row(const corten_lstm_params *params, void *scratch, int32_t gate, int32_t b);
+int corten_lstm_step_s8(const corten_lstm_params *params, int32_t t, int8_t *output, void *scratch);
+
 /** Batched matmul quantization: offsets are negated zero points (output: the zero point). */
 typedef struct {
     int32_t lhs_offset;
