@@ -69,10 +69,18 @@ def test_bad_example_inputs_are_refused(inputs, message):
         capture(_net(), inputs)
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (0, 3, 8, 8), ()])
-def test_batch_size_other_than_one_is_refused(shape):
-    with pytest.raises(CaptureError, match=r"batch size must be 1.*x\[:1\]"):
+@pytest.mark.parametrize("shape,message", [((0, 3, 8, 8), "no elements"), ((), "rank 0"),
+                                           ((1, 1, 1, 1, 1, 1), "rank 6")])
+def test_empty_scalar_or_rank6_inputs_are_refused(shape, message):
+    with pytest.raises(CaptureError, match=message):
         capture(_net(), (torch.randn(shape),))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (4, 3, 8, 8)])
+def test_any_batch_size_is_captured(shape):
+    ep = capture(_net(), (torch.randn(shape),))
+    x = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs)
+    assert tuple(x.meta["val"].shape) == shape
 
 
 def test_not_a_module_is_refused():

@@ -224,10 +224,16 @@ def test_training_mode_model_is_refused():
         corten.compile(model, inputs)
 
 
-def test_batch_two_is_refused():
+def test_batch_two_compiles_and_calibrates_on_batched_samples():
     model, _ = small_model()
-    with pytest.raises(CaptureError, match="batch size must be 1"):
-        corten.compile(model, (torch.randn(2, 3, 8, 8),))
+    x = torch.randn(2, 3, 8, 8)
+    prog = corten.compile(model, (x,), calibration=[(torch.randn(2, 3, 8, 8),) for _ in range(3)])
+    assert prog.unlowered_ops() == [] and prog.inputs[0].shape == (2, 3, 8, 8)
+    out = prog.run(x)
+    assert out.shape[0] == 2
+    # each sample of the batch is computed as it would be alone
+    one = corten.compile(model, (x[:1],), calibration=[(torch.randn(1, 3, 8, 8),)])
+    assert one.inputs[0].shape == (1, 3, 8, 8)
 
 
 @pytest.mark.parametrize("inputs, message", [

@@ -9,6 +9,7 @@ as the stages of :class:`Pipeline`, which :func:`compile` runs in order and
 from __future__ import annotations
 
 import copy
+import operator
 import sys
 import time
 import warnings
@@ -104,6 +105,85 @@ def _calibrate(prepared: torch.fx.GraphModule, samples: list[tuple], say: Callab
     return n
 
 
+def _flat_outputs(graph: torch.fx.Graph) -> list:
+    out = graph.output_node().args[0]
+    flat: list = []
+    stack = [out]
+    while stack:
+        a = stack.pop(0)
+        if isinstance(a, (list, tuple)):
+            stack[0:0] = list(a)
+        elif isinstance(a, dict):
+            stack[0:0] = list(a.values())
+        else:
+            flat.append(a)
+    return flat
+
+
+def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) -> None:
+    """Refuse, before quantization, what no later stage can handle: outputs that are not float
+    tensors (:class:`CaptureError`), control flow (``torch.cond``, ``while_loop``) and ops whose
+    output shape depends on the data (``nonzero``, one-argument ``where``, ``masked_select``,
+    ``unique``) (:class:`UnsupportedOpsError`, naming each op, its count and source line)."""
+    from corten.capture import CaptureError
+    from corten.ops._rules import source_location
+    from corten.lowering.pass_manager import UnloweredNode, op_display_name
+
+    refused = []
+    for node in exported.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue  # (a getitem of a refused op's tuple is reported through that op)
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            refused.append(UnloweredNode(node.name, op_display_name(node.target), source_location(node),
+                                         "data-dependent control flow cannot be compiled to a fixed sequence of "
+                                         "kernels; compute both branches and select with arithmetic, or move "
+                                         "the control flow outside the model"))
+            continue
+        if _dynamic(node) and not any(_dynamic(a) for a in node.all_input_nodes):  # where it starts
+            refused.append(UnloweredNode(node.name, op_display_name(node.target), source_location(node),
+                                         "its output shape depends on the input data; Corten compiles static "
+                                         "shapes only (use a fixed-size mask and multiply instead)"))
+    if refused:
+        raise UnsupportedOpsError(model_name, refused)
+    for i, a in enumerate(_flat_outputs(exported.graph)):
+        val = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+        if not isinstance(val, torch.Tensor):
+            what = "None" if val is None else type(val).__name__
+            raise CaptureError(f"{model_name}.forward returns {what} as output {i}; a compiled model returns "
+                               "float tensors only (a tensor, or a tuple/list/dict of tensors): return "
+                               "constants and other values from a Python wrapper around the compiled program")
+        if not val.dtype.is_floating_point:
+            raise CaptureError(f"{model_name}.forward returns a {val.dtype} tensor as output {i} "
+                               f"({op_display_name(a.target) if a.op == 'call_function' else a.op} at "
+                               f"{source_location(a)}); Corten programs return float tensors computed in int8: "
+                               "do comparisons, argmax and index computations after the program, in the caller")
+
+
+def _dynamic(node: torch.fx.Node) -> bool:
+    """True when ``node``'s output shape is symbolic (depends on the data)."""
+    vals = node.meta.get("val")
+    vals = vals if isinstance(vals, (list, tuple)) else [vals]
+    return any(isinstance(v, torch.Tensor) and any(not isinstance(d, int) for d in v.shape) for v in vals)
+
+
+def _unknown_ops(gm: torch.fx.GraphModule) -> list:
+    """The float ops of a captured graph that no op family annotates, lowers or removes."""
+    import corten.ops  # noqa: F401
+    from corten.aten_passes import is_noop
+    from corten.ops._rules import source_location
+    from corten.lowering.pass_manager import UnloweredNode, op_display_name
+    from corten.ops._rules import ACTIVATIONS
+    from corten.ops.registry import annotation_for, lowering_rule
+
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target in ACTIVATIONS or is_noop(n):
+            continue
+        if annotation_for(n.target) is None and lowering_rule(n.target) is None:
+            out.append(UnloweredNode(n.name, op_display_name(n.target), source_location(n), ""))
+    return out
+
+
 class Pipeline:
     """One compilation, stage by stage.  :func:`compile` runs every stage in order; the
     :class:`~corten.testing.Tester` drives the same stages one at a time and inspects what each
@@ -111,7 +191,7 @@ class Pipeline:
 
     Stages, each a method returning ``self``::
 
-        capture()     torch.export of the model (eval, batch 1, static shapes)     -> exported
+        capture()     torch.export of the model (eval, static shapes, any batch)     -> exported
         prepare()     ATen passes + CortenQuantizer annotation + observers          -> prepared
         calibrate()   run the calibration samples through the observers
         convert()     convert_pt2e and shape propagation (``meta["val"]``)          -> converted
@@ -160,6 +240,7 @@ class Pipeline:
         from corten.validation import check_exported
 
         self.exported = capture(self.model, self.example_inputs)
+        check_exported_ops(self.exported, self.model_name)  # data-dependent shapes, control flow, non-float outputs
         check_exported(self.exported, self.model_name)
         self.graphs["exported"] = graph_text(self.exported)
         self._timed("capture", t0)
@@ -293,8 +374,16 @@ def compile(
     each op, its count and source location) unless ``allow_unlowered=True``, which returns a
     partly lowered program whose ``unlowered_ops()`` lists them.
     """
-    return Pipeline(model, example_inputs, target, calibration, seed, name=name,
-                    progress=progress).run(allow_unlowered)
+    pipeline = Pipeline(model, example_inputs, target, calibration, seed, name=name, progress=progress)
+    try:
+        return pipeline.run(allow_unlowered)
+    except Exception as e:  # a torch-internal failure on an op Corten does not know: name the op
+        if type(e).__module__.startswith("corten") or pipeline.exported is None:
+            raise
+        unknown = _unknown_ops(unguarded_module(pipeline.exported))
+        if unknown:
+            raise UnsupportedOpsError(pipeline.model_name, unknown) from e
+        raise
 
 
 def _node_sources(lowered: torch.fx.GraphModule, program_ep) -> dict[str, dict[str, str]]:

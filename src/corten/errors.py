@@ -53,12 +53,14 @@ class UnsupportedOpsError(CortenError, ValueError):
                 why = f" -- {n.reason}" if n.reason else ""
                 lines.append(f"      {n.name} at {n.location}{why}")
         lines.append(
-            "Workarounds: replace the operator with a supported one (conv2d/depthwise, linear, add, "
+            "Workarounds: replace the operator with a supported one (conv1d/conv2d/depthwise/transposed conv, linear, "
+            "add/sub/mul/maximum/minimum with broadcasting, softmax, sigmoid/tanh/SiLU/GELU/hardswish and the other "
+            "lookup-table activations (in-place forms too), "
             "avg/max pool, mean over H,W, relu/relu6/hardtanh/clamp after those, data movement: reshape, "
             "slice/select, cat/stack, permute, expand/repeat, flip, pixel_shuffle, index_select/gather with "
             "constant indices; nn.LSTM unidirectional with a zero initial state, reading its output or h_n; "
             "attention as matmul/@ + softmax, nn.LayerNorm, scaled_dot_product_attention without "
-            "mask/dropout/is_causal), "
+            "mask/dropout/is_causal; any batch size, ranks 1-5), "
             "move it outside the compiled model (pre/post-processing), or pass allow_unlowered=True "
             "to corten.compile to get a partly lowered program for inspection (it cannot be emitted as C).")
         super().__init__("\n".join(lines))

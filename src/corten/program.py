@@ -50,8 +50,8 @@ def _io_specs(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec], list[
             qs = [u for u in node.users if u.target == q_op]
             if len(qs) == 1:
                 inputs.append(TensorSpec(tuple(node.meta["val"].shape), float(qs[0].args[1]), int(qs[0].args[2])))
-            else:
-                inputs.append(TensorSpec(tuple(node.meta["val"].shape), 0.0, 0))
+            else:  # an input the program never reads: any valid quantization (its bytes are ignored)
+                inputs.append(TensorSpec(tuple(node.meta["val"].shape), 1.0, 0))
     for node in ep.graph.output_node().args[0]:
         if isinstance(node, torch.fx.Node) and node.target == dq_op:
             outputs.append(TensorSpec(tuple(node.meta["val"].shape), float(node.args[1]), int(node.args[2])))
@@ -171,7 +171,7 @@ class Program:
         inputs = self._check_inputs(inputs)
         with torch.no_grad():
             out = self.int8_module()(*inputs)
-        return [out] if isinstance(out, torch.Tensor) else list(out)
+        return list(torch.utils._pytree.tree_leaves(out))  # (a dict or nested outputs: in output order)
 
     def quantize_inputs(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The int8 program inputs, as the program's quantize computes them."""

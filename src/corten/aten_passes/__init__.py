@@ -12,6 +12,7 @@ from corten.aten_passes.batch_norm_to_depthwise import BatchNormToDepthwiseConvP
 from corten.aten_passes.decompose_movement import DecomposeMovementPass
 from corten.aten_passes.fuse_batch_norm import (FuseBatchNormIntoConvPass, FuseBatchNormIntoLinearPass,
                                                 fold_scale_into_conv_weight)
+from corten.aten_passes.functionalize import FunctionalizeInPlacePass, functional_variant
 from corten.aten_passes.graph_utils import AtenPassError
 from corten.aten_passes.pass_manager import AtenPassManager, default_passes
 from corten.aten_passes.remove_noops import RemoveNoOpsPass, is_noop
@@ -19,6 +20,6 @@ from corten.aten_passes.remove_noops import RemoveNoOpsPass, is_noop
 __all__ = [
     "AtenPassManager", "AtenPassError", "default_passes",
     "FuseBatchNormIntoConvPass", "FuseBatchNormIntoLinearPass", "BatchNormToDepthwiseConvPass",
-    "RemoveNoOpsPass", "DecomposeMovementPass", "BatchNormMatch", "batch_norms", "is_batch_norm", "match_batch_norm",
+    "RemoveNoOpsPass", "DecomposeMovementPass", "FunctionalizeInPlacePass", "functional_variant", "BatchNormMatch", "batch_norms", "is_batch_norm", "match_batch_norm",
     "is_noop", "fold_scale_into_conv_weight",
 ]

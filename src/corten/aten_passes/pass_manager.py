@@ -9,6 +9,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from corten.aten_passes.batch_norm_to_depthwise import BatchNormToDepthwiseConvPass
 from corten.aten_passes.decompose_attention import DecomposeScaledDotProductAttentionPass
 from corten.aten_passes.decompose_movement import DecomposeMovementPass
+from corten.aten_passes.functionalize import FunctionalizeInPlacePass
 from corten.aten_passes.fold_pad_into_conv import FoldPadIntoConvPass
 from corten.aten_passes.fuse_batch_norm import FuseBatchNormIntoConvPass, FuseBatchNormIntoLinearPass
 from corten.aten_passes.remove_noops import RemoveNoOpsPass
@@ -17,12 +18,13 @@ AtenPass = Callable[[GraphModule], PassResult]
 
 
 def default_passes() -> list[AtenPass]:
-    """Data movement in single-input form (split/unbind pieces as slices, stack as cat, movement of
+    """In-place ops become functional first (``out += x`` -> ``add``), then data movement in single-input form (split/unbind pieces as slices, stack as cat, movement of
     constants folded), then no-op removal (so ``conv -> dropout/clone -> BN`` still folds), symmetric zero pads into
     the convs reading them, then BatchNorm folding
     into conv and linear, then the depthwise rewrite of every BatchNorm that could not be folded, then
     ``scaled_dot_product_attention`` spelled out as matmul, mul, softmax, matmul."""
     return [
+        FunctionalizeInPlacePass(),
         DecomposeMovementPass(),
         RemoveNoOpsPass(),
         FoldPadIntoConvPass(),

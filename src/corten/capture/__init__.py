@@ -1,4 +1,5 @@
-"""Capture an eval-mode nn.Module as an ATen graph with ``torch.export`` (batch 1, static shapes).
+"""Capture an eval-mode nn.Module as an ATen graph with ``torch.export`` (static shapes: the example
+inputs' shapes, any batch size, ranks 1 to 5).
 
 * :func:`capture` -> ``torch.export.ExportedProgram`` (the training-IR export: ops such as
   ``aten.conv2d.default``, ``aten.batch_norm.default``, ``aten.linear.default``; parameters are
@@ -23,7 +24,8 @@ What ``capture_module`` graphs look like on torch 2.13 (eval mode, e.g. MobileNe
 
 Anything Corten cannot compile is refused up front with a :class:`CaptureError` that says what to
 change: a model (or submodule) in training mode, example inputs that are not a tuple of float32
-tensors, a batch size other than 1, or ``torch.export`` failing on the model.
+tensors of rank 1 to 5 (a Python scalar input is refused with what to do instead), or
+``torch.export`` failing on the model.
 """
 from __future__ import annotations
 
@@ -57,15 +59,22 @@ def _check_inputs(example_inputs: object) -> None:
         raise CaptureError("example_inputs is an empty tuple; pass one float32 tensor per model input")
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
-            raise CaptureError(f"example_inputs[{i}] is a {type(x).__name__}, not a tensor; "
+            hint = (" (a Python scalar input is not supported: make it a constant of the model - an attribute "
+                    "or a default argument - or pass it as a float32 tensor)"
+                    if isinstance(x, (bool, int, float)) else "")
+            raise CaptureError(f"example_inputs[{i}] is a {type(x).__name__}, not a tensor{hint}; "
                                "pass a tuple of float32 tensors")
         if x.dtype != torch.float32:
             raise CaptureError(f"example_inputs[{i}] has dtype {x.dtype}; Corten quantizes float32 "
                                "models: pass float32 tensors (x.float())")
-        if x.dim() == 0 or x.shape[0] != 1:
-            raise CaptureError(
-                f"example_inputs[{i}] has shape {tuple(x.shape)}: batch size must be 1 "
-                "(shape [1, ...]); take one sample, e.g. x[:1]")
+        if x.dim() == 0:
+            raise CaptureError(f"example_inputs[{i}] is a rank 0 tensor (a scalar); Corten takes tensors of "
+                               "rank 1 to 5: pass it as shape [1] (x.reshape(1))")
+        if x.dim() > 5:
+            raise CaptureError(f"example_inputs[{i}] has rank {x.dim()} (shape {tuple(x.shape)}); Corten takes "
+                               "tensors of rank 1 to 5: fold dimensions together before the model")
+        if any(d == 0 for d in x.shape):
+            raise CaptureError(f"example_inputs[{i}] has shape {tuple(x.shape)} with no elements")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -74,10 +83,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 def capture(model: nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> torch.export.ExportedProgram:
-    """Export ``model`` (eval mode) with ``torch.export.export`` on batch-1, static-shape inputs.
+    """Export ``model`` (eval mode) with ``torch.export.export`` on static-shape inputs.
 
     Raises :class:`CaptureError` for a model in training mode, inputs that are not a non-empty
-    tuple of float32 tensors with batch size 1, or when ``torch.export`` fails (the message names
+    tuple of float32 tensors of rank 1 to 5, or when ``torch.export`` fails (the message names
     the model class and the first line of torch's error; the original is chained as ``__cause__``).
     """
     _check_model(model)

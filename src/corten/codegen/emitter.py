@@ -34,7 +34,7 @@ import torch
 
 from corten.codegen import build_files
 from corten.codegen.context import KERNEL_FLAVOURS, CodegenError, EmitContext, c_identifier, c_int, nhwc
-from corten.ops.registry import family_of, hook_for, op_name_of
+from corten.ops.registry import family_of, hook_for, is_lowered_node, op_name_of
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 KERNEL_HEADERS = ("corten_fixed_point.h", "corten_internal.h", "corten_kernels.h")
@@ -295,16 +295,26 @@ class _Generator:
         return f"(void *)(act + {int(a.offset)})", int(a.nbytes)
 
     # ------------------------------------------------------------------ program walk
-    def io_nodes(self) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
-        """(the quantize of each program input, in input order; the dequantize of each output, in
-        output order).  Several inputs (outputs) are packed one after another in the caller's
-        input (output) buffer, at the offsets :meth:`io_offsets` gives."""
-        quants = [n for n in self.ep.graph.nodes if n.op == "call_function" and op_name_of(n.target) == QUANTIZE]
+    def io_nodes(self) -> tuple[list[torch.fx.Node | None], list[torch.fx.Node]]:
+        """(the quantize of each program input, in input order - None for an input the program
+        never reads; the dequantize of each output, in output order).  Several inputs (outputs)
+        are packed one after another in the caller's input (output) buffer, at the offsets
+        :meth:`io_offsets` gives."""
+        placeholders = {n.name: n for n in self.ep.graph.nodes if n.op == "placeholder"}
+        user_inputs = [placeholders[name] for name in self.ep.graph_signature.user_inputs]
+        quants = []
+        for ph in user_inputs:
+            qs = [u for u in ph.users if u.op == "call_function" and op_name_of(u.target) == QUANTIZE]
+            if len(qs) > 1 or len(qs) != len(ph.users):
+                raise CodegenError(f"program input {ph.name!r} must be read through one quantize_per_tensor")
+            quants.append(qs[0] if qs else None)
+        self.user_inputs = user_inputs
         outs = [a for a in self.ep.graph.output_node().args[0]]
         deqs = [a for a in outs if isinstance(a, torch.fx.Node) and op_name_of(a.target) == DEQUANTIZE]
-        if not quants or len(deqs) != len(outs):
+        if not any(q is not None for q in quants) or len(deqs) != len(outs):
             raise CodegenError(f"every program input must be quantized and every output dequantized; the program "
-                               f"has {len(quants)} quantize nodes and {len(deqs)} of {len(outs)} outputs dequantized")
+                               f"has {sum(q is not None for q in quants)} quantize nodes and {len(deqs)} of "
+                               f"{len(outs)} outputs dequantized")
         return quants, deqs
 
     def io_offsets(self) -> tuple[list[int], list[int]]:
@@ -315,7 +325,7 @@ class _Generator:
                 offs.append(total)
                 total += int(np.prod(self._shape(n)))
             return offs
-        return packed(quants), packed([d.args[0] for d in deqs])
+        return packed(self.user_inputs), packed([d.args[0] for d in deqs])
 
     def statements(self) -> tuple[list[str], list[str]]:
         """(C statements of <name>_run, canonical op descriptions for the program hash)."""
@@ -325,6 +335,9 @@ class _Generator:
             if node.op != "call_function":
                 continue
             name = op_name_of(node.target)
+            if not is_lowered_node(node):
+                raise CodegenError(f"node {node.name!r} ({node.target}) is not lowered; only lowered programs "
+                                   "(Corten ops and registered views such as aten.reshape) can be emitted as C")
             if name in (QUANTIZE, DEQUANTIZE):
                 continue
             if node.target == RESHAPE:
@@ -500,8 +513,8 @@ def _io_names(g: _Generator) -> tuple[list[str], list[str]]:
     """C field names of the inputs (the forward's argument names) and outputs (output0, ...)."""
     quants, deqs = g.io_nodes()
     names, used = [], set()
-    for q in quants:
-        base = c_identifier(str(q.args[0].name)) if isinstance(q.args[0], torch.fx.Node) else "input"
+    for ph in g.user_inputs:  # (an input the program never reads has no quantize node)
+        base = c_identifier(str(ph.name))
         name, k = base, 2
         while name in used:
             name, k = f"{base}_{k}", k + 1
@@ -669,6 +682,8 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
     steps_fn = (f"/* The model's steps; in<i>/out<i> point at each program input/output, act at the arena. */\n"
                 f"static int {n}_steps({params})\n{{\n"
                 + ("" if re.search(r"\bact\b", body) else "    (void)act;\n")  # e.g. only scratch in the arena
+                + "".join(f"    (void)in{i}; /* an input the model never reads */\n" for i, t in enumerate(ins)
+                          if not re.search(rf"\bin{i}\b", body))
                 + body + ("\n\n" if body else "") + f"    return {m}_OK;\n}}\n")
     checks = [f"input == NULL || output == NULL" + (" || arena == NULL" if arena_bytes > 0 else "")]
     align = (f"    if (arena != NULL && ((uintptr_t)arena % (uintptr_t){m}_ARENA_ALIGN) != 0u) {{\n"
@@ -746,7 +761,7 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
 
     g = _Generator(ep, plan, name, target, kernels, node_sources=dict(node_sources or {}))
     quants, dequants = g.io_nodes()
-    quant, dequant = quants[0], dequants[0]
+    quant, dequant = next(q for q in quants if q is not None), dequants[0]
     statements, op_lines = g.statements()
     if not statements:
         raise CodegenError("the program has no operator between its quantize and dequantize; nothing to emit")
@@ -757,15 +772,17 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     for key, arr in g.arrays.items():
         hasher.update(f"{key} {arr.ctype} {tuple(arr.tensor.shape)}\n".encode())
         hasher.update(_bytes(arr.tensor))
-    in_node, out_node = quant, dequant.args[0]
+    in_node, out_node = g.user_inputs[0], dequant.args[0]
     in_shape, out_shape = tuple(g._shape(in_node)), tuple(g._shape(out_node))
     in_offs, out_offs = g.io_offsets()
-    inputs = tuple(IOTensor(tuple(g._shape(q)), float(q.args[1]), int(q.args[2]), off)
-                   for q, off in zip(quants, in_offs))
+    # an input the program never reads keeps its bytes in the buffer, with scale 1 and zero point 0
+    inputs = tuple(IOTensor(tuple(g._shape(ph)), float(q.args[1]) if q is not None else 1.0,
+                            int(q.args[2]) if q is not None else 0, off)
+                   for ph, q, off in zip(g.user_inputs, quants, in_offs))
     outputs = tuple(IOTensor(tuple(g._shape(d.args[0])), float(d.args[1]), int(d.args[2]), off)
                     for d, off in zip(dequants, out_offs))
     lib = dict(
-        input_shape=in_shape, input_scale=float(quant.args[1]), input_zero_point=int(quant.args[2]),
+        input_shape=in_shape, input_scale=inputs[0].scale, input_zero_point=inputs[0].zero_point,
         output_shape=out_shape, output_scale=float(dequant.args[1]), output_zero_point=int(dequant.args[2]),
         input_bytes=sum(t.nbytes for t in inputs), output_bytes=sum(t.nbytes for t in outputs),
         inputs=inputs, outputs=outputs,

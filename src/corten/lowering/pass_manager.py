@@ -6,12 +6,15 @@ Passes, in order (each a small class with a ``__call__(gm) -> gm``):
 2. :class:`LowerComputeOpsPass`     every quantized ATen op with a lowering rule (found through the op
    registry) becomes Corten ops; its q/dq neighbours fold into the op's qparams, a following
    activation into activation_min/max, and multipliers, shifts and kernel sums are computed here.
-3. :class:`LowerOutputDequantizePass`  the ``dequantize_per_tensor`` feeding a program output becomes
+3. :class:`LowerRequantizePass`     a ``quantize(dequantize(x))`` pair left between lowered ops (sigmoid's fixed
+   output qparams feeding a conv) becomes a requantizing lookup table.
+4. :class:`LowerOutputDequantizePass`  the ``dequantize_per_tensor`` feeding a program output becomes
    ``corten.dequantize_per_tensor``.
-4. :class:`RemoveDeadCodePass`      the float nodes the lowering bypassed, and unused constants, go.
+5. :class:`RemoveDeadCodePass`      the float nodes the lowering bypassed, and unused constants, go.
 
-What is left that is neither a Corten op nor a shape-only ``aten.reshape`` is *unlowered*: it is
-reported by :func:`unlowered_nodes` with its source location.
+What is left that is neither a Corten op nor a registered view op (``aten.reshape``) is *unlowered*
+(one definition, :func:`corten.ops.registry.is_lowered_node`, shared with the memory planner and the
+C generator): it is reported by :func:`unlowered_nodes` with its source location.
 """
 from __future__ import annotations
 
@@ -32,10 +35,9 @@ from corten.ops._rules import (
     source_location,
 )
 from corten.fixed_point import ScaleError
-from corten.ops.registry import lowering_rule, op, op_name_of
+from corten.ops.registry import is_lowered_node, lowering_rule, op, op_name_of
 
 aten = torch.ops.aten
-SHAPE_ONLY = {aten.reshape.default}
 
 
 class LowerInputQuantizePass:
@@ -201,10 +203,8 @@ class UnloweredNode:
         return f"{self.op} [{self.name}] at {self.location}{why}"
 
 
-def is_lowered(node: Node) -> bool:
-    if node.op != "call_function":
-        return True
-    return op_name_of(node.target) is not None or node.target in SHAPE_ONLY
+is_lowered = is_lowered_node  # the one definition (corten.ops.registry), shared with memory and codegen
+
 
 
 def op_display_name(target) -> str:

@@ -14,7 +14,7 @@ from torch.export import ExportedProgram
 
 from corten.errors import MemoryPlanError
 from corten.memory.views import RESHAPE, alias_offset
-from corten.ops.registry import op_name_of
+from corten.ops.registry import is_lowered_node, op_name_of
 
 QUANTIZE = "quantize_per_tensor"
 DEQUANTIZE = "dequantize_per_tensor"
@@ -104,7 +104,7 @@ def analyse(ep: ExportedProgram) -> ProgramTensors:
             raise MemoryPlanError(f"memory plan: node {node.name!r} is a {node.op!r} node; a lowered program "
                                   "has only placeholders, call_function nodes and the output")
         name = op_name_of(node.target)
-        if name is None and node.target != RESHAPE:
+        if not is_lowered_node(node):
             _fail_unlowered(node)
         for arg in node.all_input_nodes:
             t = constant_tensor(ep, arg)

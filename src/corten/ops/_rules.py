@@ -96,6 +96,8 @@ def source_location(node: Node) -> str:
         return "<unknown source>"
     # Prefer the innermost frame in the user's code over torch's own layers (nn.Conv2d.forward...).
     user = [ln for ln in lines if not _is_library_frame(ln)]
+    # ... and over generated code (``<eval_with_key>``: torch.cond / while_loop subgraphs)
+    user = [ln for ln in user if not ln.split('"')[1:2] == [] and not ln.split('"')[1].startswith("<")] or user
     # 'File "/path/m.py", line 12, in forward'
     last = (user or lines)[-1]
     try:

@@ -91,6 +91,12 @@ annotates("weighted", torch.ops.aten.linear.default)
 def lower_linear(m: Match):
     """``aten.linear`` (kept whole by export: no addmm/permute) -> ``quantized_linear``."""
     x = m.inputs[0]
+    shape = tuple(int(d) for d in x.node.meta["val"].shape)
+    if len(shape) == 4 and not (shape[1] == 1 or shape[2] * shape[3] == 1):
+        # (the same rule as corten.memory.views.storage_is_logical; the C emission checks it too)
+        raise LoweringError(f"linear over the last dim of a 4-D tensor {list(shape)}: 4-D activations are "
+                            "channels-last (NHWC) in C, so the features are not contiguous; reshape to 3-D "
+                            "(x.flatten(1, 2)) or permute to put the features last first")
     weight, w_scales, axis = m.quantized_constant(m.node.args[1])
     if axis not in (None, 0):
         raise LoweringError(f"weights quantized along axis {axis}; expected per-output-feature (axis 0)")

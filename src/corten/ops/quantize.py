@@ -5,6 +5,9 @@ Rounding (checked against TFLite's ``AffineQuantize``, which CMSIS-NN based runt
 in float32, as TFLite does.  (PyTorch's ``quantize_per_tensor`` multiplies by ``1/scale`` and
 rounds half to even; the two differ only on exact ties and by one ulp of the quotient.)
 Dequantize is ``(q - zero_point) * scale`` in float32.
+
+A quantized 4-D program input is ``channels_last``: its bytes are the C input buffer's (NHWC), like
+every other 4-D int8 tensor of a lowered program (so ``conv(x) + x`` adds two NHWC tensors).
 """
 from __future__ import annotations
 

@@ -127,7 +127,8 @@ def lowering_rule(aten_target: Any) -> Callable | None:
 
 
 def lowered_aten_ops() -> list[Any]:
-    return list(_LOWERINGS)
+    """The ATen ops with a lowering rule (not the pseudo-targets such as ``"requantize"``)."""
+    return [t for t in _LOWERINGS if not isinstance(t, str)]
 
 
 _ATEN_REWRITES: list[Callable] = []
@@ -215,3 +216,28 @@ def op_name_of(target: Any) -> str | None:
     if isinstance(target, torch._ops.OpOverload) and target.namespace == NAMESPACE:
         return target._schema.name.split("::", 1)[1]
     return None
+
+
+# ----------------------------------------------------------------------------- what "lowered" means
+# The one definition the operator table, unlowered_ops(), the memory planner and the C generator
+# share: a lowered program's call_function nodes are Corten ops or one of these ATen view ops
+# (a byte alias, or a layout copy the generator emits itself).
+_VIEW_TARGETS: set[Any] = {torch.ops.aten.reshape.default}
+
+
+def register_view_target(target: Any) -> None:
+    """Declare an ATen op that stays in lowered programs as a view (memory and codegen handle it)."""
+    _VIEW_TARGETS.add(target)
+
+
+def is_view_target(target: Any) -> bool:
+    return target in _VIEW_TARGETS
+
+
+def is_lowered_node(node: Any) -> bool:
+    """True when the FX ``node`` may appear in a lowered program: a placeholder, get_attr or output,
+    a Corten op, or a registered view op.  Anything else (a float ATen op, a ``quantized_decomposed``
+    quantize/dequantize the lowering could not fold) means the program is not lowered."""
+    if node.op != "call_function":
+        return True
+    return op_name_of(node.target) is not None or node.target in _VIEW_TARGETS

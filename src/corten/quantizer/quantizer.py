@@ -174,7 +174,17 @@ class CortenQuantizer(Quantizer):
                     self._annotate_fixed(node, act, ann.fixed)
                 else:
                     self._annotate_shared(node, act)
+        self._annotate_float_outputs(model, act)
         return model
+
+    def _annotate_float_outputs(self, model: GraphModule, act: QuantizationSpec) -> None:
+        """A program output no annotated op produces (``return x``, a graph of no-ops) is observed
+        on the output edge, so even a program without compute has int8 inputs and outputs."""
+        out = model.graph.output_node()
+        tensors = [a for a in _flat_args(out) if isinstance(a, Node) and not _annotated(a)
+                   and isinstance(a.meta.get("val"), torch.Tensor) and a.meta["val"].dtype.is_floating_point]
+        if tensors:
+            _mark(out, {a: act for a in dict.fromkeys(tensors)}, None)
 
     def validate(self, model: GraphModule) -> None:
         pass
