@@ -70,7 +70,7 @@ CASES = {
     "std": (lambda s, x: x.std(1), r(1, 8), U, "aten.std"),
     "vector_norm": (lambda s, x: x.norm(dim=1), r(1, 8), U, "aten.linalg_vector_norm"),
     "trunc": (lambda s, x: torch.trunc(x), r(1, 8), U, "aten.trunc"),
-    "upsample_nearest": (lambda s, x: F.interpolate(x, scale_factor=2), r(1, 2, 4, 4), U, "aten.upsample_nearest2d"),
+    "upsample_bilinear": (lambda s, x: F.interpolate(x, scale_factor=2, mode="bilinear"), r(1, 2, 4, 4), U, "aten.upsample_bilinear2d"),
     "grid_sample": (lambda s, x: F.grid_sample(x, torch.zeros(1, 2, 2, 2), align_corners=False), r(1, 1, 4, 4), U,
                     "aten.grid_sampler"),
     "einsum_outer": (lambda s, x: torch.einsum("bi,bj->bij", x, x), r(1, 8), U, "aten.einsum"),
