@@ -153,3 +153,14 @@ def broadcast_struct(out_shape, shape1, shape2):
     dims, _, s1 = loop_geometry(out_shape, shape1)
     _, _, s2 = loop_geometry(out_shape, shape2)
     return Broadcast(Dims(*dims), Dims(*s1), Dims(*s2))
+
+
+def add(x1, x2, in1_offset, in1_mult, in1_shift, in2_offset, in2_mult, in2_shift, left_shift,
+        out_offset, out_mult, out_shift, act_min, act_max):
+    """arm_elementwise_add_s8 per element, broadcast (numpy rules)."""
+    def one(a, b):
+        p = requantize(i32((a + in1_offset) << left_shift), in1_mult, in1_shift)
+        q = requantize(i32((b + in2_offset) << left_shift), in2_mult, in2_shift)
+        acc = requantize(i32(p + q), out_mult, out_shift)
+        return i8(clamp(i32(acc + out_offset), act_min, act_max))
+    return binary(one, x1, x2)

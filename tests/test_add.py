@@ -91,7 +91,8 @@ def test_add_realistic_params_match_float_sum():
         assert abs(got - real) <= 1.0
 
 
-def test_add_keeps_channels_last_layout():
+def test_add_output_is_channels_last_for_4d():
+    """As mul and sub: a 4-D output is NHWC bytes (channels_last) whatever the inputs' layouts."""
     rng = random.Random(1)
     case = _random_case(rng, extreme=False)
     x1 = oc.int8_tensor(rng, (1, 3, 2, 2)).contiguous(memory_format=torch.channels_last)
@@ -101,6 +102,8 @@ def test_add_keeps_channels_last_layout():
     assert oc.is_channels_last(out) and not out.is_contiguous()
     assert out.flatten().tolist() == _naive({**case, "input1": x1.contiguous(), "input2": x2.contiguous()})
     case.update(input1=x1.contiguous(), input2=x2.contiguous())
+    assert oc.is_channels_last(add(**case))
+    case.update(input1=x1[0, 0], input2=x2[0, 0])
     assert add(**case).is_contiguous()
 
 

@@ -38,7 +38,8 @@ ConvParams = _int_struct("ConvParams", ["stride_h", "stride_w", "pad_h", "pad_w"
                                         "depth_multiplier", "input_offset", "output_offset", "activation_min",
                                         "activation_max"])
 PoolParams = _int_struct("PoolParams", ["kernel_h", "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w",
-                                        "activation_min", "activation_max"])
+                                        "activation_min", "activation_max", "pad_bottom", "pad_right", "dilation_h",
+                                        "dilation_w", "count_include_pad", "divisor_override", "zero_point"])
 AddParams = _int_struct("AddParams", ["input1_offset", "input1_multiplier", "input1_shift", "input2_offset",
                                       "input2_multiplier", "input2_shift", "left_shift", "output_offset",
                                       "output_multiplier", "output_shift", "activation_min", "activation_max"])
@@ -282,7 +283,8 @@ def test_pool_matches_reference(lib, kind):
         op = OPS.quantized_avg_pool2d if kind == "avg" else OPS.quantized_max_pool2d
         want = op(x, [kh, kw], stride, padding, *act)
         out = (ctypes.c_int8 * want.numel())()
-        params = PoolParams(kh, kw, stride[0], stride[1], padding[0], padding[1], *act)
+        params = PoolParams(kh, kw, stride[0], stride[1], padding[0], padding[1], *act, padding[0], padding[1], 1, 1,
+                            0, 0, 0)
         fn = lib.corten_avg_pool2d_s8 if kind == "avg" else lib.corten_max_pool2d_s8
         assert fn(ctypes.byref(params), ctypes.byref(_dims_nchw(x)), _buf(x), ctypes.byref(_dims_nchw(want)), out) == 0
         assert bytes(out) == _nhwc_bytes(want)

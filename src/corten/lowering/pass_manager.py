@@ -18,6 +18,7 @@ C generator): it is reported by :func:`unlowered_nodes` with its source location
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -54,8 +55,11 @@ class LowerInputQuantizePass:
 
 
 def _output_chain(node: Node) -> tuple[Node | None, Node | None]:
-    """(fused activation or None, final quantize) after ``node``, or (None, None) when absent."""
-    users = list(node.users)
+    """(fused activation or None, final quantize) after ``node``, or (None, None) when absent.  Of
+    an op returning (values, indices) with the indices unused, the chain follows ``getitem(., 0)``."""
+    users = [u for u in node.users if not (u.target is operator.getitem and not u.users)]
+    if len(users) == 1 and users[0].target is operator.getitem and users[0].args[1] == 0:
+        users = list(users[0].users)
     if len(users) != 1:
         return None, None
     nxt, act = users[0], None
@@ -80,6 +84,11 @@ def build_match(gm: GraphModule, node: Node) -> Match | None:
                 inputs.append(Int8Value(a.args[0], qparams_of(a)))
     if not inputs:
         return None
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and not val.dtype.is_floating_point:
+        # a comparison (bool) or argmax (int64): no output quantization; the rule's result replaces
+        # the node itself (Match.output is None)
+        return Match(gm, node, inputs, node, None, None)
     act, out_q = _output_chain(node)
     if out_q is None:
         return None

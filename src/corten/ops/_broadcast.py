@@ -118,3 +118,26 @@ def numel(shape: Sequence[int]) -> int:
     for d in shape:
         n *= int(d)
     return n
+
+
+def row_broadcast(ctx) -> tuple[str, int, int] | None:
+    """``(full operand name, outer, inner)`` when one operand has the output's shape and bytes and
+    the other is one dense block of the output's ``inner`` trailing storage elements, repeated
+    ``outer`` times (the per-channel case ``[N, C, H, W] op [C, 1, 1]``: a C-vector per NHWC pixel;
+    or a row per batch).  Then a flat CMSIS-NN kernel runs once per block.  None otherwise (also
+    when nothing repeats, or the block is a single element)."""
+    geo = {name: operand_geometry(ctx, name) for name in ("input1", "input2")}
+    for full, part in (("input1", "input2"), ("input2", "input1")):
+        dims, fdims, fstrides = geo[full]
+        _, pdims, pstrides = geo[part]
+        if fdims != dims or not is_dense(fdims, fstrides):
+            continue
+        k = 0
+        while k < MAX_RANK and pdims[k] == 1:
+            k += 1
+        if pdims[k:] != dims[k:] or not is_dense(pdims[k:], pstrides[k:]):
+            continue
+        outer, inner = numel(dims[:k]), numel(dims[k:])
+        if outer > 1 and inner > 1:
+            return full, outer, inner
+    return None

@@ -191,6 +191,8 @@ def constant_operand(m: Match, x) -> tuple[torch.Tensor, QParams]:
         scale, zero_point = c.args[1], c.args[2]
         if values.dtype != torch.int8 or not isinstance(scale, float) or not isinstance(zero_point, int):
             raise LoweringError(f"{what}: the constant operand is not an int8 per-tensor quantized constant")
+        if values.dim() == 0:  # torch.tensor(0.5): one element, broadcast like a Python number
+            values = values.reshape(1)
         if not 1 <= values.dim() <= MAX_RANK:
             raise LoweringError(f"{what}: a rank-{values.dim()} constant operand is not supported "
                                 f"(ranks 1 to {MAX_RANK})")
@@ -229,3 +231,15 @@ def rescaled_binary(input1: torch.Tensor, input2: torch.Tensor, params, negate_i
                    -in2_multiplier if negate_input2 else in2_multiplier, in2_shift)
     out = wrap_int32_t(requantize(wrap_int32_t(a + b), out_multiplier, out_shift) + out_offset)
     return clamp_activation(out, act_min, act_max)
+def binary_operands(m: Match, what: str) -> tuple[Int8Value, Int8Value]:
+    """The two int8 operands of a binary elementwise op in argument order: two activations
+    (broadcasting), or an activation and a constant - a Python number or a quantized constant tensor,
+    which becomes an int8 constant operand (:func:`constant_operand`)."""
+    if len(m.inputs) == 1:
+        check_ranks(m, what)
+        x = m.inputs[0]
+        values, qparams = constant_operand(m, x)
+        const = Int8Value(m.add_constant(values, "operand"), qparams)
+        return (x, const) if is_activation_operand(m.node.args[0], x) else (const, x)
+    check_lowerable_shapes(m, what)
+    return m.inputs[0], m.inputs[1]

@@ -1,6 +1,6 @@
-"""``quantized_add``: CMSIS-NN's ``arm_elementwise_add_s8`` (same-shape operands).
+"""``quantized_add``: CMSIS-NN's ``arm_elementwise_add_s8`` arithmetic, with numpy broadcasting.
 
-Per element, in int32 exactly as the C kernel::
+Per output element, in int32 exactly as the C kernels (``x1``/``x2`` the broadcast input values)::
 
     a = requantize((x1 + input1_offset) << left_shift, input1_multiplier, input1_shift)
     b = requantize((x2 + input2_offset) << left_shift, input2_multiplier, input2_shift)
@@ -9,14 +9,39 @@ Per element, in int32 exactly as the C kernel::
 The compiler derives the multipliers the TFLite way: with ``twice_max = 2 * max(s1, s2)``,
 ``left_shift = 20``, input scales ``s_i / twice_max`` and output scale
 ``twice_max / (2**left_shift * s_out)``.
+
+Broadcasting is sub's and mul's (:mod:`corten.ops._broadcast`: shapes aligned on the right, ranks 1..4).
+``x + k`` with a Python number ``k`` adds the one-element int8 constant ``[sign(k)]`` of scale
+``|k|`` (so ``k`` enters the input2 multiplier exactly), and ``x + c`` with a constant tensor
+(e.g. a bias parameter ``[C, 1, 1]``) adds its int8 values, quantized per tensor by
+CortenQuantizer (:func:`corten.ops._common.constant_operand`).
+
+C: same-shape operands run ``corten_add_s8`` / ``arm_elementwise_add_s8`` over the flat buffers
+(in place allowed); broadcasting runs ``corten_add_broadcast_s8``, or with CMSIS-NN, when one
+operand is a block repeated along the outer dims (the per-channel case ``[N, C, H, W] + [C, 1, 1]``:
+one C-vector per pixel in NHWC), one ``arm_elementwise_add_s8`` call per repetition.
 """
 from __future__ import annotations
 
 import torch
 
 from corten.errors import LoweringError
+from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops._common import RESCALED_BINARY_PARAMS, RESCALED_BINARY_SCHEMA, layout_of, rescaled_binary
+from corten.ops._broadcast import (
+    broadcast_shape,
+    broadcast_struct,
+    empty_output,
+    is_constant,
+    is_dense,
+    loop_geometry,
+    numel,
+    operand_expr,
+    output_layout,
+    row_broadcast,
+    same_dense_shape,
+)
+from corten.ops._common import binary_operands
 from corten.ops._qparams import add_params
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
@@ -24,48 +49,81 @@ from corten.ops.registry import OpFamily, annotates, lowers, register_family
 FAMILY = "add"
 
 
-def _check(input1, input2, *params) -> None:
+def _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset,
+           input2_multiplier, input2_shift, left_shift, output_offset, output_multiplier, output_shift,
+           activation_min, activation_max) -> tuple[int, ...]:
     op = "quantized_add"
     checks.dtype(op, "input1", input1, torch.int8)
     checks.dtype(op, "input2", input2, torch.int8)
-    if input1.shape != input2.shape:
-        checks.fail(op, "input2", f"shape {tuple(input2.shape)} differs from input1's {tuple(input1.shape)}")
-    checks.rescaled_binary(op, *params)
+    shape = broadcast_shape(op, input1, input2)
+    checks.rescaled_binary(op, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                           input2_shift, left_shift, output_offset, output_multiplier, output_shift,
+                           activation_min, activation_max)
+    return shape
 
 
-@torch.library.custom_op("corten::quantized_add", mutates_args=(), schema=RESCALED_BINARY_SCHEMA)
-def quantized_add(input1: torch.Tensor, input2: torch.Tensor, *params: int) -> torch.Tensor:
-    """``params``: the 12 scalars of :data:`corten.ops._common.RESCALED_BINARY_PARAMS`."""
-    _check(input1, input2, *params)
-    out = rescaled_binary(input1, input2, params, negate_input2=False)
-    return out.contiguous(memory_format=layout_of(input1))
+def rescaled_sum(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                 input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
+                 activation_max, shape) -> torch.Tensor:
+    """The add arithmetic over the broadcast operands (sub passes input2's multiplier negated)."""
+    a = requantize((input1.to(torch.int64) + input1_offset) << left_shift, input1_multiplier, input1_shift)
+    b = requantize((input2.to(torch.int64) + input2_offset) << left_shift, input2_multiplier, input2_shift)
+    out = wrap_int32_t(requantize(wrap_int32_t(a + b), output_multiplier, output_shift) + output_offset)
+    return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=output_layout(shape))
+
+
+@torch.library.custom_op("corten::quantized_add", mutates_args=())
+def quantized_add(
+    input1: torch.Tensor,
+    input2: torch.Tensor,
+    input1_offset: int,
+    input1_multiplier: int,
+    input1_shift: int,
+    input2_offset: int,
+    input2_multiplier: int,
+    input2_shift: int,
+    left_shift: int,
+    output_offset: int,
+    output_multiplier: int,
+    output_shift: int,
+    activation_min: int,
+    activation_max: int,
+) -> torch.Tensor:
+    shape = _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                   input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
+                   activation_max)
+    return rescaled_sum(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset,
+                        input2_multiplier, input2_shift, left_shift, output_offset, output_multiplier, output_shift,
+                        activation_min, activation_max, shape)
 
 
 @quantized_add.register_fake
-def _(input1, input2, *params):
-    _check(input1, input2, *params)
-    return torch.empty_like(input1, memory_format=layout_of(input1))
+def _(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+      input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max):
+    shape = _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                   input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
+                   activation_max)
+    return empty_output(shape, input1)
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_add",), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
-
 annotates("binary", torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
 
 
 @lowers(torch.ops.aten.add.Tensor)
 def lower_add(m: Match):
-    """``aten.add.Tensor`` of two int8 tensors of one shape -> ``quantized_add``."""
-    if len(m.inputs) != 2:
-        raise LoweringError("add of a tensor and a constant/scalar is not supported yet")
+    """``aten.add.Tensor`` (alpha 1) of two int8 tensors (numpy broadcasting), or of an int8 tensor
+    and a constant -> ``quantized_add``."""
     if m.node.kwargs.get("alpha", 1) != 1:
-        raise LoweringError("add with alpha != 1 is not supported")
-    a, b = m.inputs
-    if tuple(a.node.meta["val"].shape) != tuple(b.node.meta["val"].shape):
-        raise LoweringError("add with broadcasting is not supported yet (operands must have one shape)")
-    p = add_params(a.qparams.scale, b.qparams.scale, m.output.scale)
+        raise LoweringError("add with alpha != 1 is not supported (scale the operand with a mul instead)")
+    a, b = binary_operands(m, "add")
+    try:
+        p = add_params(a.qparams.scale, b.qparams.scale, m.output.scale)
+    except ValueError as e:
+        raise LoweringError(f"add: the input/output scales cannot be requantized ({e})") from None
     act_min, act_max = m.activation_bounds
     return m.call("quantized_add", a.node, b.node, a.qparams.offset, p.input1_multiplier, p.input1_shift,
                   b.qparams.offset, p.input2_multiplier, p.input2_shift, p.left_shift, m.output.zero_point,
@@ -75,49 +133,84 @@ def lower_add(m: Match):
 # ----------------------------------------------------------------------------- scratch memory
 @family.provides("scratch_bytes", "quantized_add")
 def _add_scratch(node, target) -> int:
-    """``arm_elementwise_add_s8`` takes no context buffer.  It is purely elementwise (each output
-    byte depends only on the input bytes at the same index), so the memory planner may write its
-    output over an input that dies at the add."""
+    """Neither ``arm_elementwise_add_s8`` nor the portable kernels take a buffer."""
     return 0
 
 
 # ----------------------------------------------------------------------------- C emission
+PARAM_NAMES = ("input1_offset", "input1_multiplier", "input1_shift", "input2_offset", "input2_multiplier",
+               "input2_shift", "left_shift", "output_offset", "output_multiplier", "output_shift",
+               "activation_min", "activation_max")
+
+
+def cmsis_add_call(ctx, x1: str, x2: str, out: str, v: dict, size, negate2: bool = False) -> str:
+    """One ``arm_elementwise_add_s8`` call (``negate2``: input2's multiplier negated, for sub)."""
+    m2 = -v["input2_multiplier"] if negate2 else v["input2_multiplier"]
+    args = [x1, x2, v["input1_offset"], v["input1_multiplier"], v["input1_shift"], v["input2_offset"], m2,
+            v["input2_shift"], v["left_shift"], out, v["output_offset"], v["output_multiplier"], v["output_shift"],
+            v["activation_min"], v["activation_max"], size]
+    return ctx.call("arm_elementwise_add_s8(" + ", ".join(a if isinstance(a, str) else ctx.int_(a) for a in args)
+                    + ")")
+
+
+def cmsis_add_rows(ctx, x1: str, x2: str, out: str, v: dict, negate2: bool = False) -> str | None:
+    """The broadcast per-channel case as one ``arm_elementwise_add_s8`` call per repeated block
+    (see :func:`corten.ops._broadcast.row_broadcast`), or None when the shapes are not of that form."""
+    rows = row_broadcast(ctx)
+    if rows is None:
+        return None
+    full, outer, inner = rows
+    p1 = f"{x1} + i * {inner}" if full == "input1" else x1
+    p2 = f"{x2} + i * {inner}" if full == "input2" else x2
+    body = cmsis_add_call(ctx, p1, p2, f"{out} + i * {inner}", v, str(inner), negate2)
+    return ctx.block("int32_t i;", f"for (i = 0; i < {outer}; i++) {{",
+                     "\n".join("    " + line for line in body.split("\n")), "}")
+
+
 @family.provides("emit_c", "quantized_add")
 def _emit_add_c(ctx) -> str:
-    """One ``corten_add_s8`` (portable) or ``arm_elementwise_add_s8`` (CMSIS-NN) call; both are
-    safe when the planner puts the output over one of the inputs."""
-    a, b = ctx.arg("input1"), ctx.arg("input2")
-    if _memory_order(a.meta["val"]) != _memory_order(b.meta["val"]):
-        ctx.fail("the two inputs have different memory layouts; their bytes cannot be added elementwise")
-    size = 1
-    for d in ctx.shape(a):
-        size *= int(d)
-    names = RESCALED_BINARY_PARAMS
-    v = {k: ctx.int_(int(ctx.arg(k))) for k in names}
-    x1, x2, out = ctx.input("input1"), ctx.input("input2"), ctx.out()
+    """Same shape: one ``corten_add_s8`` (portable) or ``arm_elementwise_add_s8`` (CMSIS-NN) call,
+    both safe when the planner puts the output over an input.  Broadcasting: ``corten_add_broadcast_s8``,
+    or with CMSIS-NN one ``arm_elementwise_add_s8`` per repeated block (:func:`cmsis_add_rows`)."""
+    v = {k: int(ctx.arg(k)) for k in PARAM_NAMES}
+    x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
     # CMSIS-NN's DSP path masks (x + offset) to 16 bits before the left shift: only exact for left
-    # shifts >= 16 (the lowering uses 20). Smaller shifts run Corten's portable kernel instead.
-    use_portable = ctx.kernels == "portable" or int(ctx.arg("left_shift")) < 16
-    if use_portable:
+    # shifts >= 16 (the lowering uses 20). Smaller shifts run Corten's portable kernels instead.
+    cmsis = ctx.kernels == "cmsis-nn" and v["left_shift"] >= 16
+    if same_dense_shape(ctx):
+        if cmsis:
+            return cmsis_add_call(ctx, x1, x2, out, v, str(numel(ctx.shape())))
         if ctx.kernels != "portable":
             ctx.portable_kernel()
         return ctx.block(
-            ctx.params("corten_add_params", "params", {k: v[k] for k in names}),
-            ctx.call(f"corten_add_s8(&params, {x1}, {x2}, {out}, {size})"))
-    args = [x1, x2, v["input1_offset"], v["input1_multiplier"], v["input1_shift"], v["input2_offset"],
-            v["input2_multiplier"], v["input2_shift"], v["left_shift"], out, v["output_offset"],
-            v["output_multiplier"], v["output_shift"], v["activation_min"], v["activation_max"], str(size)]
-    return ctx.call("arm_elementwise_add_s8(" + ", ".join(args) + ")")
+            "const corten_add_params params = {" + ", ".join(ctx.int_(v[k]) for k in PARAM_NAMES) + "};",
+            ctx.call(f"corten_add_s8(&params, {x1}, {x2}, {out}, {numel(ctx.shape())})"))
+    rows = cmsis_add_rows(ctx, x1, x2, out, v) if cmsis else None
+    if rows is not None:
+        return rows
+    ctx.portable_kernel()
+    return ctx.block(
+        "const corten_add_params params = {" + ", ".join(ctx.int_(v[k]) for k in PARAM_NAMES) + "};",
+        broadcast_struct(ctx),
+        ctx.call(f"corten_add_broadcast_s8(&params, &shape, {x1}, {x2}, {out})"))
 
 
-def _memory_order(t: torch.Tensor) -> tuple[int, ...]:
-    """The order of ``t``'s dims in memory, outermost first, ignoring size-1 dims (whose strides carry
-    no information: a channels_last [1, 1, H, W] tensor has the bytes of a contiguous one)."""
-    dims = [d for d in range(t.dim()) if t.shape[d] != 1]
-    return tuple(sorted(dims, key=lambda d: -t.stride(d)))
+def dense_full_operands(node) -> tuple[int, ...]:
+    """Input positions whose bytes have the output's shape and order (an elementwise kernel may
+    write its output over them: each output byte is written after the input byte at its index)."""
+    out_shape = tuple(node.meta["val"].shape)
+    found = []
+    for i in (0, 1):
+        arg = node.args[i]
+        if is_constant(arg):
+            continue
+        dims, idims, strides = loop_geometry(out_shape, tuple(arg.meta["val"].shape))
+        if idims == dims and is_dense(idims, strides):
+            found.append(i)
+    return tuple(found)
 
 
 @family.provides("in_place_inputs", "quantized_add")
 def _quantized_add_in_place_inputs(node) -> tuple[int, ...]:
-    """Inputs the kernel may overwrite with its output (elementwise: each output byte is written after its inputs are read)."""
-    return (0, 1)
+    """Inputs the kernel may overwrite with its output: the operands of the output's shape."""
+    return dense_full_operands(node)

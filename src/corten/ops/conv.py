@@ -260,7 +260,8 @@ family = register_family(OpFamily(
 
 # ----------------------------------------------------------------------------- lowering
 
-annotates("weighted", torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, torch.ops.aten.conv1d.default)
+annotates("weighted", torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, torch.ops.aten.conv1d.default,
+          torch.ops.aten.conv1d.padding)
 
 
 def _conv_args(node):
@@ -277,36 +278,47 @@ def _pair(v):
 
 
 def explicit_padding(padding: str, kernel_hw, dilation) -> list[int]:
-    """``padding="valid"|"same"`` as explicit symmetric padding (PyTorch allows "same" at stride 1
-    only). "same" with an even ``dilation * (k - 1)`` pads both sides equally; an odd total pads one
-    side more, which CMSIS-NN's symmetric padding cannot express: refused."""
+    """``padding="valid"|"same"`` as explicit padding (PyTorch allows "same" at stride 1 only):
+    ``[pad_h, pad_w]`` when both sides get the same, else ``[top, left, bottom, right]`` - an odd
+    total ``dilation * (k - 1)`` puts the extra row/column after the data, as PyTorch does."""
     if padding == "valid":
         return [0, 0]
     if padding != "same":
         raise LoweringError(f"padding {padding!r} is not supported")
-    pads = []
+    before, after = [], []
     for k, d in zip(kernel_hw, dilation):
         total = d * (k - 1)
-        if total % 2:
-            raise LoweringError(f"padding='same' with kernel {list(kernel_hw)} and dilation {list(dilation)} pads "
-                                "one side more than the other; give explicit padding or an odd kernel")
-        pads.append(total // 2)
-    return pads
+        before.append(total // 2)
+        after.append(total - total // 2)
+    return before if before == after else before + after
+
+
+def _same_pad(m: Match, x_node, padding: list[int]):
+    """``(input node, conv padding)``: asymmetric ``[top, left, bottom, right]`` padding becomes an
+    exact ``quantized_pad`` with the zero point (the real 0) and an unpadded conv (CMSIS-NN's convs
+    pad symmetrically)."""
+    if len(padding) == 2:
+        return x_node, padding
+    top, left, bottom, right = padding
+    zp = m.inputs[0].qparams.zero_point
+    return m.call("quantized_pad", x_node, [0, 0, top, left], [0, 0, bottom, right], zp), [0, 0]
 
 
 @lowers(torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding)
 def lower_conv2d(m: Match):
     """``aten.conv2d``: groups 1 -> ``quantized_conv2d``; groups == C_in -> depthwise; other groups ->
-    ``quantized_grouped_conv2d``.  String padding (the ``conv2d.padding`` overload) becomes explicit."""
+    ``quantized_grouped_conv2d``.  String padding (the ``conv2d.padding`` overload) becomes explicit,
+    an asymmetric "same" (even kernel) through ``quantized_pad``."""
     a = _conv_args(m.node)
+    x_node = m.inputs[0].node
     if isinstance(a["padding"], str):
         kernel_hw = tuple(m.node.args[1].meta["val"].shape[2:]) if "val" in m.node.args[1].meta else None
         if kernel_hw is None:
             kernel_hw = tuple(m.quantized_constant(a["weight"])[0].shape[2:])
-        a["padding"] = explicit_padding(a["padding"], kernel_hw, _pair(a["dilation"]))
+        x_node, a["padding"] = _same_pad(m, x_node, explicit_padding(a["padding"], kernel_hw, _pair(a["dilation"])))
     weight, w_scales = _conv_weight(m, a)
     c_in = m.node.args[0].meta["val"].shape[1]
-    return _lower_conv(m, m.inputs[0].node, weight, w_scales, a, c_in, _pair(a["stride"]), _pair(a["padding"]),
+    return _lower_conv(m, x_node, weight, w_scales, a, c_in, _pair(a["stride"]), _pair(a["padding"]),
                        _pair(a["dilation"]))
 
 
@@ -353,13 +365,11 @@ def _single(v, default: int) -> int:
     return int(v[0]) if v else default
 
 
-@lowers(torch.ops.aten.conv1d.default)
+@lowers(torch.ops.aten.conv1d.default, torch.ops.aten.conv1d.padding)
 def lower_conv1d(m: Match):
     """``aten.conv1d`` on ``[N, C, L]`` -> the conv2d lowering on the ``[N, C, 1, L]`` view, weights
     ``[C_out, C_in/groups, K]`` as ``[C_out, C_in/groups, 1, K]`` (OHWI ``[C_out, 1, K, C_in/groups]``)."""
     a = _conv_args(m.node)
-    if isinstance(a["padding"], str):
-        raise LoweringError(f"string padding {a['padding']!r} is not supported; give explicit padding")
     weight, w_scales = _conv_weight(m, a)
     in_shape = m.node.args[0].meta["val"].shape
     out_shape = m.node.meta["val"].shape
@@ -367,8 +377,11 @@ def lower_conv1d(m: Match):
         raise LoweringError(f"conv1d of a {len(in_shape)}-D input is not supported (batch it: [N, C, L])")
     x4 = as_4d_view(m, m.inputs[0].node, in_shape)
     stride = [1, _single(a["stride"], 1)]
-    padding = [0, _single(a["padding"], 0)]
     dilation = [1, _single(a["dilation"], 1)]
+    if isinstance(a["padding"], str):
+        x4, padding = _same_pad(m, x4, explicit_padding(a["padding"], (1, int(weight.shape[-1])), dilation))
+    else:
+        padding = [0, _single(a["padding"], 0)]
     y4 = _lower_conv(m, x4, weight.unsqueeze(2), w_scales, a, int(in_shape[1]), stride, padding, dilation)
     return back_to_3d(m, y4, [out_shape[0], out_shape[1], 1, out_shape[2]])
 

@@ -25,10 +25,11 @@ from corten.ops._broadcast import (
     broadcast_struct,
     empty_output,
     is_dense,
-    loop_geometry,
+    operand_expr,
+    operand_geometry,
     output_layout,
 )
-from corten.ops._common import check_lowerable_shapes
+from corten.ops._common import binary_operands
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
@@ -78,10 +79,11 @@ annotates("shared", *ATEN_OPS)
 
 @lowers(*ATEN_OPS)
 def lower_minmax(m: Match):
-    """``aten.maximum``/``aten.minimum`` of two int8 tensors on one quantization grid -> the Corten op."""
+    """``aten.maximum``/``aten.minimum`` of two int8 tensors on one quantization grid (numpy
+    broadcasting), or of a tensor and a constant tensor (its int8 values, quantized by CortenQuantizer
+    on the shared grid, are the other operand) -> the Corten op."""
     what = "maximum" if m.node.target == torch.ops.aten.maximum.default else "minimum"
-    check_lowerable_shapes(m, what)
-    a, b = m.inputs
+    a, b = binary_operands(m, what)
     if not (a.qparams == b.qparams == m.output):
         raise LoweringError(f"{what} needs both inputs and the output on one quantization grid (CMSIS-NN compares "
                             f"int8 values); got {a.qparams}, {b.qparams} -> {m.output}. Quantize the model with "
@@ -121,9 +123,9 @@ def _emit_minmax_c(ctx) -> str:
     :func:`cmsis_broadcast_supported`); otherwise ``corten_maximum_s8``/``corten_minimum_s8``
     (portable), in both flavours."""
     what = "maximum" if ctx.op_name == "quantized_maximum" else "minimum"
-    x1, x2, out = ctx.input("input1"), ctx.input("input2"), ctx.out()
-    odims, d1, s1 = loop_geometry(ctx.shape(), ctx.shape(ctx.arg("input1")))
-    _, d2, s2 = loop_geometry(ctx.shape(), ctx.shape(ctx.arg("input2")))
+    x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
+    odims, d1, s1 = operand_geometry(ctx, "input1")
+    _, d2, s2 = operand_geometry(ctx, "input2")
     if ctx.kernels == "cmsis-nn" and is_dense(d1, s1) and is_dense(d2, s2) and cmsis_broadcast_supported(d1, d2):
         return ctx.block(
             ctx.params("cmsis_nn_context", "nn_ctx", dict(buf="NULL", size=0)),

@@ -37,6 +37,7 @@ from corten.ops._broadcast import (  # noqa: F401  (loop_geometry etc. re-export
     numel,
     operand_expr,
     output_layout,
+    row_broadcast,
     same_dense_shape,
     storage_strides,
 )
@@ -138,10 +139,21 @@ def _emit_mul_c(ctx) -> str:
              "activation_min", "activation_max")
     v = {k: ctx.int_(int(ctx.arg(k))) for k in names}
     x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
-    if ctx.kernels == "cmsis-nn" and same_dense_shape(ctx):
-        args = [x1, x2, v["input1_offset"], v["input2_offset"], out, v["output_offset"], v["output_multiplier"],
-                v["output_shift"], v["activation_min"], v["activation_max"], str(numel(ctx.shape()))]
+    def cmsis_call(p1: str, p2: str, o: str, size: str) -> str:
+        args = [p1, p2, v["input1_offset"], v["input2_offset"], o, v["output_offset"], v["output_multiplier"],
+                v["output_shift"], v["activation_min"], v["activation_max"], size]
         return ctx.call("arm_elementwise_mul_s8(" + ", ".join(args) + ")")
+
+    if ctx.kernels == "cmsis-nn" and same_dense_shape(ctx):
+        return cmsis_call(x1, x2, out, str(numel(ctx.shape())))
+    rows = row_broadcast(ctx) if ctx.kernels == "cmsis-nn" else None
+    if rows is not None:  # the per-channel broadcast: one call per repeated block
+        full, outer, inner = rows
+        p1 = f"{x1} + i * {inner}" if full == "input1" else x1
+        p2 = f"{x2} + i * {inner}" if full == "input2" else x2
+        body = cmsis_call(p1, p2, f"{out} + i * {inner}", str(inner))
+        return ctx.block("int32_t i;", f"for (i = 0; i < {outer}; i++) {{",
+                         "\n".join("    " + line for line in body.split("\n")), "}")
     ctx.portable_kernel()
     return ctx.block(
         ctx.params("corten_mul_params", "params", {k: v[k] for k in names}),

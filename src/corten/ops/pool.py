@@ -1,16 +1,41 @@
-"""Pooling: ``quantized_avg_pool2d`` (``arm_avgpool_s8``) and ``quantized_max_pool2d``
-(``arm_max_pool_s8``).
+"""Pooling: ``quantized_avg_pool2d`` (``arm_avgpool_s8``), ``quantized_max_pool2d``
+(``arm_max_pool_s8``) and the adaptive pools ``quantized_adaptive_avg_pool2d`` /
+``quantized_adaptive_max_pool2d`` (PyTorch's windows, which need not be uniform).
 
-Both keep the input's quantization parameters (the quantizer shares them), so there is no
-requantization: the kernels work on the raw int8 values.  Windows count only the elements inside
-the input (padding is excluded, as CMSIS-NN does), and the average rounds the C way::
+All keep the input's quantization parameters (the quantizer shares them), so there is no
+requantization: the kernels work on the raw int8 values.  Layout: NCHW logical, channels_last
+memory, any batch N.
 
-    avg = (sum > 0 ? sum + count / 2 : sum - count / 2) / count      (C division truncates)
+Strided pools follow PyTorch's geometry.  ``padding`` is ``[pad_h, pad_w]`` (symmetric) or
+``[top, left, bottom, right]``; with ``ceil_mode`` the output size rounds up (PyTorch's
+``pooling_output_shape``: a last window must start inside the input or the leading padding) and a
+last window may overhang the padding.  Window ``(oy, ox)`` of an average pool starts at
+``hs = oy * stride_h - top`` and sums the input elements of ``[hs, hs + kernel_h)`` (x the same);
+its divisor is ``divisor_override`` when > 0, else with ``count_include_pad`` the window clipped to
+the padded input ``(min(hs + kernel_h, H + bottom) - hs) * (...)`` (PyTorch's ``pool_size``), else
+the number of input elements it covers.  The average rounds the CMSIS-NN (C) way::
 
-A global average pool (MobileNetV2's ``adaptive_avg_pool2d(1)`` or ``mean`` over H, W) is this op
-with the kernel covering the whole input.  Layout: NCHW logical, channels_last memory.
+    avg = (sum > 0 ? sum + divisor / 2 : sum - divisor / 2) / divisor      (C division truncates)
+
+With the divisor the element count (CMSIS-NN's case) ``sum`` is the sum of the raw int8 values (the
+zero point cancels).  With ``count_include_pad`` or ``divisor_override`` it does not: then ``sum``
+is ``sum(q - zero_point)`` over the input elements (padding is the real 0) and the result is
+``avg + zero_point`` - the op takes the input's ``zero_point`` for that.
+
+Max pool windows take taps ``hs + ky * dilation_h``; padding never wins.
+
+Adaptive pools (output ``[OH, OW]``): window ``i`` along a dim of size ``L`` covers
+``[floor(i * L / O), ceil((i + 1) * L / O))``; the average divides by the window's size.  When every
+window has one size and the windows tile the input, the lowering uses the strided op instead
+(CMSIS-NN's kernels apply).
+
+A global average pool (MobileNetV2's ``adaptive_avg_pool2d(1)`` or ``mean`` over H, W) is the
+average pool with the kernel covering the whole input.  CMSIS-NN runs a strided pool when its
+semantics agree: symmetric padding, floor-mode output size, and every divisor equal to the number
+of input elements in the window (see :func:`cmsis_compatible`); otherwise the portable kernel.
 """
 from __future__ import annotations
+
 
 import torch
 import torch.nn.functional as F
@@ -25,30 +50,67 @@ from corten.ops.registry import OpFamily, annotates, lowers, register_family
 FAMILY = "pool"
 
 
-def _check(op, input, kernel_size, stride, padding, activation_min, activation_max):
+# ----------------------------------------------------------------------------- geometry (shared)
+def pads4(padding) -> tuple[int, int, int, int]:
+    """``[ph, pw]`` or ``[top, left, bottom, right]`` -> ``(top, left, bottom, right)``."""
+    p = [int(v) for v in padding]
+    if len(p) == 2:
+        return p[0], p[1], p[0], p[1]
+    return p[0], p[1], p[2], p[3]
+
+
+def pool_out_size(size: int, k: int, stride: int, before: int, after: int, dilation: int = 1,
+                  ceil_mode: bool = False) -> int:
+    """PyTorch's ``pooling_output_shape`` with separate leading/trailing padding."""
+    span = size + before + after - dilation * (k - 1) - 1
+    o = (span + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (o - 1) * stride >= size + before:
+        o -= 1
+    return o
+
+
+def _check(op, input, kernel_size, stride, padding, activation_min, activation_max, dilation=(1, 1),
+           ceil_mode=False, divisor_override=0):
     checks.dtype(op, "input", input, torch.int8)
     checks.ndim(op, "input", input, 4)
     kh, kw = checks.pair(op, "kernel_size", kernel_size, 1)
-    checks.pair(op, "stride", stride, 1)
-    ph, pw = checks.pair(op, "padding", padding, 0)
-    if ph >= kh or pw >= kw:
+    sh, sw = checks.pair(op, "stride", stride, 1)
+    dh, dw = checks.pair(op, "dilation", dilation, 1)
+    if len(padding) not in (2, 4):
+        checks.fail(op, "padding", f"expected [pad_h, pad_w] or [top, left, bottom, right], got {list(padding)}")
+    top, left, bottom, right = pads4(padding)
+    if min(top, left, bottom, right) < 0:
+        checks.fail(op, "padding", f"negative padding {list(padding)}")
+    if max(top, bottom) >= dh * (kh - 1) + 1 or max(left, right) >= dw * (kw - 1) + 1:
         checks.fail(op, "padding", f"padding {list(padding)} must be smaller than the kernel {list(kernel_size)}")
+    checks.in_range(op, "divisor_override", int(divisor_override), 0, 2**24)
     checks.activation(op, activation_min, activation_max)
-    return (checks.out_size(op, input.shape[2], kh, stride[0], ph, 1),
-            checks.out_size(op, input.shape[3], kw, stride[1], pw, 1))
+    ho = pool_out_size(int(input.shape[2]), kh, sh, top, bottom, dh, ceil_mode)
+    wo = pool_out_size(int(input.shape[3]), kw, sw, left, right, dw, ceil_mode)
+    if ho < 1 or wo < 1:
+        checks.fail(op, "input", f"spatial size {tuple(input.shape[2:])} too small for kernel {list(kernel_size)} "
+                                 f"(dilation {list(dilation)}, padding {list(padding)})")
+    return ho, wo
 
 
-def _window_view(x: torch.Tensor, kernel_size, stride, ho, wo) -> torch.Tensor:
+def _window_view(x: torch.Tensor, kernel_size, stride, ho, wo, dilation=(1, 1)) -> torch.Tensor:
     n, _, _, c = x.shape
     sn, sh, sw, sc = x.stride()
     return x.as_strided((n, ho, wo, kernel_size[0], kernel_size[1], c),
-                        (sn, sh * stride[0], sw * stride[1], sh, sw, sc))
+                        (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1], sc))
 
 
-def _nhwc_padded(input, padding, value, dtype):
+def _nhwc_padded(input, kernel_size, stride, padding, ho, wo, value, dtype, dilation=(1, 1)):
+    """NHWC ``input`` padded with ``value``: the leading padding, and after it as much as the last
+    window reaches (the trailing padding plus any ceil-mode overhang; extra rows never used)."""
+    top, left, _, _ = pads4(padding)
+    h, w = int(input.shape[2]), int(input.shape[3])
+    need_h = (ho - 1) * stride[0] + dilation[0] * (kernel_size[0] - 1) + 1
+    need_w = (wo - 1) * stride[1] + dilation[1] * (kernel_size[1] - 1) + 1
+    bottom, right = max(0, need_h - h - top), max(0, need_w - w - left)
     x = input.permute(0, 2, 3, 1).to(dtype)
-    if padding[0] or padding[1]:
-        x = F.pad(x, (0, 0, padding[1], padding[1], padding[0], padding[0]), value=value)
+    if top or left or bottom or right:
+        x = F.pad(x, (0, 0, left, right, top, bottom), value=value)
     return x.contiguous()
 
 
@@ -63,6 +125,22 @@ def rounded_average(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     return torch.div(torch.where(total > 0, total + half, total - half), count, rounding_mode="trunc")
 
 
+def avg_divisors(h: int, w: int, kernel_size, stride, padding, ho: int, wo: int, count_include_pad: bool,
+                 divisor_override: int) -> torch.Tensor:
+    """``[1, ho, wo, 1]`` int64 divisor of each window (see the module docstring)."""
+    if divisor_override:
+        return torch.full((1, ho, wo, 1), int(divisor_override), dtype=torch.int64)
+    top, left, bottom, right = pads4(padding)
+    hs = torch.arange(ho, dtype=torch.int64) * stride[0] - top
+    ws = torch.arange(wo, dtype=torch.int64) * stride[1] - left
+    he, we = hs + kernel_size[0], ws + kernel_size[1]
+    if count_include_pad:
+        rows, cols = he.clamp(max=h + bottom) - hs, we.clamp(max=w + right) - ws
+    else:
+        rows, cols = he.clamp(max=h) - hs.clamp(min=0), we.clamp(max=w) - ws.clamp(min=0)
+    return (rows[:, None] * cols[None, :]).reshape(1, ho, wo, 1)
+
+
 @torch.library.custom_op("corten::quantized_avg_pool2d", mutates_args=())
 def quantized_avg_pool2d(
     input: torch.Tensor,
@@ -71,20 +149,29 @@ def quantized_avg_pool2d(
     padding: list[int],
     activation_min: int,
     activation_max: int,
+    ceil_mode: bool = False,
+    count_include_pad: bool = False,
+    divisor_override: int = 0,
+    zero_point: int = 0,
 ) -> torch.Tensor:
-    ho, wo = _check("quantized_avg_pool2d", input, kernel_size, stride, padding, activation_min, activation_max)
-    x = _nhwc_padded(input, padding, 0, torch.int64)
+    ho, wo = _check("quantized_avg_pool2d", input, kernel_size, stride, padding, activation_min, activation_max,
+                    ceil_mode=ceil_mode, divisor_override=divisor_override)
+    checks.output_offset("quantized_avg_pool2d", "zero_point", zero_point)
+    pytorch_divisor = bool(count_include_pad or divisor_override)
+    zp = int(zero_point) if pytorch_divisor else 0
+    x = _nhwc_padded(input.to(torch.int64) - zp, kernel_size, stride, padding, ho, wo, 0, torch.int64)
     total = _window_view(x, kernel_size, stride, ho, wo).sum(dim=(3, 4))
-    ones = torch.ones((1, input.shape[2], input.shape[3], 1), dtype=torch.int64)
-    ones = F.pad(ones, (0, 0, padding[1], padding[1], padding[0], padding[0])).contiguous()
-    count = _window_view(ones, kernel_size, stride, ho, wo).sum(dim=(3, 4))
-    out = rounded_average(total, count)
+    count = avg_divisors(int(input.shape[2]), int(input.shape[3]), kernel_size, stride, padding, ho, wo,
+                         count_include_pad, divisor_override)
+    out = rounded_average(total, count) + zp
     return clamp_activation(out, activation_min, activation_max).permute(0, 3, 1, 2)
 
 
 @quantized_avg_pool2d.register_fake
-def _(input, kernel_size, stride, padding, activation_min, activation_max):
-    ho, wo = _check("quantized_avg_pool2d", input, kernel_size, stride, padding, activation_min, activation_max)
+def _(input, kernel_size, stride, padding, activation_min, activation_max, ceil_mode=False, count_include_pad=False,
+      divisor_override=0, zero_point=0):
+    ho, wo = _check("quantized_avg_pool2d", input, kernel_size, stride, padding, activation_min, activation_max,
+                    ceil_mode=ceil_mode, divisor_override=divisor_override)
     return _empty(input, ho, wo)
 
 
@@ -96,20 +183,86 @@ def quantized_max_pool2d(
     padding: list[int],
     activation_min: int,
     activation_max: int,
+    dilation: list[int] | None = None,
+    ceil_mode: bool = False,
 ) -> torch.Tensor:
-    ho, wo = _check("quantized_max_pool2d", input, kernel_size, stride, padding, activation_min, activation_max)
-    x = _nhwc_padded(input, padding, -129, torch.int16)  # below every int8: padding never wins
-    out = _window_view(x, kernel_size, stride, ho, wo).amax(dim=(3, 4))
+    dilation = [1, 1] if dilation is None else dilation
+    ho, wo = _check("quantized_max_pool2d", input, kernel_size, stride, padding, activation_min, activation_max,
+                    dilation, ceil_mode)
+    x = _nhwc_padded(input, kernel_size, stride, padding, ho, wo, -129, torch.int16, dilation)  # padding never wins
+    out = _window_view(x, kernel_size, stride, ho, wo, dilation).amax(dim=(3, 4))
     return clamp_activation(out, activation_min, activation_max).permute(0, 3, 1, 2)
 
 
 @quantized_max_pool2d.register_fake
-def _(input, kernel_size, stride, padding, activation_min, activation_max):
-    ho, wo = _check("quantized_max_pool2d", input, kernel_size, stride, padding, activation_min, activation_max)
+def _(input, kernel_size, stride, padding, activation_min, activation_max, dilation=None, ceil_mode=False):
+    dilation = [1, 1] if dilation is None else dilation
+    ho, wo = _check("quantized_max_pool2d", input, kernel_size, stride, padding, activation_min, activation_max,
+                    dilation, ceil_mode)
     return _empty(input, ho, wo)
 
 
-family = register_family(OpFamily(FAMILY, ("quantized_avg_pool2d", "quantized_max_pool2d"), doc=__doc__))
+# ----------------------------------------------------------------------------- adaptive pools
+def adaptive_bounds(size: int, out: int) -> list[tuple[int, int]]:
+    """PyTorch's adaptive windows along one dim: ``[floor(i * size / out), ceil((i + 1) * size / out))``."""
+    return [((i * size) // out, -((-(i + 1) * size) // out)) for i in range(out)]
+
+
+def _check_adaptive(op, input, output_size, activation_min, activation_max):
+    checks.dtype(op, "input", input, torch.int8)
+    checks.ndim(op, "input", input, 4)
+    oh, ow = checks.pair(op, "output_size", output_size, 1)
+    checks.activation(op, activation_min, activation_max)
+    return oh, ow
+
+
+def _adaptive(input, output_size, activation_min, activation_max, is_avg: bool) -> torch.Tensor:
+    oh, ow = (int(v) for v in output_size)
+    x = input.permute(0, 2, 3, 1).to(torch.int64)
+    rows = []
+    for hs, he in adaptive_bounds(int(input.shape[2]), oh):
+        cols = []
+        for ws, we in adaptive_bounds(int(input.shape[3]), ow):
+            win = x[:, hs:he, ws:we, :]
+            if is_avg:
+                count = torch.tensor((he - hs) * (we - ws), dtype=torch.int64)
+                cols.append(rounded_average(win.sum(dim=(1, 2)), count))
+            else:
+                cols.append(win.amax(dim=(1, 2)))
+        rows.append(torch.stack(cols, dim=1))
+    out = torch.stack(rows, dim=1)  # [N, OH, OW, C]
+    return clamp_activation(out, activation_min, activation_max).permute(0, 3, 1, 2)
+
+
+@torch.library.custom_op("corten::quantized_adaptive_avg_pool2d", mutates_args=())
+def quantized_adaptive_avg_pool2d(input: torch.Tensor, output_size: list[int], activation_min: int,
+                                  activation_max: int) -> torch.Tensor:
+    _check_adaptive("quantized_adaptive_avg_pool2d", input, output_size, activation_min, activation_max)
+    return _adaptive(input, output_size, activation_min, activation_max, True)
+
+
+@quantized_adaptive_avg_pool2d.register_fake
+def _(input, output_size, activation_min, activation_max):
+    oh, ow = _check_adaptive("quantized_adaptive_avg_pool2d", input, output_size, activation_min, activation_max)
+    return _empty(input, oh, ow)
+
+
+@torch.library.custom_op("corten::quantized_adaptive_max_pool2d", mutates_args=())
+def quantized_adaptive_max_pool2d(input: torch.Tensor, output_size: list[int], activation_min: int,
+                                  activation_max: int) -> torch.Tensor:
+    _check_adaptive("quantized_adaptive_max_pool2d", input, output_size, activation_min, activation_max)
+    return _adaptive(input, output_size, activation_min, activation_max, False)
+
+
+@quantized_adaptive_max_pool2d.register_fake
+def _(input, output_size, activation_min, activation_max):
+    oh, ow = _check_adaptive("quantized_adaptive_max_pool2d", input, output_size, activation_min, activation_max)
+    return _empty(input, oh, ow)
+
+
+OPS = ("quantized_avg_pool2d", "quantized_max_pool2d", "quantized_adaptive_avg_pool2d",
+       "quantized_adaptive_max_pool2d")
+family = register_family(OpFamily(FAMILY, OPS, doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -117,7 +270,7 @@ family = register_family(OpFamily(FAMILY, ("quantized_avg_pool2d", "quantized_ma
 _aten = torch.ops.aten
 
 annotates("shared", _aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.max_pool2d.default,
-          _aten.mean.dim)
+          _aten.adaptive_max_pool2d.default, _aten.mean.dim)
 
 
 def _same_qparams(m: Match) -> None:
@@ -131,92 +284,139 @@ def _ints(v, n=2):
     return [int(x) for x in (v * n if len(v) == 1 else v)]
 
 
+def _arg(node, i: int, name: str, default):
+    if len(node.args) > i and node.args[i] is not None:
+        return node.args[i]
+    v = node.kwargs.get(name)
+    return default if v is None else v
+
+
+def _avg_call(m: Match, x, kernel, stride, padding, in_hw, ceil_mode=False, include_pad=False, divisor=0):
+    """``quantized_avg_pool2d`` with the optional arguments normalised: ``ceil_mode`` only when it
+    changes the output size, ``count_include_pad`` only when some window covers padding."""
+    top, left, bottom, right = pads4(padding)
+    h, w = in_hw
+    if ceil_mode and all(pool_out_size(s, k, st, b, a, 1, True) == pool_out_size(s, k, st, b, a)
+                         for s, k, st, b, a in ((h, kernel[0], stride[0], top, bottom),
+                                                (w, kernel[1], stride[1], left, right))):
+        ceil_mode = False
+    if not (top or left or bottom or right or ceil_mode):
+        include_pad = False
+    if divisor and divisor < 1:
+        raise LoweringError(f"avg_pool2d divisor_override={divisor} must be positive")
+    lo, hi = m.activation_bounds
+    extra = []
+    if ceil_mode or include_pad or divisor:
+        extra = [bool(ceil_mode), bool(include_pad), int(divisor or 0)]
+    if include_pad or divisor:
+        extra.append(m.inputs[0].qparams.zero_point)
+    return m.call("quantized_avg_pool2d", x, kernel, stride, padding, lo, hi, *extra)
+
+
+def _check_pool_padding(what: str, kernel, padding, dilation=(1, 1)):
+    for k, p, d in zip(kernel, padding, dilation):
+        if p > (d * (k - 1) + 1) // 2:
+            raise LoweringError(f"{what}: padding {list(padding)} must be at most half the kernel {list(kernel)}")
+
+
 @lowers(_aten.avg_pool2d.default)
 def lower_avg_pool2d(m: Match):
+    """``avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)``:
+    every combination (PyTorch's divisors, see the module docstring)."""
     _same_qparams(m)
-    args = list(m.node.args) + [None] * 7
-    kernel = _ints(args[1])
-    stride = _ints(args[2]) if args[2] else kernel
-    padding = _ints(args[3] if args[3] is not None else 0)
-    ceil_mode = bool(args[4] or m.node.kwargs.get("ceil_mode", False))
-    include_pad = args[5] if args[5] is not None else m.node.kwargs.get("count_include_pad", True)
-    divisor = args[6] if args[6] is not None else m.node.kwargs.get("divisor_override")
-    if ceil_mode:
-        raise LoweringError("avg_pool2d with ceil_mode=True is not supported; use ceil_mode=False")
-    if divisor is not None:
-        raise LoweringError("avg_pool2d with divisor_override is not supported")
-    if any(padding) and include_pad:
-        raise LoweringError("avg_pool2d with padding must use count_include_pad=False (CMSIS-NN averages the "
-                            "elements inside the input only)")
-    lo, hi = m.activation_bounds
-    return m.call("quantized_avg_pool2d", m.inputs[0].node, kernel, stride, padding, lo, hi)
+    n = m.node
+    kernel = _ints(n.args[1])
+    stride = _ints(_arg(n, 2, "stride", None) or kernel)
+    padding = _ints(_arg(n, 3, "padding", 0))
+    _check_pool_padding("avg_pool2d", kernel, padding)
+    h, w = (int(d) for d in n.args[0].meta["val"].shape[2:])
+    return _avg_call(m, m.inputs[0].node, kernel, stride, padding, (h, w), bool(_arg(n, 4, "ceil_mode", False)),
+                     bool(_arg(n, 5, "count_include_pad", True)), _arg(n, 6, "divisor_override", None) or 0)
 
 
-def _global_pool(m: Match, h: int, w: int, oh: int, ow: int):
-    if h % oh or w % ow:
-        raise LoweringError(f"adaptive pooling {h}x{w} -> {oh}x{ow} is not a uniform pool")
-    kernel = [h // oh, w // ow]
-    lo, hi = m.activation_bounds
-    return m.call("quantized_avg_pool2d", m.inputs[0].node, kernel, kernel, [0, 0], lo, hi)
+def is_uniform(size: int, out: int) -> bool:
+    """True when PyTorch's adaptive windows along a dim tile it with one kernel (= stride)."""
+    return size % out == 0
 
 
-@lowers(_aten.adaptive_avg_pool2d.default)
-def lower_adaptive_avg_pool2d(m: Match):
+@lowers(_aten.adaptive_avg_pool2d.default, _aten.adaptive_max_pool2d.default)
+def lower_adaptive_pool2d(m: Match):
+    """Adaptive pools: a strided pool when the windows are uniform (CMSIS-NN applies), else the
+    adaptive op with PyTorch's windows."""
     _same_qparams(m)
-    _, _, h, w = m.node.args[0].meta["val"].shape
+    is_avg = m.node.target == _aten.adaptive_avg_pool2d.default
+    _, _, h, w = (int(d) for d in m.node.args[0].meta["val"].shape)
     oh, ow = _ints(m.node.args[1])
-    return _global_pool(m, h, w, oh, ow)
+    oh, ow = oh or h, ow or w  # None in output_size keeps the input size
+    x = m.inputs[0].node
+    lo, hi = m.activation_bounds
+    if is_uniform(h, oh) and is_uniform(w, ow):
+        kernel = [h // oh, w // ow]
+        if is_avg:
+            return _avg_call(m, x, kernel, kernel, [0, 0], (h, w))
+        return m.call("quantized_max_pool2d", x, kernel, kernel, [0, 0], lo, hi)
+    return m.call("quantized_adaptive_avg_pool2d" if is_avg else "quantized_adaptive_max_pool2d", x, [oh, ow], lo, hi)
+
+
+@lowers(_aten.max_pool2d.default)
+def lower_max_pool2d(m: Match):
+    """``max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)``: any dilation and ceil_mode."""
+    _same_qparams(m)
+    n = m.node
+    kernel = _ints(n.args[1])
+    stride = _ints(_arg(n, 2, "stride", None) or kernel)
+    padding = _ints(_arg(n, 3, "padding", 0))
+    dilation = _ints(_arg(n, 4, "dilation", 1))
+    ceil_mode = bool(_arg(n, 5, "ceil_mode", False))
+    _check_pool_padding("max_pool2d", kernel, padding)
+    h, w = (int(d) for d in n.args[0].meta["val"].shape[2:])
+    if ceil_mode and all(pool_out_size(s, k, st, p, p, d, True) == pool_out_size(s, k, st, p, p, d)
+                         for s, k, st, p, d in zip((h, w), kernel, stride, padding, dilation)):
+        ceil_mode = False
+    lo, hi = m.activation_bounds
+    extra = [dilation, ceil_mode] if (dilation != [1, 1] or ceil_mode) else []
+    return m.call("quantized_max_pool2d", m.inputs[0].node, kernel, stride, padding, lo, hi, *extra)
 
 
 @lowers(_aten.mean.dim)
 def lower_mean(m: Match):
-    """``mean`` over H and W of an NCHW tensor -> global average pool (+ reshape without keepdim)."""
+    """``mean`` over H and W of an NCHW tensor -> global average pool (+ reshape without keepdim);
+    over L of NCL -> the same on the [N, C, 1, L] view; over any other dims -> the reduction family
+    (:mod:`corten.ops.reduce`)."""
     _same_qparams(m)
     val = m.node.args[0].meta["val"]
     dims = sorted(d % val.dim() for d in _ints(m.node.args[1], 1))
-    keepdim = (m.node.args[2] if len(m.node.args) > 2 else m.node.kwargs.get("keepdim", False))
+    keepdim = bool(_arg(m.node, 2, "keepdim", False))
     if val.dim() == 3 and dims == [2]:
         return _mean_over_time(m, val.shape, keepdim)
     if val.dim() != 4 or dims != [2, 3]:
         raise LoweringError(f"mean over dims {dims} of a {val.dim()}-D tensor is not supported "
                             "(only H and W of NCHW, or L of NCL)")
-    pooled = _global_pool(m, val.shape[2], val.shape[3], 1, 1)
+    lo, hi = m.activation_bounds
+    h, w = int(val.shape[2]), int(val.shape[3])
+    pooled = m.call("quantized_avg_pool2d", m.inputs[0].node, [h, w], [h, w], [0, 0], lo, hi)
     if keepdim:
         return pooled
     return m.call_aten(_aten.reshape.default, pooled, [val.shape[0], val.shape[1]])
-
-
-@lowers(_aten.max_pool2d.default)
-def lower_max_pool2d(m: Match):
-    _same_qparams(m)
-    args = list(m.node.args) + [None] * 6
-    kernel = _ints(args[1])
-    stride = _ints(args[2]) if args[2] else kernel
-    padding = _ints(args[3] if args[3] is not None else 0)
-    dilation = _ints(args[4] if args[4] is not None else 1)
-    if dilation != [1, 1]:
-        raise LoweringError("max_pool2d with dilation is not supported")
-    if args[5]:
-        raise LoweringError("max_pool2d with ceil_mode=True is not supported; use ceil_mode=False")
-    lo, hi = m.activation_bounds
-    return m.call("quantized_max_pool2d", m.inputs[0].node, kernel, stride, padding, lo, hi)
 
 
 # ----------------------------------------------------------------------------- 1-D pooling
 # 1-D pools on ``[N, C, L]`` run as the 2-D pools on the ``[N, C, 1, L]`` view (see
 # corten.ops._common.as_4d_view: consecutive 1-D ops share the 4-D tensor, no copies in between).
 
-annotates("shared", _aten.max_pool1d.default, _aten.avg_pool1d.default, _aten.adaptive_avg_pool1d.default)
+annotates("shared", _aten.max_pool1d.default, _aten.avg_pool1d.default, _aten.adaptive_avg_pool1d.default,
+          _aten.adaptive_max_pool1d.default)
 
 
-def _pool1d(m: Match, op_name: str, kernel: int, stride: int, padding: int):
+def _pool1d(m: Match, op_name: str, *args):
     in_shape = m.node.args[0].meta["val"].shape
     out_shape = m.node.meta["val"].shape
+    if isinstance(m.node.meta["val"], (tuple, list)):
+        out_shape = m.node.meta["val"][0].shape
     if len(in_shape) != 3:
         raise LoweringError(f"1-D pooling of a {len(in_shape)}-D input is not supported (batch it: [N, C, L])")
     x4 = as_4d_view(m, m.inputs[0].node, in_shape)
-    lo, hi = m.activation_bounds
-    y4 = m.call(op_name, x4, [1, kernel], [1, stride], [0, padding], lo, hi)
+    y4 = m.call(op_name, x4, *args)
     return back_to_3d(m, y4, [out_shape[0], out_shape[1], 1, out_shape[2]])
 
 
@@ -224,43 +424,52 @@ def _pool1d(m: Match, op_name: str, kernel: int, stride: int, padding: int):
 def lower_max_pool1d(m: Match):
     """``aten.max_pool1d(x, kernel, stride, padding, dilation, ceil_mode)`` -> 2-D max pool on [N, C, 1, L]."""
     _same_qparams(m)
-    args = list(m.node.args) + [None] * 6
-    kernel = _ints(args[1], 1)[0]
-    stride = _ints(args[2], 1)[0] if args[2] else kernel
-    padding = _ints(args[3] if args[3] is not None else 0, 1)[0]
-    if _ints(args[4] if args[4] is not None else 1, 1)[0] != 1:
-        raise LoweringError("max_pool1d with dilation is not supported")
-    if args[5] or m.node.kwargs.get("ceil_mode", False):
-        raise LoweringError("max_pool1d with ceil_mode=True is not supported; use ceil_mode=False")
-    return _pool1d(m, "quantized_max_pool2d", kernel, stride, padding)
+    n = m.node
+    kernel = _ints(n.args[1], 1)[0]
+    stride = _ints(_arg(n, 2, "stride", None) or kernel, 1)[0]
+    padding = _ints(_arg(n, 3, "padding", 0), 1)[0]
+    dilation = _ints(_arg(n, 4, "dilation", 1), 1)[0]
+    ceil_mode = bool(_arg(n, 5, "ceil_mode", False))
+    _check_pool_padding("max_pool1d", [kernel], [padding], [dilation])
+    lo, hi = m.activation_bounds
+    extra = [[1, dilation], ceil_mode] if (dilation != 1 or ceil_mode) else []
+    return _pool1d(m, "quantized_max_pool2d", [1, kernel], [1, stride], [0, padding], lo, hi, *extra)
 
 
 @lowers(_aten.avg_pool1d.default)
 def lower_avg_pool1d(m: Match):
     """``aten.avg_pool1d(x, kernel, stride, padding, ceil_mode, count_include_pad)`` -> 2-D average pool."""
     _same_qparams(m)
-    args = list(m.node.args) + [None] * 6
-    kernel = _ints(args[1], 1)[0]
-    stride = _ints(args[2], 1)[0] if args[2] else kernel
-    padding = _ints(args[3] if args[3] is not None else 0, 1)[0]
-    if args[4] or m.node.kwargs.get("ceil_mode", False):
-        raise LoweringError("avg_pool1d with ceil_mode=True is not supported; use ceil_mode=False")
-    include_pad = args[5] if args[5] is not None else m.node.kwargs.get("count_include_pad", True)
-    if padding and include_pad:
-        raise LoweringError("avg_pool1d with padding must use count_include_pad=False (CMSIS-NN averages the "
-                            "elements inside the input only)")
-    return _pool1d(m, "quantized_avg_pool2d", kernel, stride, padding)
+    n = m.node
+    kernel = _ints(n.args[1], 1)[0]
+    stride = _ints(_arg(n, 2, "stride", None) or kernel, 1)[0]
+    padding = _ints(_arg(n, 3, "padding", 0), 1)[0]
+    ceil_mode = bool(_arg(n, 4, "ceil_mode", False))
+    include_pad = bool(_arg(n, 5, "count_include_pad", True))
+    _check_pool_padding("avg_pool1d", [kernel], [padding])
+    in_shape = n.args[0].meta["val"].shape
+    if len(in_shape) != 3:
+        raise LoweringError(f"1-D pooling of a {len(in_shape)}-D input is not supported (batch it: [N, C, L])")
+    x4 = as_4d_view(m, m.inputs[0].node, in_shape)
+    y4 = _avg_call(m, x4, [1, kernel], [1, stride], [0, padding], (1, int(in_shape[2])), ceil_mode, include_pad)
+    out_shape = n.meta["val"].shape
+    return back_to_3d(m, y4, [out_shape[0], out_shape[1], 1, out_shape[2]])
 
 
-@lowers(_aten.adaptive_avg_pool1d.default)
-def lower_adaptive_avg_pool1d(m: Match):
-    """``adaptive_avg_pool1d(x, [out])`` with ``L`` a multiple of ``out`` -> a uniform 1-D average pool."""
+@lowers(_aten.adaptive_avg_pool1d.default, _aten.adaptive_max_pool1d.default)
+def lower_adaptive_pool1d(m: Match):
+    """``adaptive_{avg,max}_pool1d(x, [out])``: uniform -> a strided 1-D pool, else the adaptive op."""
     _same_qparams(m)
+    is_avg = m.node.target == _aten.adaptive_avg_pool1d.default
     length = int(m.node.args[0].meta["val"].shape[-1])
     out = _ints(m.node.args[1], 1)[0]
-    if length % out:
-        raise LoweringError(f"adaptive pooling of length {length} -> {out} is not a uniform pool")
-    return _pool1d(m, "quantized_avg_pool2d", length // out, length // out, 0)
+    lo, hi = m.activation_bounds
+    if is_uniform(length, out):
+        k = length // out
+        return _pool1d(m, "quantized_avg_pool2d" if is_avg else "quantized_max_pool2d", [1, k], [1, k], [0, 0],
+                       lo, hi)
+    return _pool1d(m, "quantized_adaptive_avg_pool2d" if is_avg else "quantized_adaptive_max_pool2d", [1, out],
+                   lo, hi)
 
 
 def _mean_over_time(m: Match, shape3, keepdim: bool):
@@ -287,39 +496,91 @@ def _avgpool_scratch(node, target) -> int:
     return avgpool_scratch_bytes(target.isa, int(node.args[0].meta["val"].shape[1]))
 
 
-@family.provides("scratch_bytes", "quantized_max_pool2d")
-def _maxpool_scratch(node, target) -> int:
-    """``arm_max_pool_s8`` has no buffer."""
+@family.provides("scratch_bytes", "quantized_max_pool2d", "quantized_adaptive_avg_pool2d",
+                 "quantized_adaptive_max_pool2d")
+def _no_scratch(node, target) -> int:
+    """``arm_max_pool_s8`` and the portable adaptive pools take no buffer."""
     return 0
 
 
 # ----------------------------------------------------------------------------- C emission
+def _opt(ctx, name: str, default):
+    try:
+        v = ctx.arg(name)
+    except Exception:  # noqa: BLE001  (an older program without the argument)
+        return default
+    return default if v is None else v
+
+
+def cmsis_compatible(in_hw, kernel, stride, padding, ho, wo, ceil_mode, include_pad, divisor, dilation=(1, 1)) -> bool:
+    """True when CMSIS-NN's pooling computes this op: symmetric padding, no dilation, floor-mode
+    output size and (average) every divisor the count of input elements in its window."""
+    top, left, bottom, right = pads4(padding)
+    h, w = in_hw
+    if (top, left) != (bottom, right) or list(dilation) != [1, 1]:
+        return False
+    if (pool_out_size(h, kernel[0], stride[0], top, bottom), pool_out_size(w, kernel[1], stride[1], left, right)) \
+            != (ho, wo):
+        return False
+    if divisor or include_pad:
+        want = avg_divisors(h, w, kernel, stride, padding, ho, wo, False, 0)
+        got = avg_divisors(h, w, kernel, stride, padding, ho, wo, include_pad, divisor)
+        return bool(torch.equal(want, got))
+    return True
+
+
 @family.provides("emit_c", "quantized_avg_pool2d", "quantized_max_pool2d")
 def _emit_pool_c(ctx) -> str:
-    """One ``corten_{avg,max}_pool2d_s8`` (portable) or ``arm_avgpool_s8`` / ``arm_max_pool_s8``
-    (CMSIS-NN, scratch from the plan) call."""
+    """``arm_avgpool_s8`` / ``arm_max_pool_s8`` (CMSIS-NN, scratch from the plan) when
+    :func:`cmsis_compatible`; otherwise ``corten_{avg,max}_pool2d_s8`` (portable, every variant)."""
     is_avg = ctx.op_name == "quantized_avg_pool2d"
     n, h, w, c = ctx.nhwc(ctx.arg("input"))
     _, ho, wo, _ = ctx.nhwc()
-    (kh, kw), (sh, sw), (ph, pw) = ctx.arg("kernel_size"), ctx.arg("stride"), ctx.arg("padding")
+    kernel, stride, padding = ctx.arg("kernel_size"), ctx.arg("stride"), ctx.arg("padding")
+    (kh, kw), (sh, sw) = kernel, stride
+    top, left, bottom, right = pads4(padding)
     act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
+    ceil_mode = bool(_opt(ctx, "ceil_mode", False))
+    include_pad = bool(_opt(ctx, "count_include_pad", False)) if is_avg else False
+    divisor = int(_opt(ctx, "divisor_override", 0)) if is_avg else 0
+    dilation = [1, 1] if is_avg else [int(v) for v in (_opt(ctx, "dilation", None) or [1, 1])]
     x, out = ctx.input("input"), ctx.out()
-    if ctx.kernels == "portable":
-        fn = "corten_avg_pool2d_s8" if is_avg else "corten_max_pool2d_s8"
+    if ctx.kernels == "cmsis-nn" and cmsis_compatible((h, w), kernel, stride, padding, ho, wo, ceil_mode,
+                                                      include_pad, divisor, dilation):
+        buf, size = ctx.scratch()
+        fn = "arm_avgpool_s8" if is_avg else "arm_max_pool_s8"
         return ctx.block(
-            ctx.params("corten_pool_params", "params", dict(
-                kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw, pad_h=ph, pad_w=pw, activation_min=act_min,
-                activation_max=act_max)),
-            ctx.dims("input_dims", "corten_dims", n, h, w, c),
-            ctx.dims("output_dims", "corten_dims", n, ho, wo, c),
-            ctx.call(f"{fn}(&params, &input_dims, {x}, &output_dims, {out})"))
-    buf, size = ctx.scratch()
-    fn = "arm_avgpool_s8" if is_avg else "arm_max_pool_s8"
+            f"const cmsis_nn_context nn_ctx = {{{buf}, {size}}};",
+            f"const cmsis_nn_pool_params params = {{{{{sw}, {sh}}}, {{{left}, {top}}}, {{{act_min}, {act_max}}}}};",
+            ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c),
+            ctx.dims("filter_dims", "cmsis_nn_dims", 1, kh, kw, 1),
+            ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c),
+            ctx.call(f"{fn}(&nn_ctx, &params, &input_dims, {x}, &filter_dims, &output_dims, {out})"))
+    if ctx.kernels != "portable":
+        ctx.portable_kernel()
+    fn = "corten_avg_pool2d_s8" if is_avg else "corten_max_pool2d_s8"
+    zp = int(_opt(ctx, "zero_point", 0)) if is_avg else 0
+    fields = [kh, kw, sh, sw, top, left, act_min, act_max, bottom, right, dilation[0], dilation[1],
+              int(include_pad), divisor, zp]
     return ctx.block(
-        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
-        ctx.params("cmsis_nn_pool_params", "params", dict(stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph),
-                                                          activation=dict(min=act_min, max=act_max))),
-        ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c),
-        ctx.dims("filter_dims", "cmsis_nn_dims", 1, kh, kw, 1),
-        ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c),
-        ctx.call(f"{fn}(&nn_ctx, &params, &input_dims, {x}, &filter_dims, &output_dims, {out})"))
+        "const corten_pool_params params = {" + ", ".join(str(int(v)) for v in fields) + "};",
+        ctx.dims("input_dims", "corten_dims", n, h, w, c),
+        ctx.dims("output_dims", "corten_dims", n, ho, wo, c),
+        ctx.call(f"{fn}(&params, &input_dims, {x}, &output_dims, {out})"))
+
+
+@family.provides("emit_c", "quantized_adaptive_avg_pool2d", "quantized_adaptive_max_pool2d")
+def _emit_adaptive_pool_c(ctx) -> str:
+    """``corten_adaptive_{avg,max}_pool2d_s8`` (portable; CMSIS-NN has no adaptive pool, uniform
+    ones were lowered to the strided pools)."""
+    if ctx.kernels != "portable":
+        ctx.portable_kernel()
+    is_avg = ctx.op_name == "quantized_adaptive_avg_pool2d"
+    n, h, w, c = ctx.nhwc(ctx.arg("input"))
+    _, ho, wo, _ = ctx.nhwc()
+    act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
+    fn = "corten_adaptive_avg_pool2d_s8" if is_avg else "corten_adaptive_max_pool2d_s8"
+    return ctx.block(
+        ctx.dims("input_dims", "corten_dims", n, h, w, c),
+        ctx.dims("output_dims", "corten_dims", n, ho, wo, c),
+        ctx.call(f"{fn}({act_min}, {act_max}, &input_dims, {ctx.input('input')}, &output_dims, {ctx.out()})"))

@@ -24,47 +24,61 @@ import torch
 
 from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops._broadcast import (
-    broadcast_shape,
-    broadcast_struct,
-    empty_output,
-    numel,
-    operand_expr,
-    output_layout,
-    same_dense_shape,
-)
-from corten.ops._common import (
-    RESCALED_BINARY_PARAMS, RESCALED_BINARY_SCHEMA, check_lowerable_shapes, check_ranks, constant_operand,
-    is_activation_operand, rescaled_binary,
-)
+from corten.ops._broadcast import broadcast_shape, broadcast_struct, empty_output, numel, operand_expr, same_dense_shape
+from corten.ops._common import binary_operands
 from corten.ops._qparams import add_params
-from corten.ops._rules import Int8Value, Match
+from corten.ops._rules import Match
+from corten.ops.add import PARAM_NAMES, cmsis_add_call, cmsis_add_rows, rescaled_sum
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "sub"
 
 
-def _check(input1, input2, *params) -> tuple[int, ...]:
+def _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+           input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
+           activation_max) -> tuple[int, ...]:
     op = "quantized_sub"
     checks.dtype(op, "input1", input1, torch.int8)
     checks.dtype(op, "input2", input2, torch.int8)
     shape = broadcast_shape(op, input1, input2)
-    checks.rescaled_binary(op, *params)
+    checks.rescaled_binary(op, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                           input2_shift, left_shift, output_offset, output_multiplier, output_shift,
+                           activation_min, activation_max)
     return shape
 
 
-@torch.library.custom_op("corten::quantized_sub", mutates_args=(), schema=RESCALED_BINARY_SCHEMA)
-def quantized_sub(input1: torch.Tensor, input2: torch.Tensor, *params: int) -> torch.Tensor:
-    """``params``: the 12 scalars of :data:`corten.ops._common.RESCALED_BINARY_PARAMS` (input2's
-    multiplier positive; the op negates it)."""
-    shape = _check(input1, input2, *params)
-    out = rescaled_binary(input1, input2, params, negate_input2=True)
-    return out.contiguous(memory_format=output_layout(shape))
+@torch.library.custom_op("corten::quantized_sub", mutates_args=())
+def quantized_sub(
+    input1: torch.Tensor,
+    input2: torch.Tensor,
+    input1_offset: int,
+    input1_multiplier: int,
+    input1_shift: int,
+    input2_offset: int,
+    input2_multiplier: int,
+    input2_shift: int,
+    left_shift: int,
+    output_offset: int,
+    output_multiplier: int,
+    output_shift: int,
+    activation_min: int,
+    activation_max: int,
+) -> torch.Tensor:
+    shape = _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                   input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
+                   activation_max)
+    return rescaled_sum(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset,
+                        -input2_multiplier, input2_shift, left_shift, output_offset, output_multiplier, output_shift,
+                        activation_min, activation_max, shape)
 
 
 @quantized_sub.register_fake
-def _(input1, input2, *params):
-    return empty_output(_check(input1, input2, *params), input1)
+def _(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+      input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max):
+    shape = _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                   input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
+                   activation_max)
+    return empty_output(shape, input1)
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_sub",), doc=__doc__))
@@ -77,18 +91,11 @@ annotates("binary", torch.ops.aten.sub.Tensor, torch.ops.aten.sub_.Tensor)
 
 @lowers(torch.ops.aten.sub.Tensor)
 def lower_sub(m: Match):
-    """``aten.sub.Tensor`` (alpha 1) of two int8 tensors (numpy broadcasting) -> ``quantized_sub``."""
+    """``aten.sub.Tensor`` (alpha 1) of two int8 tensors (numpy broadcasting), or of a tensor and a
+    constant in either order -> ``quantized_sub`` (see :func:`corten.ops._common.binary_operands`)."""
     if m.node.kwargs.get("alpha", 1) != 1:
         raise LoweringError("sub with alpha != 1 is not supported")
-    if len(m.inputs) == 1:  # x - c or c - x: the constant becomes an int8 operand (see _common.constant_operand)
-        check_ranks(m, "sub")
-        x = m.inputs[0]
-        values, qparams = constant_operand(m, x)
-        const = Int8Value(m.add_constant(values, "operand"), qparams)
-        a, b = (x, const) if is_activation_operand(m.node.args[0], x) else (const, x)
-    else:
-        check_lowerable_shapes(m, "sub")
-        a, b = m.inputs
+    a, b = binary_operands(m, "sub")
     try:
         p = add_params(a.qparams.scale, b.qparams.scale, m.output.scale)
     except ValueError as e:
@@ -107,27 +114,24 @@ def _sub_scratch(node, target) -> int:
 
 
 # ----------------------------------------------------------------------------- C emission
-PARAM_NAMES = RESCALED_BINARY_PARAMS
-
-
 @family.provides("emit_c", "quantized_sub")
 def _emit_sub_c(ctx) -> str:
-    """Same-shape operands with kernels="cmsis-nn": ``arm_elementwise_add_s8`` with input2's
-    multiplier negated (CMSIS-NN has no s8 subtract).  Otherwise ``corten_sub_s8`` (portable), also
-    in the CMSIS-NN flavour when the operands broadcast: CMSIS-NN's add does not broadcast."""
+    """With kernels="cmsis-nn": ``arm_elementwise_add_s8`` with input2's multiplier negated (CMSIS-NN
+    has no s8 subtract), once for same-shape operands or once per repeated block in the per-channel
+    broadcast case (:func:`corten.ops.add.cmsis_add_rows`).  Otherwise ``corten_sub_s8`` (portable),
+    also in the CMSIS-NN flavour for the other broadcasts."""
     v = {k: int(ctx.arg(k)) for k in PARAM_NAMES}
     x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
     # arm_elementwise_add_s8's DSP path shifts (x + offset) masked to 16 bits, which is only right
     # for left shifts >= 16 (the lowering always uses 20); other left shifts run the portable kernel.
-    if ctx.kernels == "cmsis-nn" and same_dense_shape(ctx) and v["left_shift"] >= 16:
-        args = [x1, x2, v["input1_offset"], v["input1_multiplier"], v["input1_shift"], v["input2_offset"],
-                -v["input2_multiplier"], v["input2_shift"], v["left_shift"], out, v["output_offset"],
-                v["output_multiplier"], v["output_shift"], v["activation_min"], v["activation_max"],
-                numel(ctx.shape())]
-        return ctx.call("arm_elementwise_add_s8(" + ", ".join(a if isinstance(a, str) else ctx.int_(a)
-                                                                for a in args) + ")")
+    if ctx.kernels == "cmsis-nn" and v["left_shift"] >= 16:
+        if same_dense_shape(ctx):
+            return cmsis_add_call(ctx, x1, x2, out, v, str(numel(ctx.shape())), negate2=True)
+        rows = cmsis_add_rows(ctx, x1, x2, out, v, negate2=True)
+        if rows is not None:
+            return rows
     ctx.portable_kernel()
     return ctx.block(
-        ctx.params("corten_sub_params", "params", {k: v[k] for k in PARAM_NAMES}),
+        "const corten_sub_params params = {" + ", ".join(ctx.int_(v[k]) for k in PARAM_NAMES) + "};",
         broadcast_struct(ctx),
         ctx.call(f"corten_sub_s8(&params, &shape, {x1}, {x2}, {out})"))

@@ -161,8 +161,10 @@ class CortenQuantizer(Quantizer):
                 if node.op != "call_function" or _annotated(node):
                     continue
                 ann = annotation_for(node.target)
-                if ann is None or (ann.kind == "shared") != shared_pass or \
-                        not _float_tensors_only(node, constant_indices=ann.kind == "shared"):
+                if ann is None or (ann.kind == "shared") != shared_pass:
+                    continue
+                if not (_float_tensors_only(node, constant_indices=ann.kind == "shared")
+                        or (ann.kind == "shared" and _has_float_input(node))):
                     continue
                 if ann.kind == "weighted":
                     self._annotate_weighted(node, act, ann.weight_axis)
@@ -228,17 +230,28 @@ class CortenQuantizer(Quantizer):
         _mark(node, {x: _input_qspec(x, act)}, out)
 
     def _annotate_shared(self, node: Node, act: QuantizationSpec) -> None:
-        """Output and every tensor input share the first input's qparams (e.g. pooling, reshape, cat)."""
+        """Output and every float tensor input share the first float input's qparams (e.g. pooling,
+        reshape, cat, where).  Non-float tensors (a ``where`` condition) are not quantized; a
+        non-float output (a comparison's bool, argmax's indices) gets no qparams; of a tuple output
+        (``max.dim``, ``adaptive_max_pool2d``: values and indices) the values ``getitem(., 0)`` do."""
         # each tensor once: ``cat([y, y])`` lists y twice, and y sharing with itself would loop
-        # (integer tensors - the constant indices of an index_select or gather - are not quantized)
-        tensors = list(dict.fromkeys(a for a in _flat_args(node) if isinstance(a, Node) and not _integer_valued(a)))
+        # (integer tensors - the constant indices of an index_select or gather, a where's bool
+        # condition - are not quantized)
+        tensors = list(dict.fromkeys(a for a in _flat_args(node) if isinstance(a, Node) and _is_float(a)))
         if not tensors:
             return
         first = tensors[0]
         inputs = {first: act}
         for other in tensors[1:]:
             inputs[other] = SharedQuantizationSpec((first, node))
-        _mark(node, inputs, SharedQuantizationSpec((first, node)))
+        val = node.meta.get("val")
+        if isinstance(val, (tuple, list)):
+            _mark(node, inputs, None)
+            for user in node.users:
+                if user.target is operator.getitem and user.args[1] == 0:
+                    _mark(user, None, SharedQuantizationSpec((first, node)))
+            return
+        _mark(node, inputs, SharedQuantizationSpec((first, node)) if _is_float(node) else None)
 
 
 def _input_qspec(arg: Node, act: QuantizationSpec):
@@ -285,6 +298,15 @@ def _input_free(node: Node) -> bool:
             return False
         todo.extend(n.all_input_nodes)
     return True
+
+
+def _is_float(node: Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype.is_floating_point
+
+
+def _has_float_input(node: Node) -> bool:
+    return any(isinstance(a, Node) and _is_float(a) for a in _flat_args(node))
 
 
 def _flat_args(node: Node) -> list:

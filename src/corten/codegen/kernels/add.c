@@ -1,8 +1,9 @@
 /*
  * add.c - Corten portable int8 elementwise add (arm_elementwise_add_s8 arithmetic).
  *
- * Each output element depends only on the input elements at the same index, and is written after
- * both are read, so the output may share its bytes with either input (in-place add).
+ * corten_add_s8: same-shape operands.  Each output element depends only on the input elements at
+ * the same index, and is written after both are read, so the output may share its bytes with
+ * either input (in-place add).  corten_add_broadcast_s8: numpy broadcasting (see corten/ops/add.py).
  */
 #include <stddef.h>
 
@@ -27,4 +28,13 @@ int corten_add_s8(const corten_add_params *params, const int8_t *input1, const i
         output[i] = corten_offset_clamp(sum, params->output_offset, params->activation_min, params->activation_max);
     }
     return CORTEN_OK;
+}
+
+int corten_add_broadcast_s8(const corten_add_params *params, const corten_broadcast *shape, const int8_t *input1,
+                            const int8_t *input2, int8_t *output)
+{
+    if (params == NULL) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    return corten_rescaled_add_broadcast(params, params->input2_multiplier, shape, input1, input2, output);
 }

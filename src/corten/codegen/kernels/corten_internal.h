@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "corten_fixed_point.h"
+#include "corten_kernels.h"
 
 #define CORTEN_BLOCK 16
 #define CORTEN_HALF_BLOCK 8
@@ -180,6 +181,58 @@ static inline int8_t corten_finish(int32_t acc, int32_t channel, const int32_t *
 {
     const int32_t q = per_channel ? channel : 0;
     return corten_offset_clamp(corten_requantize(acc, multiplier[q], shift[q]), output_offset, act_min, act_max);
+}
+
+/** Every dim and stride of a broadcast geometry is non-negative. */
+static inline int corten_broadcast_ok(const corten_broadcast *s)
+{
+    const corten_dims *d = &s->output;
+    const corten_dims *a = &s->input1_strides;
+    const corten_dims *b = &s->input2_strides;
+    return d->n >= 0 && d->h >= 0 && d->w >= 0 && d->c >= 0 && a->n >= 0 && a->h >= 0 && a->w >= 0 && a->c >= 0 &&
+           b->n >= 0 && b->h >= 0 && b->w >= 0 && b->c >= 0;
+}
+
+/**
+ * The arm_elementwise_add_s8 arithmetic over broadcast operands, with input2's multiplier given
+ * separately (add passes params->input2_multiplier, sub its negation).  The output is written in
+ * storage order, each input read through its strides (0 along a broadcast dimension); an output
+ * byte is written after the input bytes at its index are read, so the output may be an input with
+ * the output's shape.
+ */
+static inline int corten_rescaled_add_broadcast(const corten_add_params *params, int32_t input2_multiplier,
+                                                const corten_broadcast *shape, const int8_t *input1,
+                                                const int8_t *input2, int8_t *output)
+{
+    int32_t n, h, w, c;
+    if (params == NULL || shape == NULL || input1 == NULL || input2 == NULL || output == NULL ||
+        !corten_broadcast_ok(shape) || params->left_shift < 0 || params->left_shift > 22) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (n = 0; n < shape->output.n; n++) {
+        for (h = 0; h < shape->output.h; h++) {
+            for (w = 0; w < shape->output.w; w++) {
+                const int8_t *a = input1 + n * shape->input1_strides.n + h * shape->input1_strides.h +
+                                  w * shape->input1_strides.w;
+                const int8_t *b = input2 + n * shape->input2_strides.n + h * shape->input2_strides.h +
+                                  w * shape->input2_strides.w;
+                for (c = 0; c < shape->output.c; c++) {
+                    /* (x + offset) is in [-255, 255] and left_shift <= 22: the shifted value fits in int32. */
+                    const int32_t x1 = ((int32_t)a[c * shape->input1_strides.c] + params->input1_offset) *
+                                       (1 << params->left_shift);
+                    const int32_t x2 = ((int32_t)b[c * shape->input2_strides.c] + params->input2_offset) *
+                                       (1 << params->left_shift);
+                    const int32_t p = corten_requantize(x1, params->input1_multiplier, params->input1_shift);
+                    const int32_t q = corten_requantize(x2, input2_multiplier, params->input2_shift);
+                    const int32_t y = corten_requantize(corten_add_wrap(p, q), params->output_multiplier,
+                                                        params->output_shift);
+                    *output++ = corten_offset_clamp(y, params->output_offset, params->activation_min,
+                                                    params->activation_max);
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
 }
 
 #endif /* CORTEN_INTERNAL_H */

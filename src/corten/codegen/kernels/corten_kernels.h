@@ -51,7 +51,10 @@ typedef struct {
     int32_t activation_max;
 } corten_conv_params;
 
-/** Pooling geometry; the pooled values keep the input's quantization. */
+/** Pooling geometry (PyTorch's; see corten/ops/pool.py); the pooled values keep the input's
+ *  quantization.  pad_h / pad_w are the top / left padding, pad_bottom / pad_right the trailing
+ *  padding counted by count_include_pad (a ceil-mode window may reach past it); divisor_override > 0
+ *  replaces every average's divisor.  Max pools ignore the last two fields. */
 typedef struct {
     int32_t kernel_h;
     int32_t kernel_w;
@@ -61,6 +64,13 @@ typedef struct {
     int32_t pad_w;
     int32_t activation_min;
     int32_t activation_max;
+    int32_t pad_bottom;
+    int32_t pad_right;
+    int32_t dilation_h;
+    int32_t dilation_w;
+    int32_t count_include_pad;
+    int32_t divisor_override;
+    int32_t zero_point; /* used when count_include_pad or divisor_override > 0: sums q - zero_point */
 } corten_pool_params;
 
 /** arm_elementwise_add_s8 parameters (see corten/ops/add.py). */
@@ -116,13 +126,20 @@ int corten_linear_s8(const corten_linear_params *params, const corten_quant *qua
 int corten_add_s8(const corten_add_params *params, const int8_t *input1, const int8_t *input2,
                   int8_t *output, int32_t size);
 
-/** Average pool (windows count only in-input elements, CMSIS-NN rounding), NHWC. */
+/** Average pool (divisor: divisor_override, the padded window with count_include_pad, else the
+ *  in-input elements; CMSIS-NN rounding), NHWC. */
 int corten_avg_pool2d_s8(const corten_pool_params *params, const corten_dims *input_dims, const int8_t *input,
                          const corten_dims *output_dims, int8_t *output);
 
-/** Max pool (padding never wins), NHWC. */
+/** Max pool with dilation (padding never wins), NHWC. */
 int corten_max_pool2d_s8(const corten_pool_params *params, const corten_dims *input_dims, const int8_t *input,
                          const corten_dims *output_dims, int8_t *output);
+
+/** Adaptive average / max pool with PyTorch's windows [floor(i*in/out), ceil((i+1)*in/out)), NHWC. */
+int corten_adaptive_avg_pool2d_s8(int32_t activation_min, int32_t activation_max, const corten_dims *input_dims,
+                                  const int8_t *input, const corten_dims *output_dims, int8_t *output);
+int corten_adaptive_max_pool2d_s8(int32_t activation_min, int32_t activation_max, const corten_dims *input_dims,
+                                  const int8_t *input, const corten_dims *output_dims, int8_t *output);
 
 /** Copy an NHWC tensor into NCHW order (what a flatten/reshape of a channels-last tensor reads). */
 int corten_nhwc_to_nchw_s8(const corten_dims *dims, const int8_t *input, int8_t *output);
@@ -177,6 +194,10 @@ int corten_mul_s8(const corten_mul_params *params, const corten_broadcast *shape
 /** Elementwise subtract with broadcasting: the add arithmetic with input2's multiplier negated. */
 int corten_sub_s8(const corten_sub_params *params, const corten_broadcast *shape, const int8_t *input1,
                   const int8_t *input2, int8_t *output);
+
+/** Elementwise add with broadcasting (the corten_add_s8 arithmetic; corten/ops/add.py). */
+int corten_add_broadcast_s8(const corten_add_params *params, const corten_broadcast *shape, const int8_t *input1,
+                            const int8_t *input2, int8_t *output);
 
 /** Elementwise maximum / minimum of two int8 tensors on one quantization grid, with broadcasting. */
 int corten_maximum_s8(const corten_broadcast *shape, const int8_t *input1, const int8_t *input2, int8_t *output);

@@ -11,21 +11,12 @@
 #include "corten_internal.h"
 #include "corten_kernels.h"
 
-static int minmax_shape_ok(const corten_broadcast *s)
-{
-    const corten_dims *d = &s->output;
-    const corten_dims *a = &s->input1_strides;
-    const corten_dims *b = &s->input2_strides;
-    return d->n >= 0 && d->h >= 0 && d->w >= 0 && d->c >= 0 && a->n >= 0 && a->h >= 0 && a->w >= 0 && a->c >= 0 &&
-           b->n >= 0 && b->h >= 0 && b->w >= 0 && b->c >= 0;
-}
-
 /* take_max != 0: maximum, else minimum. */
 static int minmax_s8(int take_max, const corten_broadcast *shape, const int8_t *input1, const int8_t *input2,
                      int8_t *output)
 {
     int32_t n, h, w, c;
-    if (shape == NULL || input1 == NULL || input2 == NULL || output == NULL || !minmax_shape_ok(shape)) {
+    if (shape == NULL || input1 == NULL || input2 == NULL || output == NULL || !corten_broadcast_ok(shape)) {
         return CORTEN_ERROR_ARGUMENT;
     }
     for (n = 0; n < shape->output.n; n++) {

@@ -1,8 +1,10 @@
 /*
- * pool.c - Corten portable int8 pooling: average (arm_avgpool_s8) and max (arm_max_pool_s8).
+ * pool.c - Corten portable int8 pooling (see corten/ops/pool.py): average (arm_avgpool_s8
+ * arithmetic) and max (arm_max_pool_s8), with PyTorch's padding, ceil_mode, count_include_pad,
+ * divisor_override and (max) dilation; adaptive average and max pools with PyTorch's windows.
  *
- * Windows only count the elements inside the input (padding excluded).  The average rounds as
- * CMSIS-NN does: (sum > 0 ? sum + count / 2 : sum - count / 2) / count with C's truncating division.
+ * Sums only read elements inside the input.  The average rounds as CMSIS-NN does:
+ * (sum > 0 ? sum + d / 2 : sum - d / 2) / d with C's truncating division, d the window's divisor.
  */
 #include <stddef.h>
 
@@ -16,11 +18,12 @@ static int corten_pool_args_ok(const corten_pool_params *p, const corten_dims *i
         return 0;
     }
     return p->kernel_h >= 1 && p->kernel_w >= 1 && p->stride_h >= 1 && p->stride_w >= 1 && p->pad_h >= 0 &&
-           p->pad_w >= 0 && in_dims->n == out_dims->n && in_dims->c == out_dims->c;
+           p->pad_w >= 0 && p->pad_bottom >= 0 && p->pad_right >= 0 && p->dilation_h >= 1 && p->dilation_w >= 1 &&
+           p->divisor_override >= 0 && in_dims->n == out_dims->n && in_dims->c == out_dims->c;
 }
 
-/* The taps of the window at output (oy, ox) that fall inside the input: rows iy0 + [ky_begin, ky_end),
- * columns ix0 + [kx_begin, kx_end).  Shared by both pools, which exclude padding the same way. */
+/* The taps of the window at output (oy, ox) that fall inside the input: rows iy0 + dilation_h * [ky_begin,
+ * ky_end), columns ix0 + dilation_w * [kx_begin, kx_end).  Shared by both pools. */
 typedef struct {
     int32_t iy0, ix0, ky_begin, ky_end, kx_begin, kx_end;
 } corten_pool_window;
@@ -31,59 +34,93 @@ static corten_pool_window corten_pool_window_at(const corten_pool_params *p, con
     corten_pool_window win;
     win.iy0 = oy * p->stride_h - p->pad_h;
     win.ix0 = ox * p->stride_w - p->pad_w;
-    win.ky_begin = corten_first_valid_tap(win.iy0, 1);
-    win.ky_end = corten_end_valid_tap(win.iy0, 1, p->kernel_h, in_dims->h);
-    win.kx_begin = corten_first_valid_tap(win.ix0, 1);
-    win.kx_end = corten_end_valid_tap(win.ix0, 1, p->kernel_w, in_dims->w);
+    win.ky_begin = corten_first_valid_tap(win.iy0, p->dilation_h);
+    win.ky_end = corten_end_valid_tap(win.iy0, p->dilation_h, p->kernel_h, in_dims->h);
+    win.kx_begin = corten_first_valid_tap(win.ix0, p->dilation_w);
+    win.kx_end = corten_end_valid_tap(win.ix0, p->dilation_w, p->kernel_w, in_dims->w);
     return win;
 }
 
-static int8_t corten_pool_clamp(int32_t v, const corten_pool_params *p)
+static int8_t corten_pool_clamp(int32_t v, int32_t act_min, int32_t act_max)
 {
-    v = v < p->activation_min ? p->activation_min : v;
-    return (int8_t)(v > p->activation_max ? p->activation_max : v);
+    v = v < act_min ? act_min : v;
+    return (int8_t)(v > act_max ? act_max : v);
+}
+
+static int32_t corten_min_i32(int32_t a, int32_t b)
+{
+    return a < b ? a : b;
+}
+
+/* The average-pool divisor of a window (see corten_pool_params). */
+static int32_t corten_avg_divisor(const corten_pool_params *p, const corten_dims *in_dims,
+                                  const corten_pool_window *win)
+{
+    if (p->divisor_override > 0) {
+        return p->divisor_override;
+    }
+    if (p->count_include_pad) {
+        const int32_t rows = corten_min_i32(win->iy0 + p->kernel_h, in_dims->h + p->pad_bottom) - win->iy0;
+        const int32_t cols = corten_min_i32(win->ix0 + p->kernel_w, in_dims->w + p->pad_right) - win->ix0;
+        return rows * cols;
+    }
+    return (win->ky_end - win->ky_begin) * (win->kx_end - win->kx_begin);
+}
+
+/* Sum the channels [c0, c0 + n) of the input rows [y0, y1) x columns [x0, x1) (dilation 1), each value
+ * minus zp, and write zp + their rounded averages by `divisor`. */
+static void corten_avg_block(const int8_t *in_batch, int32_t in_w, int32_t ch, int32_t y0, int32_t y1, int32_t x0,
+                             int32_t x1, int32_t divisor, int32_t zp, int32_t act_min, int32_t act_max,
+                             int8_t *out_px)
+{
+    int32_t c0;
+    for (c0 = 0; c0 < ch; c0 += CORTEN_BLOCK) {
+        const int32_t n = (ch - c0) < CORTEN_BLOCK ? (ch - c0) : CORTEN_BLOCK;
+        int32_t sum[CORTEN_BLOCK];
+        int32_t y, x, j;
+        for (j = 0; j < CORTEN_BLOCK; j++) {
+            sum[j] = 0;
+        }
+        for (y = y0; y < y1; y++) {
+            for (x = x0; x < x1; x++) {
+                const int8_t *v = in_batch + ((ptrdiff_t)y * in_w + x) * ch + c0;
+                for (j = 0; j < n; j++) {
+                    sum[j] += v[j] - zp;
+                }
+            }
+        }
+        for (j = 0; j < n; j++) {
+            const int32_t avg = (sum[j] > 0 ? sum[j] + divisor / 2 : sum[j] - divisor / 2) / divisor;
+            out_px[c0 + j] = corten_pool_clamp(avg + zp, act_min, act_max);
+        }
+    }
 }
 
 int corten_avg_pool2d_s8(const corten_pool_params *params, const corten_dims *input_dims, const int8_t *input,
                          const corten_dims *output_dims, int8_t *output)
 {
-    int32_t b, oy, ox;
-    if (!corten_pool_args_ok(params, input_dims, input, output_dims, output)) {
+    int32_t b, oy, ox, zp;
+    if (!corten_pool_args_ok(params, input_dims, input, output_dims, output) || params->dilation_h != 1 ||
+        params->dilation_w != 1) {
         return CORTEN_ERROR_ARGUMENT;
     }
+    /* CMSIS-NN's average (divisor = element count) sums the raw values; PyTorch's other divisors
+     * need the real values, q - zero_point (the padding being the real 0). */
+    zp = (params->count_include_pad || params->divisor_override > 0) ? params->zero_point : 0;
     for (b = 0; b < input_dims->n; b++) {
         const int32_t ch = input_dims->c;
         const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;
         for (oy = 0; oy < output_dims->h; oy++) {
             for (ox = 0; ox < output_dims->w; ox++) {
                 const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);
-                const int32_t count = (win.ky_end - win.ky_begin) * (win.kx_end - win.kx_begin);
+                const int32_t divisor = corten_avg_divisor(params, input_dims, &win);
                 int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch;
-                int32_t c0;
-                if (count <= 0) {
+                if (divisor <= 0 || win.ky_end <= win.ky_begin || win.kx_end <= win.kx_begin) {
                     return CORTEN_ERROR_ARGUMENT;
                 }
-                for (c0 = 0; c0 < ch; c0 += CORTEN_BLOCK) {
-                    const int32_t n = (ch - c0) < CORTEN_BLOCK ? (ch - c0) : CORTEN_BLOCK;
-                    int32_t sum[CORTEN_BLOCK];
-                    int32_t ky, kx, j;
-                    for (j = 0; j < CORTEN_BLOCK; j++) {
-                        sum[j] = 0;
-                    }
-                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
-                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
-                            const int8_t *x =
-                                in_batch + ((ptrdiff_t)(win.iy0 + ky) * input_dims->w + (win.ix0 + kx)) * ch + c0;
-                            for (j = 0; j < n; j++) {
-                                sum[j] += x[j];
-                            }
-                        }
-                    }
-                    for (j = 0; j < n; j++) {
-                        const int32_t avg = (sum[j] > 0 ? sum[j] + count / 2 : sum[j] - count / 2) / count;
-                        out_px[c0 + j] = corten_pool_clamp(avg, params);
-                    }
-                }
+                corten_avg_block(in_batch, input_dims->w, ch, win.iy0 + win.ky_begin, win.iy0 + win.ky_end,
+                                 win.ix0 + win.kx_begin, win.ix0 + win.kx_end, divisor, zp, params->activation_min,
+                                 params->activation_max, out_px);
             }
         }
     }
@@ -112,13 +149,92 @@ int corten_max_pool2d_s8(const corten_pool_params *params, const corten_dims *in
                     int32_t best = -128;
                     int32_t ky, kx;
                     for (ky = win.ky_begin; ky < win.ky_end; ky++) {
+                        const int32_t iy = win.iy0 + ky * params->dilation_h;
                         for (kx = win.kx_begin; kx < win.kx_end; kx++) {
-                            const int32_t v =
-                                in_batch[((ptrdiff_t)(win.iy0 + ky) * input_dims->w + (win.ix0 + kx)) * ch + c];
+                            const int32_t ix = win.ix0 + kx * params->dilation_w;
+                            const int32_t v = in_batch[((ptrdiff_t)iy * input_dims->w + ix) * ch + c];
                             best = v > best ? v : best;
                         }
                     }
-                    out_px[c] = corten_pool_clamp(best, params);
+                    out_px[c] = corten_pool_clamp(best, params->activation_min, params->activation_max);
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}
+
+/* PyTorch's adaptive window i of `out` along a dim of `size`: [floor(i*size/out), ceil((i+1)*size/out)). */
+static int32_t corten_adaptive_start(int32_t i, int32_t size, int32_t out)
+{
+    return (int32_t)(((int64_t)i * size) / out);
+}
+
+static int32_t corten_adaptive_end(int32_t i, int32_t size, int32_t out)
+{
+    return (int32_t)(((int64_t)(i + 1) * size + out - 1) / out);
+}
+
+static int corten_adaptive_args_ok(int32_t act_min, int32_t act_max, const corten_dims *in_dims, const int8_t *in,
+                                   const corten_dims *out_dims, const int8_t *out)
+{
+    return in_dims != NULL && in != NULL && out_dims != NULL && out != NULL && act_min <= act_max &&
+           in_dims->n == out_dims->n && in_dims->c == out_dims->c && out_dims->h >= 1 && out_dims->w >= 1 &&
+           in_dims->h >= 1 && in_dims->w >= 1;
+}
+
+int corten_adaptive_avg_pool2d_s8(int32_t activation_min, int32_t activation_max, const corten_dims *input_dims,
+                                  const int8_t *input, const corten_dims *output_dims, int8_t *output)
+{
+    int32_t b, oy, ox;
+    if (!corten_adaptive_args_ok(activation_min, activation_max, input_dims, input, output_dims, output)) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (b = 0; b < input_dims->n; b++) {
+        const int32_t ch = input_dims->c;
+        const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;
+        for (oy = 0; oy < output_dims->h; oy++) {
+            const int32_t y0 = corten_adaptive_start(oy, input_dims->h, output_dims->h);
+            const int32_t y1 = corten_adaptive_end(oy, input_dims->h, output_dims->h);
+            for (ox = 0; ox < output_dims->w; ox++) {
+                const int32_t x0 = corten_adaptive_start(ox, input_dims->w, output_dims->w);
+                const int32_t x1 = corten_adaptive_end(ox, input_dims->w, output_dims->w);
+                int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch;
+                corten_avg_block(in_batch, input_dims->w, ch, y0, y1, x0, x1, (y1 - y0) * (x1 - x0), 0,
+                                 activation_min, activation_max, out_px);
+            }
+        }
+    }
+    return CORTEN_OK;
+}
+
+int corten_adaptive_max_pool2d_s8(int32_t activation_min, int32_t activation_max, const corten_dims *input_dims,
+                                  const int8_t *input, const corten_dims *output_dims, int8_t *output)
+{
+    int32_t b, oy, ox;
+    if (!corten_adaptive_args_ok(activation_min, activation_max, input_dims, input, output_dims, output)) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (b = 0; b < input_dims->n; b++) {
+        const int32_t ch = input_dims->c;
+        const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;
+        for (oy = 0; oy < output_dims->h; oy++) {
+            const int32_t y0 = corten_adaptive_start(oy, input_dims->h, output_dims->h);
+            const int32_t y1 = corten_adaptive_end(oy, input_dims->h, output_dims->h);
+            for (ox = 0; ox < output_dims->w; ox++) {
+                const int32_t x0 = corten_adaptive_start(ox, input_dims->w, output_dims->w);
+                const int32_t x1 = corten_adaptive_end(ox, input_dims->w, output_dims->w);
+                int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch;
+                int32_t c, y, x;
+                for (c = 0; c < ch; c++) {
+                    int32_t best = -128;
+                    for (y = y0; y < y1; y++) {
+                        for (x = x0; x < x1; x++) {
+                            const int32_t v = in_batch[((ptrdiff_t)y * input_dims->w + x) * ch + c];
+                            best = v > best ? v : best;
+                        }
+                    }
+                    out_px[c] = corten_pool_clamp(best, activation_min, activation_max);
                 }
             }
         }
