@@ -164,3 +164,19 @@ def add(x1, x2, in1_offset, in1_mult, in1_shift, in2_offset, in2_mult, in2_shift
         acc = requantize(i32(p + q), out_mult, out_shift)
         return i8(clamp(i32(acc + out_offset), act_min, act_max))
     return binary(one, x1, x2)
+
+
+def div(x1, x2, in1_offset, in2_offset, out_offset, out_mult, out_shift, act_min, act_max):
+    """corten DIV per element, broadcast: the quotient (x1 + off1) / (x2 + off2) in Q16 rounded half
+    away from zero (exact rational rounding with Fraction), requantized; division by 0 saturates."""
+    from fractions import Fraction
+
+    def one(a, b):
+        a, b = a + in1_offset, b + in2_offset
+        if b == 0:
+            return act_max if a > 0 else act_min if a < 0 else clamp(out_offset, act_min, act_max)
+        f = Fraction(a * 65536, b)
+        q = int(abs(f) + Fraction(1, 2))  # floor(|f| + 1/2): half away from zero
+        q = -q if f < 0 else q
+        return i8(clamp(i32(requantize(q, out_mult, out_shift) + out_offset), act_min, act_max))
+    return binary(one, x1, x2)

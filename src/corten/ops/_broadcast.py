@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
 from corten.ops._common import MAX_RANK, output_format, storage_dim_order
 
@@ -141,3 +142,43 @@ def row_broadcast(ctx) -> tuple[str, int, int] | None:
         if outer > 1 and inner > 1:
             return full, outer, inner
     return None
+
+
+# ----------------------------------------------------------------------------- the add arithmetic (add, sub)
+def rescaled_sum(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                 input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
+                 activation_max, shape) -> torch.Tensor:
+    """The add arithmetic over the broadcast operands (sub passes input2's multiplier negated)."""
+    a = requantize((input1.to(torch.int64) + input1_offset) << left_shift, input1_multiplier, input1_shift)
+    b = requantize((input2.to(torch.int64) + input2_offset) << left_shift, input2_multiplier, input2_shift)
+    out = wrap_int32_t(requantize(wrap_int32_t(a + b), output_multiplier, output_shift) + output_offset)
+    return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=output_layout(shape))
+
+
+PARAM_NAMES = ("input1_offset", "input1_multiplier", "input1_shift", "input2_offset", "input2_multiplier",
+               "input2_shift", "left_shift", "output_offset", "output_multiplier", "output_shift",
+               "activation_min", "activation_max")
+
+
+def cmsis_add_call(ctx, x1: str, x2: str, out: str, v: dict, size, negate2: bool = False) -> str:
+    """One ``arm_elementwise_add_s8`` call (``negate2``: input2's multiplier negated, for sub)."""
+    m2 = -v["input2_multiplier"] if negate2 else v["input2_multiplier"]
+    args = [x1, x2, v["input1_offset"], v["input1_multiplier"], v["input1_shift"], v["input2_offset"], m2,
+            v["input2_shift"], v["left_shift"], out, v["output_offset"], v["output_multiplier"], v["output_shift"],
+            v["activation_min"], v["activation_max"], size]
+    return ctx.call("arm_elementwise_add_s8(" + ", ".join(a if isinstance(a, str) else ctx.int_(a) for a in args)
+                    + ")")
+
+
+def cmsis_add_rows(ctx, x1: str, x2: str, out: str, v: dict, negate2: bool = False) -> str | None:
+    """The broadcast per-channel case as one ``arm_elementwise_add_s8`` call per repeated block
+    (see :func:`row_broadcast`), or None when the shapes are not of that form."""
+    rows = row_broadcast(ctx)
+    if rows is None:
+        return None
+    full, outer, inner = rows
+    p1 = f"{x1} + i * {inner}" if full == "input1" else x1
+    p2 = f"{x2} + i * {inner}" if full == "input2" else x2
+    body = cmsis_add_call(ctx, p1, p2, f"{out} + i * {inner}", v, str(inner), negate2)
+    return ctx.block("int32_t i;", f"for (i = 0; i < {outer}; i++) {{",
+                     "\n".join("    " + line for line in body.split("\n")), "}")

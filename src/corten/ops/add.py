@@ -26,19 +26,20 @@ from __future__ import annotations
 import torch
 
 from corten.errors import LoweringError
-from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
 from corten.ops._broadcast import (
+    PARAM_NAMES,
     broadcast_shape,
     broadcast_struct,
+    cmsis_add_call,
+    cmsis_add_rows,
     empty_output,
     is_constant,
     is_dense,
     loop_geometry,
     numel,
     operand_expr,
-    output_layout,
-    row_broadcast,
+    rescaled_sum,
     same_dense_shape,
 )
 from corten.ops._common import binary_operands
@@ -60,16 +61,6 @@ def _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input
                            input2_shift, left_shift, output_offset, output_multiplier, output_shift,
                            activation_min, activation_max)
     return shape
-
-
-def rescaled_sum(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-                 input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
-                 activation_max, shape) -> torch.Tensor:
-    """The add arithmetic over the broadcast operands (sub passes input2's multiplier negated)."""
-    a = requantize((input1.to(torch.int64) + input1_offset) << left_shift, input1_multiplier, input1_shift)
-    b = requantize((input2.to(torch.int64) + input2_offset) << left_shift, input2_multiplier, input2_shift)
-    out = wrap_int32_t(requantize(wrap_int32_t(a + b), output_multiplier, output_shift) + output_offset)
-    return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=output_layout(shape))
 
 
 @torch.library.custom_op("corten::quantized_add", mutates_args=())
@@ -138,40 +129,11 @@ def _add_scratch(node, target) -> int:
 
 
 # ----------------------------------------------------------------------------- C emission
-PARAM_NAMES = ("input1_offset", "input1_multiplier", "input1_shift", "input2_offset", "input2_multiplier",
-               "input2_shift", "left_shift", "output_offset", "output_multiplier", "output_shift",
-               "activation_min", "activation_max")
-
-
-def cmsis_add_call(ctx, x1: str, x2: str, out: str, v: dict, size, negate2: bool = False) -> str:
-    """One ``arm_elementwise_add_s8`` call (``negate2``: input2's multiplier negated, for sub)."""
-    m2 = -v["input2_multiplier"] if negate2 else v["input2_multiplier"]
-    args = [x1, x2, v["input1_offset"], v["input1_multiplier"], v["input1_shift"], v["input2_offset"], m2,
-            v["input2_shift"], v["left_shift"], out, v["output_offset"], v["output_multiplier"], v["output_shift"],
-            v["activation_min"], v["activation_max"], size]
-    return ctx.call("arm_elementwise_add_s8(" + ", ".join(a if isinstance(a, str) else ctx.int_(a) for a in args)
-                    + ")")
-
-
-def cmsis_add_rows(ctx, x1: str, x2: str, out: str, v: dict, negate2: bool = False) -> str | None:
-    """The broadcast per-channel case as one ``arm_elementwise_add_s8`` call per repeated block
-    (see :func:`corten.ops._broadcast.row_broadcast`), or None when the shapes are not of that form."""
-    rows = row_broadcast(ctx)
-    if rows is None:
-        return None
-    full, outer, inner = rows
-    p1 = f"{x1} + i * {inner}" if full == "input1" else x1
-    p2 = f"{x2} + i * {inner}" if full == "input2" else x2
-    body = cmsis_add_call(ctx, p1, p2, f"{out} + i * {inner}", v, str(inner), negate2)
-    return ctx.block("int32_t i;", f"for (i = 0; i < {outer}; i++) {{",
-                     "\n".join("    " + line for line in body.split("\n")), "}")
-
-
 @family.provides("emit_c", "quantized_add")
 def _emit_add_c(ctx) -> str:
     """Same shape: one ``corten_add_s8`` (portable) or ``arm_elementwise_add_s8`` (CMSIS-NN) call,
     both safe when the planner puts the output over an input.  Broadcasting: ``corten_add_broadcast_s8``,
-    or with CMSIS-NN one ``arm_elementwise_add_s8`` per repeated block (:func:`cmsis_add_rows`)."""
+    or with CMSIS-NN one ``arm_elementwise_add_s8`` per repeated block (:func:`corten.ops._broadcast.cmsis_add_rows`)."""
     v = {k: int(ctx.arg(k)) for k in PARAM_NAMES}
     x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
     # CMSIS-NN's DSP path masks (x + offset) to 16 bits before the left shift: only exact for left

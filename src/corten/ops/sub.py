@@ -24,11 +24,21 @@ import torch
 
 from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops._broadcast import broadcast_shape, broadcast_struct, empty_output, numel, operand_expr, same_dense_shape
+from corten.ops._broadcast import (
+    PARAM_NAMES,
+    broadcast_shape,
+    broadcast_struct,
+    cmsis_add_call,
+    cmsis_add_rows,
+    empty_output,
+    numel,
+    operand_expr,
+    rescaled_sum,
+    same_dense_shape,
+)
 from corten.ops._common import binary_operands
 from corten.ops._qparams import add_params
 from corten.ops._rules import Match
-from corten.ops.add import PARAM_NAMES, cmsis_add_call, cmsis_add_rows, rescaled_sum
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "sub"
@@ -118,7 +128,7 @@ def _sub_scratch(node, target) -> int:
 def _emit_sub_c(ctx) -> str:
     """With kernels="cmsis-nn": ``arm_elementwise_add_s8`` with input2's multiplier negated (CMSIS-NN
     has no s8 subtract), once for same-shape operands or once per repeated block in the per-channel
-    broadcast case (:func:`corten.ops.add.cmsis_add_rows`).  Otherwise ``corten_sub_s8`` (portable),
+    broadcast case (:func:`corten.ops._broadcast.cmsis_add_rows`).  Otherwise ``corten_sub_s8`` (portable),
     also in the CMSIS-NN flavour for the other broadcasts."""
     v = {k: int(ctx.arg(k)) for k in PARAM_NAMES}
     x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()

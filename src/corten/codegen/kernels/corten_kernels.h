@@ -199,6 +199,11 @@ int corten_sub_s8(const corten_sub_params *params, const corten_broadcast *shape
 int corten_add_broadcast_s8(const corten_add_params *params, const corten_broadcast *shape, const int8_t *input1,
                             const int8_t *input2, int8_t *output);
 
+/** Elementwise division with broadcasting (corten/ops/div.py): the quotient of the offset inputs in Q16,
+ *  requantized with the mul parameters' multiplier/shift. */
+int corten_div_s8(const corten_mul_params *params, const corten_broadcast *shape, const int8_t *input1,
+                  const int8_t *input2, int8_t *output);
+
 /** Elementwise maximum / minimum of two int8 tensors on one quantization grid, with broadcasting. */
 int corten_maximum_s8(const corten_broadcast *shape, const int8_t *input1, const int8_t *input2, int8_t *output);
 int corten_minimum_s8(const corten_broadcast *shape, const int8_t *input1, const int8_t *input2, int8_t *output);
