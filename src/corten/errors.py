@@ -54,9 +54,10 @@ class UnsupportedOpsError(CortenError, ValueError):
                 lines.append(f"      {n.name} at {n.location}{why}")
         lines.append(
             "Workarounds: replace the operator with a supported one (conv1d/conv2d/depthwise/transposed conv, linear, "
-            "add/sub/mul/maximum/minimum with broadcasting, softmax, sigmoid/tanh/SiLU/GELU/hardswish and the other "
-            "lookup-table activations (in-place forms too), "
-            "avg/max pool, mean over H,W, relu/relu6/hardtanh/clamp after those, data movement: reshape, "
+            "add/sub/mul/div/maximum/minimum with broadcasting and scalars, softmax, sigmoid/tanh/SiLU/GELU/hardswish "
+            "and the other lookup-table activations (in-place forms too), avg/max/adaptive pools (any variant), "
+            "amax/amin/sum/mean over any dims, comparisons + where, relu/relu6/hardtanh/clamp after those, "
+            "data movement: reshape, "
             "slice/select, cat/stack, permute, expand/repeat, flip, pixel_shuffle, index_select/gather with "
             "constant indices; nn.LSTM unidirectional with a zero initial state, reading its output or h_n; "
             "attention as matmul/@ + softmax, nn.LayerNorm, scaled_dot_product_attention without "

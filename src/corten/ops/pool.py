@@ -29,8 +29,8 @@ Adaptive pools (output ``[OH, OW]``): window ``i`` along a dim of size ``L`` cov
 window has one size and the windows tile the input, the lowering uses the strided op instead
 (CMSIS-NN's kernels apply).
 
-A global average pool (MobileNetV2's ``adaptive_avg_pool2d(1)`` or ``mean`` over H, W) is the
-average pool with the kernel covering the whole input.  CMSIS-NN runs a strided pool when its
+A global average pool (MobileNetV2's ``adaptive_avg_pool2d(1)``, or ``mean`` over H, W, lowered by
+:mod:`corten.ops.reduce`) is the average pool with the kernel covering the whole input.  CMSIS-NN runs a strided pool when its
 semantics agree: symmetric padding, floor-mode output size, and every divisor equal to the number
 of input elements in the window (see :func:`cmsis_compatible`); otherwise the portable kernel.
 """
@@ -270,7 +270,7 @@ family = register_family(OpFamily(FAMILY, OPS, doc=__doc__))
 _aten = torch.ops.aten
 
 annotates("shared", _aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.max_pool2d.default,
-          _aten.adaptive_max_pool2d.default, _aten.mean.dim)
+          _aten.adaptive_max_pool2d.default)
 
 
 def _same_qparams(m: Match) -> None:
@@ -378,28 +378,6 @@ def lower_max_pool2d(m: Match):
     return m.call("quantized_max_pool2d", m.inputs[0].node, kernel, stride, padding, lo, hi, *extra)
 
 
-@lowers(_aten.mean.dim)
-def lower_mean(m: Match):
-    """``mean`` over H and W of an NCHW tensor -> global average pool (+ reshape without keepdim);
-    over L of NCL -> the same on the [N, C, 1, L] view; over any other dims -> the reduction family
-    (:mod:`corten.ops.reduce`)."""
-    _same_qparams(m)
-    val = m.node.args[0].meta["val"]
-    dims = sorted(d % val.dim() for d in _ints(m.node.args[1], 1))
-    keepdim = bool(_arg(m.node, 2, "keepdim", False))
-    if val.dim() == 3 and dims == [2]:
-        return _mean_over_time(m, val.shape, keepdim)
-    if val.dim() != 4 or dims != [2, 3]:
-        raise LoweringError(f"mean over dims {dims} of a {val.dim()}-D tensor is not supported "
-                            "(only H and W of NCHW, or L of NCL)")
-    lo, hi = m.activation_bounds
-    h, w = int(val.shape[2]), int(val.shape[3])
-    pooled = m.call("quantized_avg_pool2d", m.inputs[0].node, [h, w], [h, w], [0, 0], lo, hi)
-    if keepdim:
-        return pooled
-    return m.call_aten(_aten.reshape.default, pooled, [val.shape[0], val.shape[1]])
-
-
 # ----------------------------------------------------------------------------- 1-D pooling
 # 1-D pools on ``[N, C, L]`` run as the 2-D pools on the ``[N, C, 1, L]`` view (see
 # corten.ops._common.as_4d_view: consecutive 1-D ops share the 4-D tensor, no copies in between).
@@ -470,16 +448,6 @@ def lower_adaptive_pool1d(m: Match):
                        lo, hi)
     return _pool1d(m, "quantized_adaptive_avg_pool2d" if is_avg else "quantized_adaptive_max_pool2d", [1, out],
                    lo, hi)
-
-
-def _mean_over_time(m: Match, shape3, keepdim: bool):
-    """``x.mean(-1)`` of ``[N, C, L]``: a global average pool of the ``[N, C, 1, L]`` view, then a
-    reshape of ``[N, C, 1, 1]`` (free in C) to ``[N, C]`` or ``[N, C, 1]``."""
-    n, c, length = (int(d) for d in shape3)
-    x4 = as_4d_view(m, m.inputs[0].node, shape3)
-    lo, hi = m.activation_bounds
-    pooled = m.call("quantized_avg_pool2d", x4, [1, length], [1, length], [0, 0], lo, hi)
-    return m.call_aten(_aten.reshape.default, pooled, [n, c, 1] if keepdim else [n, c])
 
 
 # ----------------------------------------------------------------------------- scratch memory

@@ -204,6 +204,24 @@ int corten_add_broadcast_s8(const corten_add_params *params, const corten_broadc
 int corten_div_s8(const corten_mul_params *params, const corten_broadcast *shape, const int8_t *input1,
                   const int8_t *input2, int8_t *output);
 
+/** A reduction (corten/ops/reduce.py) of a dense tensor of 4 storage dims: reduce[k] != 0 marks a
+ *  reduced dim, out_strides[k] is the output's element stride along a kept one.  mode 0 max, 1 min,
+ *  2 sum (requantize(sum(x + input_offset), multiplier, shift) + output_offset). */
+typedef struct {
+    int32_t dims[4];
+    int32_t reduce[4];
+    int32_t out_strides[4];
+    int32_t mode;
+    int32_t input_offset;
+    int32_t output_offset;
+    int32_t multiplier;
+    int32_t shift;
+    int32_t activation_min;
+    int32_t activation_max;
+} corten_reduce_params;
+
+int corten_reduce_s8(const corten_reduce_params *params, const int8_t *input, int8_t *output);
+
 /** Elementwise maximum / minimum of two int8 tensors on one quantization grid, with broadcasting. */
 int corten_maximum_s8(const corten_broadcast *shape, const int8_t *input1, const int8_t *input2, int8_t *output);
 int corten_minimum_s8(const corten_broadcast *shape, const int8_t *input1, const int8_t *input2, int8_t *output);
