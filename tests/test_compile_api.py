@@ -157,9 +157,9 @@ def _pool_all(y):
 
 
 @pytest.mark.parametrize("model, op, reason", [
-    (lambda: Fn(lambda x: x.mean(1)), "aten.mean.dim", "only H and W"),
+    (lambda: Fn(lambda x: x.amax()), "aten.amax.default", "keepdim=True"),
     (lambda: Fn(lambda x: torch.cumsum(x, 3)), "aten.cumsum.default", ""),
-], ids=["mean_over_channels", "cumsum"])
+], ids=["amax_to_0d", "cumsum"])
 def test_each_refusal_names_op_reason_and_line(model, op, reason):
     shape = (1, 3, 5, 5)
     with pytest.raises(UnsupportedOpsError) as info:

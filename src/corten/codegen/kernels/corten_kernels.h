@@ -222,6 +222,15 @@ typedef struct {
 
 int corten_reduce_s8(const corten_reduce_params *params, const int8_t *input, int8_t *output);
 
+/** Comparison of broadcast int8 operands (mode 0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge): 1 / 0 bytes. */
+int corten_compare_s8(int32_t mode, const corten_broadcast *shape, const int8_t *input1, const int8_t *input2,
+                      int8_t *output);
+
+/** output = condition ? a : b over three broadcast operands (element strides along the output's dims). */
+int corten_where_s8(const corten_dims *out_dims, const corten_dims *cond_strides, const int8_t *condition,
+                    const corten_dims *a_strides, const int8_t *a, const corten_dims *b_strides, const int8_t *b,
+                    int8_t *output);
+
 /** Elementwise maximum / minimum of two int8 tensors on one quantization grid, with broadcasting. */
 int corten_maximum_s8(const corten_broadcast *shape, const int8_t *input1, const int8_t *input2, int8_t *output);
 int corten_minimum_s8(const corten_broadcast *shape, const int8_t *input1, const int8_t *input2, int8_t *output);
