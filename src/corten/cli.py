@@ -72,12 +72,25 @@ def cmd_compile(args) -> int:
         raise CliError(f"program name {name!r} is not a C identifier; pass --name NAME (letters, digits, _)")
     source = str(args.model)
     check_destination(Path(args.out), name, args.force, "--force", source)  # before minutes of compiling
-    calibration = default_calibration(example_inputs, args.calib, args.seed)
+    if args.calib_data:
+        calibration, calib_text = _calibration_file(args.calib_data, example_inputs), f"{args.calib_data}"
+    else:
+        calibration = default_calibration(example_inputs, args.calib, args.seed)
+        calib_text = f"{args.calib} random calibration samples"
+        print(f"corten: warning: calibrating on {args.calib} random normal samples; pass real inputs with "
+              "--calib-data FILE.npy for int8 ranges that match your data", file=sys.stderr)
     t0 = time.perf_counter()
     torch.set_num_threads(max(1, args.threads)) if args.threads else None
-    prog = corten_compile(model, example_inputs, target=args.target, calibration=calibration, seed=args.seed,
-                          name=name, progress=True)
-    elapsed = time.perf_counter() - t0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prog = corten_compile(model, example_inputs, target=args.target, calibration=calibration, seed=args.seed,
+                              name=name, progress=True, observer=args.observer)
+        elapsed = time.perf_counter() - t0
+        if args.compare:
+            samples = calibration if isinstance(calibration, list) else [
+                (calibration[i:i + 1],) for i in range(len(calibration))]
+            compare_report = prog.compare(model, samples[:args.compare_samples], threshold_db=args.sqnr_threshold)
+    _print_quantization_warnings(caught)
     out = Path(args.out)
     # Everything is written into a temporary directory beside --out, renamed into place only once
     # the program, its reports, the budget check and --emit-c all succeeded.
@@ -90,13 +103,19 @@ def cmd_compile(args) -> int:
         for stage, fname in STAGE_FILES.items():
             (graphs / fname).write_text(prog.stages.get(stage, ""))
         report = [f"Corten program {name!r} for {prog.target.name} ({prog.target.isa})",
-                  f"compiled from {args.model} with {args.calib} calibration samples, seed {args.seed}", "",
+                  f"compiled from {args.model} with {calib_text}, seed {args.seed}, observer {args.observer}", "",
                   prog.operator_table()]
         if not prog.unlowered_ops():
             report += ["", prog.memory_report(args.kernels)]
         text = "\n".join(report) + "\n"
         (tmp / "report.txt").write_text(text)
         print(text, end="")
+        if args.compare:
+            table = compare_report.table()
+            (tmp / "compare.txt").write_text(table + "\n")
+            print(table)
+            if args.compare_plot:
+                print(f"per-layer SQNR plot: {compare_report.plot(args.compare_plot)}")
         if args.max_arena is not None or args.max_flash is not None:
             from corten.memory import check_budget
 
@@ -143,6 +162,40 @@ def load_input_file(path: str, prog) -> "torch.Tensor":
     return x
 
 
+def _calibration_file(path: str, example_inputs: tuple):
+    """``--calib-data FILE.npy``: float samples stacked along dim 0 (one-input models)."""
+    import numpy as np
+    import torch
+
+    if len(example_inputs) != 1:
+        raise CliError("--calib-data takes one .npy of samples; this model has several inputs (calibrate from "
+                       "Python with corten.compile(..., calibration=...))")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise CliError(f"{path}: cannot read as a .npy array ({e})") from None
+    if not np.issubdtype(data.dtype, np.floating) and not np.issubdtype(data.dtype, np.integer):
+        raise CliError(f"{path}: dtype {data.dtype} is not a real number type")
+    ex = example_inputs[0]
+    if data.ndim == ex.dim() - 1:
+        data = data[None]
+    if data.ndim != ex.dim() or tuple(data.shape[1:]) != tuple(ex.shape[1:]):
+        raise CliError(f"{path}: shape {data.shape} does not hold samples of shape {tuple(ex.shape[1:])} "
+                       "stacked along the first axis")
+    return torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
+
+
+def _print_quantization_warnings(caught) -> None:
+    from corten.errors import QuantizationWarning
+
+    seen = set()
+    for w in caught:
+        msg = str(w.message)
+        if issubclass(w.category, QuantizationWarning) and msg not in seen:
+            seen.add(msg)
+            print(f"corten: warning: {msg}", file=sys.stderr)
+
+
 def cmd_run(args) -> int:
     import numpy as np
     import torch
@@ -186,6 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", default="cortex-m55", choices=list(TARGETS))
     c.add_argument("--out", required=True, help="output directory")
     c.add_argument("--calib", type=int, default=8, help="number of random calibration samples (default 8)")
+    c.add_argument("--calib-data", default=None, metavar="FILE.npy",
+                   help="real calibration samples stacked along axis 0 (instead of --calib random ones)")
+    c.add_argument("--observer", default="histogram", choices=["histogram", "minmax", "percentile", "mse"],
+                   help="activation range rule (program outputs always use min/max)")
+    c.add_argument("--compare", action="store_true",
+                   help="print the per-layer int8-vs-float error (SQNR) on the calibration samples")
+    c.add_argument("--compare-samples", type=int, default=16, metavar="N", help="samples --compare uses (16)")
+    c.add_argument("--compare-plot", default=None, metavar="FILE.png", help="with --compare: SQNR bar chart")
+    c.add_argument("--sqnr-threshold", type=float, default=10.0, metavar="DB",
+                   help="with --compare: warn about layers whose accumulated SQNR is below DB (10)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--name", default=None, help="C identifier for the program (default: from MODEL)")
     c.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")

@@ -13,7 +13,7 @@ import operator
 import sys
 import time
 import warnings
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -21,7 +21,13 @@ from corten.capture import capture, remove_guards_fn
 from corten.errors import UnsupportedOpsError
 from corten.lowering import CortenPassManager, unlowered_nodes
 from corten.program import Program
+from corten.compare import record_provenance
 from corten.quantizer import CortenQuantizer
+from corten.quantizer.calibration import default_calibration  # noqa: F401  (re-exported: tests, CLI)
+from corten.quantizer.calibration import calibration_batches, input_range_warnings
+from corten.quantizer.calibration import warn as warn_quantization
+from corten.quantizer.observers import observer_class
+from corten.quantizer.qat import convert_qat, is_qat_module
 from corten.targets import get_target
 
 
@@ -73,12 +79,6 @@ def graph_text(gm_or_ep) -> str:
     return gm.print_readable(print_output=False, include_stride=False, include_device=False)
 
 
-def default_calibration(example_inputs: tuple[torch.Tensor, ...], n: int = 8, seed: int = 0) -> list[tuple]:
-    """``n`` standard-normal samples shaped like ``example_inputs`` (seeded)."""
-    g = torch.Generator().manual_seed(seed)
-    return [tuple(torch.randn(x.shape, generator=g, dtype=x.dtype) for x in example_inputs) for _ in range(n)]
-
-
 def _progress_printer(enabled: bool | Callable[[str], None]) -> Callable[[str], None]:
     if callable(enabled):
         return enabled
@@ -87,12 +87,17 @@ def _progress_printer(enabled: bool | Callable[[str], None]) -> Callable[[str], 
     return lambda msg: None
 
 
-def _calibrate(prepared: torch.fx.GraphModule, samples: list[tuple], say: Callable[[str], None],
+def _calibrate(prepared: torch.fx.GraphModule, samples, say: Callable[[str], None],
                float_gm: torch.fx.GraphModule, model_name: str) -> int:
-    """Run the (already validated) samples through the observers; a failure inside torch (e.g. a
-    histogram of NaNs) is explained by the first float node that goes non-finite."""
+    """Run the (already validated) samples, or the user's ``calibrate(model)`` callable, through the
+    observers; a failure inside torch (e.g. a histogram of NaNs) is explained by the first float node
+    that goes non-finite.  Returns the number of samples (0 for a callable)."""
     from corten.validation import explain_calibration_failure
 
+    if callable(samples):
+        say("  calibrating with the given callable")
+        samples(prepared)
+        return 0
     n = len(samples)
     width = 30
     for i, sample in enumerate(samples, 1):
@@ -182,6 +187,21 @@ def _unknown_ops(gm: torch.fx.GraphModule) -> list:
         if annotation_for(n.target) is None and lowering_rule(n.target) is None:
             out.append(UnloweredNode(n.name, op_display_name(n.target), source_location(n), ""))
     return out
+def _output_saturation_warnings(prepared: torch.fx.GraphModule) -> None:
+    """Warn when the qparams chosen for a program output clip values seen in calibration."""
+    for i, arg in enumerate(a for a in prepared.graph.output_node().args[0] if isinstance(a, torch.fx.Node)):
+        obs = getattr(prepared, str(arg.target), None) if arg.op == "call_module" else None
+        lo_seen, hi_seen = getattr(obs, "min_val", None), getattr(obs, "max_val", None)
+        if obs is None or not isinstance(lo_seen, torch.Tensor) or lo_seen.numel() != 1 or \
+                not torch.isfinite(lo_seen) or not torch.isfinite(hi_seen):
+            continue
+        scale, zp = (float(v) for v in obs.calculate_qparams())
+        lo, hi = scale * (-128 - zp), scale * (127 - zp)
+        if float(hi_seen) > hi + scale / 2 or float(lo_seen) < lo - scale / 2:
+            warn_quantization(
+                f"output {i}: calibration saw [{float(lo_seen):.4g}, {float(hi_seen):.4g}] but its int8 range "
+                f"is [{lo:.4g}, {hi:.4g}]; the program saturates this output (use observer='minmax', or "
+                "calibrate longer in QAT)")
 
 
 class Pipeline:
@@ -203,8 +223,9 @@ class Pipeline:
     """
 
     def __init__(self, model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
-                 target: str = "cortex-m55", calibration: Iterable[tuple] | None = None, seed: int = 0, *,
-                 name: str = "model", progress: bool | Callable[[str], None] = False) -> None:
+                 target: str = "cortex-m55", calibration: Any = None, seed: int = 0, *,
+                 name: str = "model", progress: bool | Callable[[str], None] = False,
+                 observer: str = "histogram") -> None:
         from corten.validation import as_input_tuple, check_example_inputs, check_samples
 
         self.model = model
@@ -212,8 +233,14 @@ class Pipeline:
         self.example_inputs = as_input_tuple(example_inputs)
         check_example_inputs(self.example_inputs)
         self.target = get_target(target)
-        # every calibration sample checked against the example inputs before anything runs
-        self.calibration = None if calibration is None else check_samples(calibration, self.example_inputs)
+        # calibration in the forms users have it (tensor, DataLoader, tuples, callable); every sample
+        # checked against the example inputs before anything runs
+        self.calibration = None if calibration is None else calibration_batches(calibration, self.example_inputs)
+        if self.calibration is not None and not callable(self.calibration):
+            self.calibration = check_samples(self.calibration, self.example_inputs)
+            input_range_warnings(self.calibration, [f"input {i}" for i in range(len(self.example_inputs))])
+        observer_class(observer)  # an unknown name is refused before anything runs
+        self.observer = observer
         self.seed = seed
         self.name = name
         self.say = _progress_printer(progress)
@@ -224,6 +251,7 @@ class Pipeline:
         self.quantizer: CortenQuantizer | None = None
         self.prepared: torch.fx.GraphModule | None = None
         self.calibration_samples = 0
+        self._calibrated = False
         self.converted: torch.fx.GraphModule | None = None
         self.pass_manager: CortenPassManager | None = None
         self.lowered: torch.fx.GraphModule | None = None
@@ -252,7 +280,7 @@ class Pipeline:
         if self.exported is None:
             self.capture()
         t0 = time.perf_counter()
-        self.quantizer = CortenQuantizer()
+        self.quantizer = CortenQuantizer(observer=self.observer)
         self.float_module = unguarded_module(self.exported)
         with _torchao_warnings():
             self.prepared = prepare_pt2e(self.float_module, self.quantizer)
@@ -273,19 +301,21 @@ class Pipeline:
         elif self.calibration is not None:
             samples = self.calibration
         else:
-            samples = default_calibration(self.example_inputs, 8, self.seed)
+            samples = calibration_batches(None, self.example_inputs, self.seed)  # random, with a warning
         self.say("corten: calibrating")
         with torch.no_grad():
             self.calibration_samples += _calibrate(self.prepared, samples, self.say, self.float_module,
                                                    self.model_name)
+        self._calibrated = True
         check_observers(self.prepared, self.model_name)
+        _output_saturation_warnings(self.prepared)
         self._timed("quantize", t0)
         return self
 
     def convert(self) -> "Pipeline":
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-        if self.calibration_samples == 0:
+        if self.calibration_samples == 0 and not self._calibrated:
             self.calibrate()
         t0 = time.perf_counter()
         # convert_pt2e draws from torch's global RNG: give it its own seeded stream and leave the
@@ -337,7 +367,9 @@ class Pipeline:
         self.program = Program(program_ep, self.target, name=self.name, stages=dict(self.graphs),
                                unlowered=self.unlowered,
                                info={"calibration_samples": self.calibration_samples, "seed": self.seed,
-                                     "timings_s": dict(self.timings), "node_sources": node_sources})
+                                     "timings_s": dict(self.timings), "node_sources": node_sources,
+                                     "observer": self.observer,
+                                     "tensors": record_provenance(self.lowered, program_ep.graph)})
         return self.program
 
     def run(self, allow_unlowered: bool = False) -> Program:
@@ -359,22 +391,31 @@ def compile(
     model: torch.nn.Module,
     example_inputs: tuple[torch.Tensor, ...],
     target: str = "cortex-m55",
-    calibration: Iterable[tuple] | None = None,
+    calibration: Any = None,
     seed: int = 0,
     *,
+    observer: str = "histogram",
     name: str = "model",
     allow_unlowered: bool = False,
     progress: bool | Callable[[str], None] = False,
 ) -> Program:
     """Compile ``model`` to a Corten int8 program for ``target`` (runs every :class:`Pipeline` stage).
 
-    ``calibration``: an iterable of input tuples; None means 8 random samples shaped like the
-    example inputs (drawn from ``torch.Generator().manual_seed(seed)``; the global RNG is not
-    touched).  A model with ops Corten cannot lower raises :class:`UnsupportedOpsError` (naming
+    ``calibration``: input tuples, a ``DataLoader``, a tensor of N samples, or a callable
+    ``calibrate(model)`` (see :mod:`corten.quantizer.calibration`); None means 8 random samples
+    shaped like the example inputs (drawn from ``torch.Generator().manual_seed(seed)``; the global
+    RNG is not touched; with a ``QuantizationWarning``).  ``observer``: the PTQ range rule of
+    intermediate activations (``"histogram"``, ``"minmax"``, ``"percentile"``, ``"mse"``; program
+    outputs always use min/max).  ``model`` may also be the module :func:`corten.prepare_qat`
+    returned, fine-tuned: it is converted (its fake-quantizers hold the ranges), not calibrated.
+    A model with ops Corten cannot lower raises :class:`UnsupportedOpsError` (naming
     each op, its count and source location) unless ``allow_unlowered=True``, which returns a
     partly lowered program whose ``unlowered_ops()`` lists them.
     """
-    pipeline = Pipeline(model, example_inputs, target, calibration, seed, name=name, progress=progress)
+    if is_qat_module(model):
+        return _compile_qat(model, example_inputs, target, calibration, seed, name, allow_unlowered, progress)
+    pipeline = Pipeline(model, example_inputs, target, calibration, seed, name=name, progress=progress,
+                        observer=observer)
     try:
         return pipeline.run(allow_unlowered)
     except Exception as e:  # a torch-internal failure on an op Corten does not know: name the op
@@ -384,6 +425,26 @@ def compile(
         if unknown:
             raise UnsupportedOpsError(pipeline.model_name, unknown) from e
         raise
+
+
+def _compile_qat(qat: torch.fx.GraphModule, example_inputs, target, calibration, seed, name, allow_unlowered,
+                 progress) -> Program:
+    """``corten.compile`` of a fine-tuned :func:`corten.prepare_qat` module: convert, then the
+    pipeline's lower and export stages."""
+    if calibration is not None:
+        warn_quantization("calibration is ignored for a QAT module: its fake-quantizers already hold the "
+                          "ranges learnt in fine-tuning")
+    p = Pipeline(qat, example_inputs, target, None, seed, name=name, progress=progress)
+    p.model_name = qat.meta["corten_qat"].get("model", p.model_name)
+    t0 = time.perf_counter()
+    p.say("corten: converting the QAT module")
+    p.converted = convert_qat(qat)
+    propagate_shapes(p.converted, p.example_inputs)
+    p.graphs["quantized"] = graph_text(p.converted)
+    p._timed("quantize", t0)
+    program = p.lower().export(allow_unlowered)
+    program.info["qat"] = True
+    return program
 
 
 def _node_sources(lowered: torch.fx.GraphModule, program_ep) -> dict[str, dict[str, str]]:

@@ -116,3 +116,9 @@ __all__ = [
     "CodegenError", "CortenError", "CortenOpError", "LoweringError", "MemoryPlanError", "ProgramFileError",
     "ProgramNotFoundError", "QuantizationError", "UnsupportedOpsError", "UnsupportedTargetError", "UsageError",
 ]
+
+
+class QuantizationWarning(UserWarning):
+    """The program is correct, but its int8 accuracy is probably worse than it could be (random or
+    unrepresentative calibration, badly scaled input features, saturated outputs, a layer with a low
+    SQNR); the message says what to change."""

@@ -178,6 +178,14 @@ class Program:
         inputs = self._check_inputs(inputs)
         return [torch.ops.corten.quantize_per_tensor(x, s.scale, s.zero_point) for x, s in zip(inputs, self.inputs)]
 
+    def compare(self, model: torch.nn.Module, samples, threshold_db: float | None = None):
+        """Per-layer int8 error against the float ``model`` on ``samples`` (input tuples): one row
+        per quantized tensor (see :mod:`corten.compare`); ``threshold_db`` also warns about the
+        layers whose accumulated SQNR falls below it."""
+        from corten.compare import compare
+
+        return compare(self, model, samples, threshold_db)
+
     # ------------------------------------------------------------------ memory and C
     @property
     def memory(self):

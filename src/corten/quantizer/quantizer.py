@@ -23,7 +23,6 @@ import torch
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.fake_quantize import FusedMovingAvgObsFakeQuantize
 from torchao.quantization.pt2e.observer import (
-    HistogramObserver,
     MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
     PerChannelMinMaxObserver,
@@ -39,6 +38,7 @@ from torchao.quantization.pt2e.quantizer import (
 
 from corten.fixed_point import INT8_MAX, INT8_MIN
 from corten.ops._rules import ACTIVATIONS  # the fusable activations: fused into the op before them
+from corten.quantizer.observers import observer_class
 
 aten = torch.ops.aten
 
@@ -48,11 +48,13 @@ QAT_BATCH_NORM_OPS = {aten.batch_norm.default, aten._native_batch_norm_legit.def
 
 
 # ----------------------------------------------------------------------------- specs
-def activation_qspec(is_qat: bool) -> QuantizationSpec:
+def activation_qspec(is_qat: bool, observer: str = "histogram") -> QuantizationSpec:
+    """int8 per-tensor affine activations; ``observer`` names the PTQ range rule (see
+    :mod:`corten.quantizer.observers`), QAT always fake-quantizes with moving-average min/max."""
     if is_qat:
         ctr = FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAverageMinMaxObserver, eps=2**-12)
     else:
-        ctr = HistogramObserver.with_args(eps=2**-12)
+        ctr = observer_class(observer).with_args(eps=2**-12)
     return QuantizationSpec(dtype=torch.int8, quant_min=INT8_MIN, quant_max=INT8_MAX,
                             qscheme=torch.per_tensor_affine, observer_or_fake_quant_ctr=ctr)
 
@@ -124,11 +126,16 @@ def _fused_tail(node: Node, allow_bn: bool = False) -> list[Node]:
 
 # ----------------------------------------------------------------------------- the quantizer
 class CortenQuantizer(Quantizer):
-    """PT2E quantizer for Corten (CMSIS-NN int8).  ``is_qat`` selects fake-quant modules."""
+    """PT2E quantizer for Corten (CMSIS-NN int8).  ``is_qat`` selects fake-quant modules;
+    ``observer`` the PTQ range rule of intermediate activations (``"histogram"``, ``"minmax"``,
+    ``"percentile"``, ``"mse"``).  Program outputs are observed with min/max in PTQ whatever
+    ``observer`` says: a clipped logit can no longer win the argmax."""
 
-    def __init__(self, is_qat: bool = False, aten_passes: bool | None = None):
+    def __init__(self, is_qat: bool = False, aten_passes: bool | None = None, observer: str = "histogram"):
         super().__init__()
         self.is_qat = is_qat
+        observer_class(observer)  # validates the name
+        self.observer = observer
         # The ATen passes fold inference BatchNorms; QAT trains through its BatchNorms, which
         # prepare_qat_pt2e folds itself, so they are off by default there.
         self.aten_passes = (not is_qat) if aten_passes is None else aten_passes
@@ -154,7 +161,7 @@ class CortenQuantizer(Quantizer):
         import corten.ops  # noqa: F401  (the families declare their annotations on import)
         from corten.ops.registry import annotation_for
 
-        act = activation_qspec(self.is_qat)
+        act = activation_qspec(self.is_qat, self.observer)
         # Compute ops first; shared-qparam ops last, so that their producers are annotated.
         for shared_pass in (False, True):
             for node in model.graph.nodes:
@@ -177,6 +184,8 @@ class CortenQuantizer(Quantizer):
                 else:
                     self._annotate_shared(node, act)
         self._annotate_float_outputs(model, act)
+        if not self.is_qat:
+            _observe_outputs_unclipped(model)
         return model
 
     def _annotate_float_outputs(self, model: GraphModule, act: QuantizationSpec) -> None:
@@ -262,6 +271,27 @@ def _input_qspec(arg: Node, act: QuantizationSpec):
     if ann is not None and isinstance(ann.output_qspec, FixedQParamsQuantizationSpec):
         return SharedQuantizationSpec(arg)
     return act
+
+
+def _observe_outputs_unclipped(model: GraphModule) -> None:
+    """Give the tensors the program returns a min/max observer (follows shared-qparam ops such as
+    flatten back to the op that sets the qparams)."""
+    out = model.graph.output_node()
+    pending = [a for a in _flat_args(out) if isinstance(a, Node)]
+    unclipped = activation_qspec(False, "minmax")
+    seen: set[Node] = set()
+    while pending:
+        node = pending.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        ann = node.meta.get("quantization_annotation")
+        spec = getattr(ann, "output_qspec", None)
+        if isinstance(spec, SharedQuantizationSpec):
+            src = spec.edge_or_node
+            pending.append(src[0] if isinstance(src, tuple) else src)
+        elif isinstance(spec, QuantizationSpec) and not isinstance(spec, FixedQParamsQuantizationSpec):
+            ann.output_qspec = unclipped
 
 
 def _transposed_groups(node: Node) -> int:

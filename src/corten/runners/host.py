@@ -1,6 +1,8 @@
 """Build a model library with the host C compiler and run it natively."""
 from __future__ import annotations
 
+import hashlib
+
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -68,9 +70,16 @@ def run_on_host(
     binary = workdir / HOST_BINARY
     if progress:
         progress(f"building host harness in {workdir}")
-    build_log = compile_and_link(
-        host_build_command(sources, include_dirs, full_defines, binary, cflags, main=main), where
-    )
+    command = host_build_command(sources, include_dirs, full_defines, binary, cflags, main=main)
+    # Re-running the same library on another input reuses the binary (same command, same sources).
+    key = hashlib.sha256("\0".join(command).encode()
+                         + b"".join(Path(s).read_bytes() for s in sources if Path(s).is_file())).hexdigest()
+    stamp = binary.with_name(binary.name + ".build-key")
+    if binary.is_file() and stamp.is_file() and stamp.read_text() == key:
+        build_log = ""
+    else:
+        build_log = compile_and_link(command, where)
+        stamp.write_text(key)
     if progress:
         progress(f"running host harness {binary}")
     try:

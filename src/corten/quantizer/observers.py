@@ -1,0 +1,86 @@
+"""Activation observers a user can choose with ``corten.compile(..., observer=...)``.
+
+All four see every calibration value through a histogram and differ only in how they pick the
+quantization range from it:
+
+* ``"histogram"`` - torch's ``HistogramObserver`` (an approximate L2-error search over bins; the
+  default for intermediate activations, as in PT2E's x86/XNNPACK recipes);
+* ``"minmax"``    - the observed minimum and maximum (never clips);
+* ``"percentile"``- the 0.01 % and 99.99 % quantiles of the histogram (:data:`PERCENTILE`);
+* ``"mse"``       - the range ``[a * min, a * max]`` whose int8 grid has the least mean squared
+  error over the histogram, for ``a`` on a grid of 100 shrink factors.
+
+Program outputs always use min/max (see :func:`corten.quantizer.quantizer.CortenQuantizer`):
+clipping the logits changes which class wins.
+"""
+from __future__ import annotations
+
+import torch
+
+from corten.errors import UsageError
+from torchao.quantization.pt2e.observer import HistogramObserver, MinMaxObserver
+
+OBSERVERS = ("histogram", "minmax", "percentile", "mse")
+PERCENTILE = 99.99
+MSE_STEPS = 100
+
+
+class _HistogramRangeObserver(HistogramObserver):
+    """A histogram observer whose range rule is :meth:`_range` (subclasses)."""
+
+    def _bin_centres(self) -> torch.Tensor:
+        width = (self.max_val - self.min_val) / self.bins
+        return self.min_val + width * (torch.arange(self.bins, dtype=torch.float32) + 0.5)
+
+    def _non_linear_param_search(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if float(self.histogram.sum()) == 0.0 or float(self.max_val) <= float(self.min_val):
+            return self.min_val, self.max_val
+        lo, hi = self._range()
+        return torch.as_tensor(lo, dtype=torch.float32), torch.as_tensor(hi, dtype=torch.float32)
+
+    def _range(self) -> tuple[float, float]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class PercentileObserver(_HistogramRangeObserver):
+    """Range = the [100 - p, p] percentiles of the calibration values (p = :data:`PERCENTILE`)."""
+
+    def _range(self) -> tuple[float, float]:
+        cdf = torch.cumsum(self.histogram.to(torch.float64), 0) / float(self.histogram.sum())
+        edges = torch.linspace(float(self.min_val), float(self.max_val), self.bins + 1, dtype=torch.float64)
+        q = PERCENTILE / 100.0
+        lo_bin = int(torch.searchsorted(cdf, torch.tensor(1.0 - q, dtype=torch.float64)))
+        hi_bin = int(torch.searchsorted(cdf, torch.tensor(q, dtype=torch.float64)))
+        lo = float(edges[lo_bin])
+        hi = float(edges[min(hi_bin + 1, self.bins)])
+        return min(lo, 0.0), max(hi, 0.0)
+
+
+class MSEObserver(_HistogramRangeObserver):
+    """Range = ``[a * min, a * max]`` minimising the int8 mean squared error over the histogram."""
+
+    def _range(self) -> tuple[float, float]:
+        x = self._bin_centres().to(torch.float64)
+        counts = self.histogram.to(torch.float64)
+        lo0, hi0 = min(float(self.min_val), 0.0), max(float(self.max_val), 0.0)
+        qmin, qmax = int(self.quant_min), int(self.quant_max)
+        best, best_err = (lo0, hi0), float("inf")
+        for i in range(MSE_STEPS):
+            a = 1.0 - i / MSE_STEPS
+            lo, hi = lo0 * a, hi0 * a
+            scale = max((hi - lo) / (qmax - qmin), float(self.eps))
+            zp = qmin - round(lo / scale)
+            q = torch.clamp(torch.round(x / scale) + zp, qmin, qmax)
+            err = float((((q - zp) * scale - x) ** 2 * counts).sum())
+            if err < best_err:
+                best, best_err = (lo, hi), err
+        return best
+
+
+def observer_class(name: str) -> type:
+    """The observer class for ``name`` (one of :data:`OBSERVERS`)."""
+    classes = {"histogram": HistogramObserver, "minmax": MinMaxObserver,
+               "percentile": PercentileObserver, "mse": MSEObserver}
+    if name not in classes:
+        raise UsageError(f"observer={name!r} is not one of {', '.join(OBSERVERS)}")
+    return classes[name]

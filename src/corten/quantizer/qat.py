@@ -1,0 +1,119 @@
+"""Quantization-aware training: :func:`prepare_qat` and :func:`convert_qat`.
+
+::
+
+    qat = corten.prepare_qat(model, (x,), target="cortex-m55")   # a GraphModule in train mode
+    ... fine-tune qat like any module (optimizer over qat.parameters()) ...
+    prog = corten.compile(qat, (x,))                              # converts, then lowers
+
+The module :func:`prepare_qat` returns is PT2E's: the model captured with ``torch.export`` in
+training mode, with Corten's quantizer annotations as fake-quantize modules (moving-average
+min/max activations, per-channel symmetric weights, BatchNorm folded into the conv weights while
+training, as ``prepare_qat_pt2e`` does).  ``corten.compile`` recognises it (:func:`is_qat_module`),
+switches it to eval mode on a copy, freezes the observers and converts it with ``convert_pt2e``;
+calibration is not needed (the fake-quantizers carry the ranges learnt in training).
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+
+from corten.errors import UsageError
+
+QAT_META_KEY = "corten_qat"
+
+
+def _check_inputs(example_inputs) -> tuple[torch.Tensor, ...]:
+    from corten.capture import CaptureError
+
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, tuple) or not example_inputs or \
+            not all(isinstance(x, torch.Tensor) and x.dtype == torch.float32 for x in example_inputs):
+        raise CaptureError("prepare_qat: example_inputs must be a non-empty tuple of float32 tensors, "
+                           "one per forward() argument")
+    return example_inputs
+
+
+def prepare_qat(model: torch.nn.Module, example_inputs, target: str = "cortex-m55") -> torch.fx.GraphModule:
+    """Capture ``model`` for quantization-aware training with Corten's int8 scheme.
+
+    Returns a ``GraphModule`` in train mode to fine-tune; compile it with ``corten.compile(qat,
+    example_inputs)`` (or convert it yourself with :func:`convert_qat`).  The model may be in train
+    or eval mode; BatchNorm layers train (and are folded) as ``prepare_qat_pt2e`` arranges.
+    """
+    from torchao.quantization.pt2e import allow_exported_model_train_eval, move_exported_model_to_train
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
+
+    from corten.capture import CaptureError, remove_guards_fn
+    from corten.quantizer.quantizer import CortenQuantizer
+    from corten.targets import get_target
+
+    get_target(target)
+    example_inputs = _check_inputs(example_inputs)
+    if not isinstance(model, torch.nn.Module):
+        raise CaptureError(f"prepare_qat expects a torch.nn.Module, got {type(model).__name__}")
+    if is_qat_module(model):
+        raise CaptureError("prepare_qat: this module is already prepared for QAT; fine-tune it, then "
+                           "pass it to corten.compile")
+    model.train()
+    ep = _export_any_batch(model, example_inputs)
+    gm = ep.module()
+    remove_guards_fn(gm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = prepare_qat_pt2e(gm, CortenQuantizer(is_qat=True))
+    move_exported_model_to_train(prepared)
+    allow_exported_model_train_eval(prepared)  # so qat.train() / qat.eval() work as on any module
+    prepared.meta[QAT_META_KEY] = {"target": target, "model": type(model).__name__,
+                                   "input_shapes": [list(x.shape) for x in example_inputs]}
+    return prepared
+
+
+def _export_any_batch(model: torch.nn.Module, example_inputs: tuple) -> torch.export.ExportedProgram:
+    """Export with a dynamic batch dimension (fine-tuning uses mini-batches), or with the example's
+    static shapes when the model's code fixes the batch size."""
+    from torch.export import Dim
+
+    from corten.capture import CaptureError
+
+    batch = Dim("batch", min=1)
+    doubled = tuple(torch.cat([x, x]) if x.dim() else x for x in example_inputs)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.export.export(model, doubled,
+                                       dynamic_shapes=tuple({0: batch} if x.dim() else None for x in doubled))
+    except Exception:
+        pass
+    try:
+        return torch.export.export(model, example_inputs)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CaptureError(f"torch.export could not capture {type(model).__name__} for QAT: "
+                           f"{type(exc).__name__}: {first}") from exc
+
+
+def is_qat_module(model: object) -> bool:
+    """True for a module :func:`prepare_qat` returned."""
+    return isinstance(model, torch.fx.GraphModule) and QAT_META_KEY in getattr(model, "meta", {})
+
+
+def convert_qat(prepared: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The int8 (q/dq) graph of a fine-tuned QAT module; ``prepared`` itself is left as it was
+    (it can be trained further and converted again)."""
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+    if not is_qat_module(prepared):
+        raise UsageError("convert_qat expects the module corten.prepare_qat returned")
+    with warnings.catch_warnings():  # torch's own deprecation chatter while copying the graph
+        warnings.simplefilter("ignore")
+        model = copy.deepcopy(prepared)
+        move_exported_model_to_eval(model)
+        for m in model.modules():  # the ranges learnt in training are final
+            if hasattr(m, "disable_observer"):
+                m.disable_observer()
+        return convert_pt2e(model)
