@@ -226,6 +226,7 @@ def main(argv=None) -> int:
     ap.add_argument("--c-images", type=int, default=100, help="test samples checked byte for byte in C (100)")
     ap.add_argument("--qat-epochs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown (the README's)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -233,9 +234,16 @@ def main(argv=None) -> int:
           f"PTQ with {CALIBRATION} real calibration samples; QAT = {args.qat_epochs} fine-tune epochs")
     print(HEADER)
     t0 = time.perf_counter()
-    for name in args.models:
-        evaluate(name, args.c_images, args.qat_epochs, args.seed)
+    rows = [evaluate(name, args.c_images, args.qat_epochs, args.seed) for name in args.models]
     print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    if args.markdown:
+        pct = lambda v: f"{100 * v:.2f}" if isinstance(v, float) else "-"  # noqa: E731
+        print("\n| model | float | int8 PTQ (64 samples) | top-1 agreement | QAT | C bytes equal | warning |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            warn = "; ".join(w.split(";")[0][:70] for w in r.get("warnings", [])) or ""
+            print(f"| {r['model']} | {pct(r['float'])} | {pct(r['ptq'])} | {pct(r['agree'])} | {pct(r.get('qat'))} "
+                  f"| {r.get('c_exact', '-')} | {warn} |")
     return 0
 
 
