@@ -26,7 +26,7 @@ stamp=.venv/.corten-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "== pip install (torch pinned to 2.13.0, the CPU build)"
   .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q torch==2.13.0 torchao==0.18.0 numpy pytest hypothesis
+  .venv/bin/pip install -q torch==2.13.0 torchao==0.18.0 numpy pytest hypothesis matplotlib scikit-learn
   .venv/bin/pip install -q -e . --no-deps
   touch "$stamp"
 fi

@@ -5,6 +5,7 @@ import argparse
 import importlib.util
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from corten.errors import CortenError

@@ -439,6 +439,8 @@ def _compile_qat(qat: torch.fx.GraphModule, example_inputs, target, calibration,
     t0 = time.perf_counter()
     p.say("corten: converting the QAT module")
     p.converted = convert_qat(qat)
+    for n in p.converted.graph.nodes:  # the QAT graph was traced with a dynamic batch: shapes anew
+        n.meta.pop("val", None)
     propagate_shapes(p.converted, p.example_inputs)
     p.graphs["quantized"] = graph_text(p.converted)
     p._timed("quantize", t0)
