@@ -209,14 +209,20 @@ XL = torch.randn(1, 8)
     (LIN, (XL,), ["data.npy"], ["sample 0", "str"]),
     (LIN, (XL,), [(XL, "x")], ["2 tensor(s)"]),
     (LIN, (XL,), [("x",)], ["not a tensor"]),
-    (LIN, (XL,), XL, ["one tensor", "list"]),
     (LIN, (XL,), [], ["empty"]),
     (LIN, (XL,), 5, ["iterable", "int"]),
 ], ids=["linear-shape", "conv-shape", "arity", "nan", "inf", "float64", "filename", "arity-str", "str-tensor",
-        "bare-tensor", "empty", "int"])
+        "empty", "int"])
 def test_bad_calibration_is_refused_before_anything_runs(model, inputs, calibration, words):
     model = conv_net() if model == "conv" else model
     raises(UsageError, *words, call=lambda: compile_quiet(model, inputs, calibration=calibration))
+
+
+def test_calibration_as_one_tensor_of_samples_is_accepted():
+    """A tensor [N, ...] is N samples (issue 12: calibration in the forms users have it)."""
+    p = compile_quiet(LIN, (XL,), calibration=torch.randn(6, 8))
+    assert p.info["calibration_samples"] == 6
+    raises(UsageError, "(1, 9)", "(1, 8)", call=lambda: compile_quiet(LIN, (XL,), calibration=torch.randn(6, 9)))
 
 
 def test_calibration_of_bare_tensors_is_accepted_for_a_one_input_model():
@@ -250,9 +256,9 @@ class Empty(nn.Module):
 
 
 @pytest.mark.parametrize("model, words", [
-    (ReturnsNone(), ["output 0 is None", "tensor"]),
+    (ReturnsNone(), ["returns None as output 0", "tensor"]),
     (ReturnsDict(), ["dict", "tuple of tensors"]),
-    (ReturnsInt(), ["output 1 is 3"]),
+    (ReturnsInt(), ["returns int as output 1"]),
     (TwoInputs(), ["TwoInputs"]),
     (Empty(), ["no elements"]),
 ], ids=["none", "dict", "int", "arity", "zero-size-intermediate"])

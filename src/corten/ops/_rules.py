@@ -211,8 +211,9 @@ class Match:
         n.meta["corten_source"] = self.node.name
         n.meta["corten_module_path"] = module_path(self.node)
         # which float tensor this op's int8 output stands for, and its qparams (corten.compare)
-        n.meta["corten_output_of"] = (getattr(self.out_q.args[0], "name", None), self.output.scale,
-                                      self.output.zero_point)
+        if self.output is not None:  # (a comparison's bool output has no qparams)
+            n.meta["corten_output_of"] = (getattr(self.out_q.args[0], "name", None), self.output.scale,
+                                          self.output.zero_point)
         # The quantize this node replaces has its int8 shape; the final export recomputes it.
         n.meta["val"] = self.out_q.meta.get("val")
         self.new_nodes.append(n)

@@ -7,8 +7,8 @@ tuples shaped like the example inputs:
   random data rarely has the ranges of real inputs);
 * a tensor ``[N, ...]``    - N samples along dim 0 (one-input models), split into chunks of the
   example batch size;
-* a ``DataLoader`` or any iterable of batches - each batch a tensor, or a tuple/list whose first
-  ``len(example_inputs)`` entries are the inputs (so ``(x, y)`` pairs of a labelled dataset work);
+* a ``DataLoader`` or any iterable of batches - each batch a tensor or a tuple/list of the inputs
+  (from a ``DataLoader`` the first ``len(example_inputs)`` entries, so ``(x, y)`` pairs work);
   a batch larger than the example batch is split into example-sized chunks;
 * a callable           - ``calibration(model)`` runs the prepared model itself (torchao's
   ``calibrate(model)`` convention); Corten does not see the samples.
@@ -40,18 +40,19 @@ def default_calibration(example_inputs: tuple[torch.Tensor, ...], n: int = 8, se
     return [tuple(torch.randn(x.shape, generator=g, dtype=x.dtype) for x in example_inputs) for _ in range(n)]
 
 
-def _as_tuple(batch: Any, arity: int, index: int) -> tuple:
+def _as_tuple(batch: Any, arity: int, index: int, labelled: bool) -> tuple:
+    """One batch as an input tuple; ``labelled`` (a DataLoader): extra items such as labels are dropped."""
     if isinstance(batch, torch.Tensor):
         return (batch,)
     if isinstance(batch, (tuple, list)):
         if len(batch) < arity:
-            raise UsageError(f"calibration batch {index} has {len(batch)} item(s); the model takes "
+            raise UsageError(f"calibration sample {index} has {len(batch)} tensor(s); the model takes "
                              f"{arity} input(s)")
-        return tuple(batch[:arity])
+        return tuple(batch[:arity]) if labelled else tuple(batch)
     if isinstance(batch, dict):
         raise UsageError(f"calibration batch {index} is a dict; pass tuples of input tensors in the "
                          "order forward() takes them")
-    raise UsageError(f"calibration batch {index} is a {type(batch).__name__}; pass tensors or tuples "
+    raise UsageError(f"calibration sample {index} is a {type(batch).__name__}; pass tensors or tuples "
                      "of tensors")
 
 
@@ -93,9 +94,10 @@ def calibration_batches(calibration: Any, example_inputs: tuple[torch.Tensor, ..
         except TypeError:
             raise UsageError(f"calibration must be None, a tensor, a DataLoader, an iterable of input tuples "
                              f"or a callable, got {type(calibration).__name__}") from None
+    labelled = isinstance(calibration, torch.utils.data.DataLoader)
     out = []
     for i, batch in enumerate(batches):
-        out.extend(_split(_as_tuple(batch, len(example_inputs), i), example_inputs, i))
+        out.extend(_split(_as_tuple(batch, len(example_inputs), i, labelled), example_inputs, i))
     return out
 
 
