@@ -145,14 +145,14 @@ def _emit_add_c(ctx) -> str:
         if ctx.kernels != "portable":
             ctx.portable_kernel()
         return ctx.block(
-            "const corten_add_params params = {" + ", ".join(ctx.int_(v[k]) for k in PARAM_NAMES) + "};",
+            ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
             ctx.call(f"corten_add_s8(&params, {x1}, {x2}, {out}, {numel(ctx.shape())})"))
     rows = cmsis_add_rows(ctx, x1, x2, out, v) if cmsis else None
     if rows is not None:
         return rows
     ctx.portable_kernel()
     return ctx.block(
-        "const corten_add_params params = {" + ", ".join(ctx.int_(v[k]) for k in PARAM_NAMES) + "};",
+        ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
         broadcast_struct(ctx),
         ctx.call(f"corten_add_broadcast_s8(&params, &shape, {x1}, {x2}, {out})"))
 

@@ -179,6 +179,6 @@ def _emit_div_c(ctx) -> str:
     v = {k: ctx.int_(int(ctx.arg(k))) for k in names}
     x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
     return ctx.block(
-        "const corten_mul_params params = {" + ", ".join(v[k] for k in names) + "};",
+        ctx.params("corten_mul_params", "params", {k: v[k] for k in names}),
         broadcast_struct(ctx),
         ctx.call(f"corten_div_s8(&params, &shape, {x1}, {x2}, {out})"))

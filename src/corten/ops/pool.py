@@ -518,8 +518,9 @@ def _emit_pool_c(ctx) -> str:
         buf, size = ctx.scratch()
         fn = "arm_avgpool_s8" if is_avg else "arm_max_pool_s8"
         return ctx.block(
-            f"const cmsis_nn_context nn_ctx = {{{buf}, {size}}};",
-            f"const cmsis_nn_pool_params params = {{{{{sw}, {sh}}}, {{{left}, {top}}}, {{{act_min}, {act_max}}}}};",
+            ctx.params("cmsis_nn_context", "nn_ctx", {"buf": buf, "size": size}),
+            ctx.params("cmsis_nn_pool_params", "params", {"stride": {"w": sw, "h": sh}, "padding": {"w": left, "h": top},
+                                                          "activation": {"min": act_min, "max": act_max}}),
             ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c),
             ctx.dims("filter_dims", "cmsis_nn_dims", 1, kh, kw, 1),
             ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c),
@@ -528,10 +529,11 @@ def _emit_pool_c(ctx) -> str:
         ctx.portable_kernel()
     fn = "corten_avg_pool2d_s8" if is_avg else "corten_max_pool2d_s8"
     zp = int(_opt(ctx, "zero_point", 0)) if is_avg else 0
-    fields = [kh, kw, sh, sw, top, left, act_min, act_max, bottom, right, dilation[0], dilation[1],
-              int(include_pad), divisor, zp]
+    fields = dict(kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw, pad_h=top, pad_w=left, activation_min=act_min,
+                  activation_max=act_max, pad_bottom=bottom, pad_right=right, dilation_h=dilation[0],
+                  dilation_w=dilation[1], count_include_pad=int(include_pad), divisor_override=divisor, zero_point=zp)
     return ctx.block(
-        "const corten_pool_params params = {" + ", ".join(str(int(v)) for v in fields) + "};",
+        ctx.params("corten_pool_params", "params", {k: int(v) for k, v in fields.items()}),
         ctx.dims("input_dims", "corten_dims", n, h, w, c),
         ctx.dims("output_dims", "corten_dims", n, ho, wo, c),
         ctx.call(f"{fn}(&params, &input_dims, {x}, &output_dims, {out})"))

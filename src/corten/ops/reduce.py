@@ -220,9 +220,9 @@ def _emit_reduce_c(ctx) -> str:
     dims = sorted({int(d) % rank for d in ctx.arg("dims")})
     sdims, flags, strides = reduce_geometry(in_shape, dims, bool(ctx.arg("keepdim")))
     fmt = lambda v: "{" + ", ".join(str(int(x)) for x in v) + "}"  # noqa: E731
-    vals = [int(ctx.arg(k)) for k in ("mode", "input_offset", "output_offset", "multiplier", "shift",
-                                       "activation_min", "activation_max")]
+    fields = {"dims": fmt(sdims), "reduce": fmt(flags), "out_strides": fmt(strides)}
+    fields.update({k: int(ctx.arg(k)) for k in ("mode", "input_offset", "output_offset", "multiplier", "shift",
+                                                "activation_min", "activation_max")})
     return ctx.block(
-        f"const corten_reduce_params params = {{{fmt(sdims)}, {fmt(flags)}, {fmt(strides)}, "
-        + ", ".join(ctx.int_(v) for v in vals) + "};",
+        ctx.params("corten_reduce_params", "params", fields),
         ctx.call(f"corten_reduce_s8(&params, {ctx.input('input')}, {ctx.out()})"))

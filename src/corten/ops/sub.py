@@ -142,6 +142,6 @@ def _emit_sub_c(ctx) -> str:
             return rows
     ctx.portable_kernel()
     return ctx.block(
-        "const corten_sub_params params = {" + ", ".join(ctx.int_(v[k]) for k in PARAM_NAMES) + "};",
+        ctx.params("corten_sub_params", "params", {k: v[k] for k in PARAM_NAMES}),
         broadcast_struct(ctx),
         ctx.call(f"corten_sub_s8(&params, &shape, {x1}, {x2}, {out})"))
