@@ -209,3 +209,12 @@ def test_cli_shows_corten_errors_as_messages_and_bugs_with_tracebacks(monkeypatc
     monkeypatch.setattr(cli, "cmd_models", bug)
     with pytest.raises(KeyError):
         cli.main(["models"])
+
+
+def test_program_py_is_the_program_alone():
+    """One module named program.py (corten.program, the Program): the memory planner's reading of a
+    program is memory/tensors.py, the C runner is runners/program_runner.py."""
+    named = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("program.py"))
+    assert named == ["program.py"], named
+    assert importlib.import_module("corten.memory.tensors").analyse
+    assert importlib.import_module("corten.runners.program_runner").ProgramRunner

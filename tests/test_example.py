@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import corten
-from corten.runners.program import tensor_to_c_bytes
+from corten.runners.program_runner import tensor_to_c_bytes
 from corten.runners.qemu import BOARDS, qemu_command
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cortex-m55-qemu"

@@ -12,7 +12,7 @@ from conftest import needs_qemu
 
 import corten
 from corten.runners import run_on_host, run_on_qemu
-from corten.runners.program import c_bytes_to_tensor, tensor_to_c_bytes
+from corten.runners.program_runner import c_bytes_to_tensor, tensor_to_c_bytes
 
 ARM_GCC = shutil.which("arm-none-eabi-gcc")
 QEMU = shutil.which("qemu-system-arm")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from corten.codegen import KERNELS_DIR
-from corten.runners.program import ProgramRunner
+from corten.runners.program_runner import ProgramRunner
 from test_zoo_programs import EXPECTED_OPS, compiled
 from conftest import CMSIS_NN_PATH
 
@@ -80,7 +80,7 @@ def test_arena_is_planned_for_the_kernel_flavour(name):
     exactly its planned buffer."""
     import re
 
-    from corten.memory.program import analyse
+    from corten.memory.tensors import analyse
     from corten.ops.registry import hook_for
 
     prog, _ = compiled(name)

@@ -229,7 +229,7 @@ class Program:
               cmsis_nn_path: str | None = None, target: str | None = None, progress: bool = False,
               cflags: str | Sequence[str] = ()):
         """Run the program's C library on the host or on QEMU (for the program's target, or
-        ``target``) and return the run as a value: a :class:`corten.runners.program.CRun` with the
+        ``target``) and return the run as a value: a :class:`corten.runners.program_runner.CRun` with the
         int8 ``outputs`` (as :meth:`run_int8`), ``wall_s``, ``instructions`` (QEMU) and the log.
 
         ``cflags``: extra compiler flags (a list, or one string split like a shell would), added
@@ -237,7 +237,7 @@ class Program:
         on the host: a sanitizer report then fails the run with :class:`corten.runners.CRunError`."""
         import os
 
-        from corten.runners.program import ProgramRunner
+        from corten.runners.program_runner import ProgramRunner
 
         inputs = self._check_inputs(inputs)
         if getattr(self, "_runner", None) is None:

@@ -5,7 +5,7 @@ Entry point: :func:`plan_memory` (``ExportedProgram`` + target -> :class:`Memory
 """
 from corten.memory.budget import BudgetError, check_budget
 from corten.memory.plan import ALIGNMENT, MemoryPlan, TensorAlloc, plan_memory
-from corten.memory.program import MemoryPlanError, constant_tensor
+from corten.memory.tensors import MemoryPlanError, constant_tensor
 from corten.memory.views import reshape_is_alias
 
 __all__ = ["ALIGNMENT", "BudgetError", "MemoryPlan", "MemoryPlanError", "TensorAlloc", "check_budget",

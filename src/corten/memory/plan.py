@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from torch.export import ExportedProgram
 
 from corten.memory.placement import Buffer, align_up, pack
-from corten.memory.program import MemoryPlanError, ProgramTensors, analyse
+from corten.memory.tensors import MemoryPlanError, ProgramTensors, analyse
 from corten.ops.registry import hook_for
 from corten.targets import Target, get_target
 

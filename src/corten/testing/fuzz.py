@@ -551,7 +551,7 @@ def run_host_batch(items, workdir, cflags=SANITIZE) -> dict[int, list[torch.Tens
 
     from corten.runners.common import WARNING_FLAGS, compile_and_link
     from corten.runners.host import HOST_CC
-    from corten.runners.program import c_bytes_to_tensor, host_kernel_objects, tensor_to_c_bytes
+    from corten.runners.program_runner import c_bytes_to_tensor, host_kernel_objects, tensor_to_c_bytes
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
