@@ -767,3 +767,45 @@ add("same_output_twice", SameOutputTwice, (2, 8))
 add("flatten_only", FlattenOnly, (2, 3, 4, 4))
 add("reshape_only", ReshapeOnly, (2, 8))
 add("list_output", DictOutput, (2, 8))
+
+# rank-5 elementwise with broadcasting (the 4-loop C kernels walk the collapsed broadcast)
+def sub5(x, y):
+    return x - y
+
+
+def div5(x, y):
+    return x / (y.abs() + 1.0) if False else x / (torch.sigmoid(y) + 0.5)
+
+
+def where5(x, y):
+    return torch.where(x > y, x, y * 0.5)
+
+
+class Rank5Bias(nn.Module):
+    def __init__(self, c=3):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(c, 1, 1, 1))
+
+    def forward(self, x):
+        return x * self.bias + 0.5
+
+
+add("rank5_channel_broadcast_add", _e(add_relu), (2, 3, 2, 3, 4), (1, 3, 1, 1, 1))
+add("rank5_gate_mul", _e(mul2), (2, 3, 2, 3, 4), (2, 3, 1, 1, 1))
+add("rank5_sub_rank3", _e(sub5), (1, 2, 3, 4, 5), (3, 4, 5))
+add("rank5_max_broadcast", _e(maxi), (2, 2, 3, 4, 2), (2, 2, 1, 1, 1))
+add("rank5_div", _e(div5), (1, 2, 3, 2, 4), (1, 2, 3, 2, 4))
+add("rank5_where", _e(where5), (2, 2, 3, 2, 4), (1, 2, 1, 1, 1))
+add("rank5_const_bias", Rank5Bias, (2, 3, 2, 2, 4))
+
+
+class Rank5Reduce(nn.Module):
+    """A video/3-D feature map ``[N, C, T, H, W]`` pooled the usual ways."""
+
+    def forward(self, x):
+        a = x.mean(dim=(2, 3, 4), keepdim=True)
+        b = x.amax(dim=1, keepdim=True)
+        return (x - a) * torch.sigmoid(b), x.sum(-1)
+
+
+add("rank5_reductions", Rank5Reduce, (2, 3, 2, 3, 4))

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import corten
-from corten.errors import UnsupportedOpsError
 from corpus_models import CORPUS
 
 CASES = {name: (factory, shapes) for name, factory, shapes in CORPUS}
@@ -24,11 +23,11 @@ M55_CASES = [
     "temporal_conv_b2", "residual_mlp_b1", "iadd_b4", "identity_b2", "strided_b2", "upsample_b1",
     "squeeze_excite_b2", "gated_conv_b1", "sigmoid_then_conv_b2", "seq_softmax_b2", "conv_x*sigmoid(x)",
     "inplace_hardswish_", "rank1_add_relu", "rank3_channel_broadcast", "rank5_add_b2", "rank5_plus_sigmoid",
-    "unused_input", "two_outputs", "clone", "reshape_only",
+    "unused_input", "two_outputs", "clone", "reshape_only", "rank5_gate_mul", "rank5_where",
 ]
 M4_CASES = [
     "tiny_cnn_b4", "basic_block_b1", "mbv3_block_b2", "silu_by_hand_b1", "seq_residual_b2", "conv_x+sigmoid(x)",
-    "inplace_iadd", "rank1_gate", "rank5_add", "unused_input_b1", "same_output_twice",
+    "inplace_iadd", "rank1_gate", "rank5_add", "rank5_channel_broadcast_add", "unused_input_b1", "same_output_twice",
 ]
 
 _PROGRAMS: dict[str, tuple] = {}
@@ -66,19 +65,7 @@ def test_corpus_size_and_coverage():
     assert {1, 2, 4} <= batches and {1, 2, 3, 4, 5} <= ranks
 
 
-# Known gap (regression of this session): add gained numpy broadcasting on the 4-D broadcast
-# geometry of sub/mul, which refuses rank 5, so a rank-5 add is now refused (clearly, by name)
-# where the same-shape flat kernel used to run it.  strict: the day it lowers again, this fails.
-RANK5_ADD = {"rank5_add", "rank5_add_b2", "rank5_plus_sigmoid"}
-
-
-def _known(name: str):
-    return pytest.param(name, marks=pytest.mark.xfail(
-        strict=True, raises=UnsupportedOpsError, reason="rank-5 add refused since add broadcasts")) \
-        if name in RANK5_ADD else name
-
-
-@pytest.mark.parametrize("name", [_known(n) for n in CASES])
+@pytest.mark.parametrize("name", list(CASES))
 def test_corpus_model_is_lowered_and_byte_exact_on_host(name):
     prog, inputs = _compiled(name)
     assert prog.unlowered_ops() == [], prog.operator_table()
@@ -93,9 +80,7 @@ def test_corpus_model_is_lowered_and_byte_exact_on_host(name):
 
 
 @pytest.mark.parametrize("target,name", [
-    (t, n) if n not in RANK5_ADD else pytest.param(t, n, marks=pytest.mark.xfail(
-        strict=True, raises=UnsupportedOpsError, reason="rank-5 add refused since add broadcasts"))
-    for t, names in (("cortex-m55", M55_CASES), ("cortex-m4", M4_CASES)) for n in names])
+    (t, n) for t, names in (("cortex-m55", M55_CASES), ("cortex-m4", M4_CASES)) for n in names])
 def test_corpus_model_is_byte_exact_on_qemu(target, name):
     prog, inputs = _compiled(name)
     expected = _outputs(prog.run_int8(*inputs))

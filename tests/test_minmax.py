@@ -56,7 +56,7 @@ def test_opcheck_minmax(name):
     ("input1", torch.zeros((2, 3), dtype=torch.int16), torch.zeros((2, 3), dtype=torch.int8)),
     ("input2", torch.zeros((2, 3), dtype=torch.int8), torch.zeros((2, 3), dtype=torch.float32)),
     ("input2", torch.zeros((2, 3), dtype=torch.int8), torch.zeros((2, 2), dtype=torch.int8)),
-    ("input1", torch.zeros((1, 1, 1, 1, 2), dtype=torch.int8), torch.zeros((2,), dtype=torch.int8)),
+    ("input1", torch.zeros((1, 1, 1, 1, 1, 2), dtype=torch.int8), torch.zeros((2,), dtype=torch.int8)),  # rank 6
 ])
 def test_minmax_bad_arguments(name, arg, x1, x2):
     op, _ = OPS[name]

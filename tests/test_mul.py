@@ -114,7 +114,7 @@ def _good():
     ("input1", torch.zeros((1, 2, 3, 3), dtype=torch.int16)),
     ("input2", torch.zeros((1, 2, 1, 1), dtype=torch.float32)),
     ("input2", torch.zeros((1, 3, 1, 1), dtype=torch.int8)),  # does not broadcast
-    ("input2", torch.zeros((1, 1, 1, 1, 1), dtype=torch.int8)),  # rank 5
+    ("input2", torch.zeros((1, 1, 1, 1, 1, 1), dtype=torch.int8)),  # rank 6 (rank 5 is accepted)
     ("input1", torch.zeros((), dtype=torch.int8)),  # rank 0
     ("input1_offset", 129),
     ("input2_offset", -128),

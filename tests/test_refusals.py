@@ -77,6 +77,9 @@ CASES = {
     "conv_after_erf": (lambda s, x: s.conv(torch.erf(x)), r(1, 3, 6, 6), U, "aten.erf"),
     "weight_as_input": (lambda s, x, w: F.conv2d(x, w), (torch.randn(1, 2, 4, 4), torch.randn(3, 2, 1, 1)), U,
                         "aten.conv2d"),
+    # a rank-5 broadcast the 4-loop elementwise kernels cannot walk (5 alternating broadcast dims)
+    "rank5_scattered_broadcast": (lambda s, x, y: x + y, (torch.randn(2, 3, 4, 5, 6), torch.randn(1, 3, 1, 5, 1)), U,
+                                  "aten.add"),
     # outputs and inputs Corten cannot take
     "returns_none": (lambda s, x: None, r(1, 8), C, "returns None"),
     "returns_int": (lambda s, x: (x * 2, 3), r(1, 8), C, "returns int"),

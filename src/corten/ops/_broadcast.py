@@ -1,7 +1,7 @@
 """Broadcast geometry shared by the elementwise families (mul, sub, minmax, ...).
 
 Broadcasting follows torch/numpy: shapes are aligned on the right and a dimension of size 1 is
-repeated, ranks 1 to :data:`MAX_RANK` (the C kernels loop over 4 dims).  :func:`loop_geometry`
+repeated, ranks 1 to 4 (the C kernels loop over 4 dims), and rank 5 when the walk collapses into 4 loops.  :func:`loop_geometry`
 gives, for an output shape and one input shape, the output's dims in C storage order and the
 input's element strides along them (0 where the input is broadcast); the ``ctx`` helpers turn that
 into the ``corten_broadcast`` struct of the portable kernels.
@@ -14,14 +14,22 @@ import torch
 
 from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops._common import MAX_RANK, output_format, storage_dim_order
+from corten.ops._common import (  # noqa: F401  (storage_strides re-exported)
+    MAX_ELEMENTWISE_RANK,
+    MAX_RANK,
+    broadcast_loops,
+    collapse_loops,
+    output_format,
+    storage_dim_order,
+    storage_strides,
+)
 
 
 def broadcast_shape(op: str, input1: torch.Tensor, input2: torch.Tensor) -> tuple[int, ...]:
     """The numpy broadcast of the two inputs' shapes; errors name ``op`` and the argument."""
     for name, t in (("input1", input1), ("input2", input2)):
-        if not 1 <= t.dim() <= MAX_RANK:
-            checks.fail(op, name, f"rank {t.dim()} (shape {tuple(t.shape)}) is not 1 to {MAX_RANK}")
+        if not 1 <= t.dim() <= MAX_ELEMENTWISE_RANK:
+            checks.fail(op, name, f"rank {t.dim()} (shape {tuple(t.shape)}) is not 1 to {MAX_ELEMENTWISE_RANK}")
     try:
         return tuple(int(d) for d in torch.broadcast_shapes(input1.shape, input2.shape))
     except RuntimeError:
@@ -38,33 +46,15 @@ def empty_output(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
     return torch.empty(tuple(shape), dtype=torch.int8, device=like.device, memory_format=output_layout(shape))
 
 
-def storage_strides(shape: Sequence[int], row_major: bool = False) -> list[int]:
-    """Element stride of each logical dim of a tensor's C bytes (``row_major``: a constant array,
-    which the emitter writes in logical order whatever its rank)."""
-    strides, step = [0] * len(shape), 1
-    for d in reversed(range(len(shape)) if row_major else storage_dim_order(len(shape))):
-        strides[d] = step
-        step *= int(shape[d])
-    return strides
-
-
 def loop_geometry(out_shape: Sequence[int], in_shape: Sequence[int],
                   row_major: bool = False) -> tuple[list[int], list[int], list[int]]:
     """``(output dims, input dims, input strides)``, each 4 values in the output's storage order
     (padded with leading 1s / 0s): the loops of a C kernel writing the output bytes in order.
 
     The input is aligned on the right (numpy broadcasting); along a dim where it has size 1 its
-    stride is 0 and its dim 1."""
-    out_shape, in_shape = [int(d) for d in out_shape], [int(d) for d in in_shape]
-    in_strides = storage_strides(in_shape, row_major)
-    lead = len(out_shape) - len(in_shape)
-    dims, idims, strides = [], [], []
-    for d in storage_dim_order(len(out_shape)):
-        j = d - lead
-        size = in_shape[j] if j >= 0 else 1
-        dims.append(out_shape[d])
-        idims.append(size)
-        strides.append(in_strides[j] if size != 1 else 0)
+    stride is 0 and its dim 1.  A rank-5 output gives 5 values (:func:`operands_geometry` collapses
+    them into 4 loops for the kernels)."""
+    dims, idims, strides = broadcast_loops(out_shape, in_shape, row_major)
     pad = MAX_RANK - len(dims)
     return [1] * pad + dims, [1] * pad + idims, [0] * pad + strides
 
@@ -85,10 +75,29 @@ def is_constant(node) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "placeholder"
 
 
+def operands_geometry(ctx, names=("input1", "input2")) -> dict[str, tuple[list[int], list[int], list[int]]]:
+    """:func:`loop_geometry` of each input in ``names`` of this node (constants are row-major
+    arrays); a rank-5 output's loops collapsed into 4 (:func:`corten.ops._common.collapse_loops`;
+    the lowering refused any broadcast that does not collapse)."""
+    geo = {n: loop_geometry(ctx.shape(), ctx.shape(ctx.arg(n)), row_major=is_constant(ctx.arg(n))) for n in names}
+    dims = geo[names[0]][0]
+    if len(dims) <= MAX_RANK:
+        return geo
+    cdims, cstrides = collapse_loops(dims, [geo[n][2] for n in names])
+    if len(cdims) > MAX_RANK:
+        raise ValueError(f"{ctx.op_name}: a rank-{len(dims)} broadcast that does not collapse to {MAX_RANK} loops")
+    pad = MAX_RANK - len(cdims)
+    out = [1] * pad + cdims
+    result = {}
+    for n, s in zip(names, cstrides):
+        s = [0] * pad + s
+        result[n] = (out, [d if st != 0 else 1 for d, st in zip(out, s)], s)
+    return result
+
+
 def operand_geometry(ctx, name: str) -> tuple[list[int], list[int], list[int]]:
-    """:func:`loop_geometry` of the input ``name`` of this node (constants are row-major arrays)."""
-    node = ctx.arg(name)
-    return loop_geometry(ctx.shape(), ctx.shape(node), row_major=is_constant(node))
+    """:func:`loop_geometry` of the input ``name`` of this node (see :func:`operands_geometry`)."""
+    return operands_geometry(ctx)[name]
 
 
 def operand_expr(ctx, name: str) -> str:

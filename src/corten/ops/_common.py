@@ -22,6 +22,9 @@ from corten.ops._qparams import QParams
 from corten.ops._rules import DQ_PER_TENSOR, Int8Value, Match
 
 MAX_RANK = 4  # elementwise ops: the C kernels loop over 4 dims
+# Elementwise operands and outputs may have rank 5 when the broadcast collapses to MAX_RANK loops
+# (adjacent dims that every operand walks contiguously merge into one; see collapse_loops).
+MAX_ELEMENTWISE_RANK = 5
 
 aten = torch.ops.aten
 
@@ -48,6 +51,68 @@ def storage_shape(shape: Sequence[int]) -> list[int]:
 def output_format(rank: int) -> torch.memory_format:
     """The memory format of a rank-``rank`` int8 activation: ``channels_last`` (NHWC) for 4-D."""
     return torch.channels_last if rank == 4 else torch.contiguous_format
+
+
+def storage_strides(shape: Sequence[int], row_major: bool = False) -> list[int]:
+    """Element stride of each logical dim of a tensor's C bytes (``row_major``: a constant array,
+    which the emitter writes in logical order whatever its rank)."""
+    strides, step = [0] * len(shape), 1
+    for d in reversed(range(len(shape)) if row_major else storage_dim_order(len(shape))):
+        strides[d] = step
+        step *= int(shape[d])
+    return strides
+
+
+def broadcast_loops(out_shape: Sequence[int], in_shape: Sequence[int],
+                    row_major: bool = False) -> tuple[list[int], list[int], list[int]]:
+    """``(output dims, input dims, input strides)`` in the output's storage order, one value per
+    output dim (unpadded): the input aligned on the right (numpy broadcasting), stride 0 and dim 1
+    where it is broadcast."""
+    out_shape, in_shape = [int(d) for d in out_shape], [int(d) for d in in_shape]
+    in_strides = storage_strides(in_shape, row_major)
+    lead = len(out_shape) - len(in_shape)
+    dims, idims, strides = [], [], []
+    for d in storage_dim_order(len(out_shape)):
+        j = d - lead
+        size = in_shape[j] if j >= 0 else 1
+        dims.append(out_shape[d])
+        idims.append(size)
+        strides.append(in_strides[j] if size != 1 else 0)
+    return dims, idims, strides
+
+
+def collapse_loops(dims: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
+    """The same walk over fewer loops: size-1 dims dropped, and an outer dim merged into the loop
+    inside it when every operand steps over the inner loop's whole extent (``stride_outer ==
+    stride_inner * dim_inner``, also 0 == 0 for an operand broadcast along both).  Returns
+    ``(dims, strides per operand)``, at least one loop."""
+    keep = [i for i, d in enumerate(dims) if int(d) != 1]
+    out_dims: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in strides]
+    for i in reversed(keep):
+        d = int(dims[i])
+        if out_dims and all(int(s[i]) == o[0] * out_dims[0] for s, o in zip(strides, out_strides)):
+            out_dims[0] *= d
+            continue
+        out_dims.insert(0, d)
+        for s, o in zip(strides, out_strides):
+            o.insert(0, int(s[i]))
+    if not out_dims:
+        return [1], [[0] for _ in strides]
+    return out_dims, out_strides
+
+
+def broadcast_fits(out_shape: Sequence[int], operands: Sequence[tuple[Sequence[int], bool]]) -> bool:
+    """True when the C kernels' 4 loops can walk ``operands`` (``(shape, row_major)`` each) broadcast
+    to ``out_shape``: ranks 1 to 4, or rank 5 collapsing to 4 loops (:func:`collapse_loops`)."""
+    ranks = [len(out_shape)] + [len(s) for s, _ in operands]
+    if not all(1 <= r <= MAX_ELEMENTWISE_RANK for r in ranks):
+        return False
+    if len(out_shape) <= MAX_RANK:
+        return True
+    geo = [broadcast_loops(out_shape, s, rm) for s, rm in operands]
+    dims, _ = collapse_loops(geo[0][0], [g[2] for g in geo])
+    return len(dims) <= MAX_RANK
 
 
 def layout_of(t: torch.Tensor) -> torch.memory_format:
@@ -160,13 +225,24 @@ def check_lowerable_shapes(m: Match, what: str) -> None:
     check_ranks(m, what)
 
 
-def check_ranks(m: Match, what: str) -> None:
-    """The activation operands and the output have ranks 1 to 4 (the C kernels' loops)."""
-    for v in (*m.inputs, m):
-        val = v.node.meta.get("val")
-        rank = len(val.shape) if isinstance(val, torch.Tensor) else 1
-        if not 1 <= rank <= MAX_RANK:
-            raise LoweringError(f"{what} of rank-{rank} tensors is not supported (ranks 1 to {MAX_RANK})")
+def _shape_of(node) -> tuple[int, ...]:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return tuple(int(d) for d in val.shape) if isinstance(val, torch.Tensor) else (1,)
+
+
+def check_ranks(m: Match, what: str, constants: Sequence[torch.Tensor] = ()) -> None:
+    """The activation operands (and ``constants``, row-major arrays) and the output have ranks 1 to
+    4, or rank 5 with a broadcast that collapses to the C kernels' 4 loops."""
+    out_shape = _shape_of(m.node)
+    operands = [(_shape_of(v.node), False) for v in m.inputs] + [(tuple(c.shape), True) for c in constants]
+    for shape in [out_shape] + [s for s, _ in operands]:
+        if not 1 <= len(shape) <= MAX_ELEMENTWISE_RANK:
+            raise LoweringError(f"{what} of rank-{len(shape)} tensors is not supported (ranks 1 to "
+                                f"{MAX_ELEMENTWISE_RANK})")
+    if not broadcast_fits(out_shape, operands):
+        shapes = " and ".join(str(list(s)) for s, _ in operands)
+        raise LoweringError(f"{what} of rank-5 tensors {shapes} broadcasts over more than {MAX_RANK} separate loops "
+                            "(the C kernels walk 4): reshape so that broadcast dims are adjacent, or use rank 4")
 
 
 def constant_operand(m: Match, x) -> tuple[torch.Tensor, QParams]:
@@ -193,9 +269,10 @@ def constant_operand(m: Match, x) -> tuple[torch.Tensor, QParams]:
             raise LoweringError(f"{what}: the constant operand is not an int8 per-tensor quantized constant")
         if values.dim() == 0:  # torch.tensor(0.5): one element, broadcast like a Python number
             values = values.reshape(1)
-        if not 1 <= values.dim() <= MAX_RANK:
+        if not 1 <= values.dim() <= MAX_ELEMENTWISE_RANK:
             raise LoweringError(f"{what}: a rank-{values.dim()} constant operand is not supported "
-                                f"(ranks 1 to {MAX_RANK})")
+                                f"(ranks 1 to {MAX_ELEMENTWISE_RANK})")
+        check_ranks(m, what, constants=[values])
         return values, QParams(float(scale), int(zero_point))
     raise LoweringError(f"{what} of a tensor and an unquantized constant is not supported: both operands must be "
                         "int8 activations, quantized constants (CortenQuantizer) or a Python number")

@@ -27,8 +27,9 @@ import torch
 
 from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops._broadcast import broadcast_shape, broadcast_struct, loop_geometry, operand_expr, output_layout
-from corten.ops._common import MAX_RANK, binary_operands, check_ranks, is_activation_operand
+from corten.ops._broadcast import broadcast_shape, broadcast_struct, operand_expr, operands_geometry, output_layout
+from corten.ops._common import MAX_ELEMENTWISE_RANK, binary_operands, broadcast_fits, check_ranks, \
+    is_activation_operand
 from corten.ops._qparams import quantize_value
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
@@ -64,8 +65,8 @@ def _check_where(condition, input1, input2):
     checks.dtype(op, "input1", input1, torch.int8)
     checks.dtype(op, "input2", input2, torch.int8)
     for name, t in (("condition", condition), ("input1", input1), ("input2", input2)):
-        if not 1 <= t.dim() <= MAX_RANK:
-            checks.fail(op, name, f"rank {t.dim()} is not 1 to {MAX_RANK}")
+        if not 1 <= t.dim() <= MAX_ELEMENTWISE_RANK:
+            checks.fail(op, name, f"rank {t.dim()} is not 1 to {MAX_ELEMENTWISE_RANK}")
     try:
         return tuple(int(d) for d in torch.broadcast_shapes(condition.shape, input1.shape, input2.shape))
     except RuntimeError:
@@ -170,6 +171,11 @@ def lower_where(m: Match):
         ops.append(x.node)
     if m.activation is not None:
         raise LoweringError("where followed by a fused activation is not supported")
+    shape = lambda n: tuple(int(d) for d in n.meta["val"].shape) if n.op != "get_attr" else (1,)  # noqa: E731
+    out_shape = tuple(int(d) for d in m.node.meta["val"].shape)
+    if not broadcast_fits(out_shape, [(shape(cond), False)] + [(shape(n), n.op == "get_attr") for n in ops]):
+        raise LoweringError(f"where over shapes {[list(shape(n)) for n in (cond, *ops)]} is not supported: ranks 1 "
+                            "to 5, a rank-5 broadcast must collapse to 4 loops (broadcast dims adjacent)")
     return m.call("quantized_where", cond, ops[0], ops[1])
 
 
@@ -218,11 +224,9 @@ def _emit_compare_c(ctx) -> str:
 def _emit_where_c(ctx) -> str:
     """``corten_where_s8`` (portable in both flavours): the output dims and the three operands' strides."""
     ctx.portable_kernel()
-    strides = []
-    for name in ("condition", "input1", "input2"):
-        node = ctx.arg(name)
-        dims, _, s = loop_geometry(ctx.shape(), ctx.shape(node), row_major=node.op == "placeholder")
-        strides.append(s)
+    geo = operands_geometry(ctx, ("condition", "input1", "input2"))
+    dims = geo["condition"][0]
+    strides = [geo[name][2] for name in ("condition", "input1", "input2")]
     exprs = [ctx.input("condition"), operand_expr(ctx, "input1"), operand_expr(ctx, "input2")]
     return ctx.block(
         f"const corten_dims out_dims = {_fmt(dims)};",

@@ -23,7 +23,7 @@ import torch
 from corten.errors import LoweringError
 from corten.fixed_point import clamp_activation, quantize_multiplier, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops._common import MAX_RANK, as_4d_view, output_format, storage_dim_order
+from corten.ops._common import MAX_ELEMENTWISE_RANK, MAX_RANK, as_4d_view, output_format, storage_dim_order
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
@@ -40,8 +40,8 @@ def _check(input, dims, keepdim, mode, input_offset, output_offset, multiplier, 
            activation_max) -> tuple[list[int], list[int]]:
     op = "quantized_reduce"
     checks.dtype(op, "input", input, torch.int8)
-    if not 1 <= input.dim() <= MAX_RANK:
-        checks.fail(op, "input", f"rank {input.dim()} is not 1 to {MAX_RANK}")
+    if not 1 <= input.dim() <= MAX_ELEMENTWISE_RANK:
+        checks.fail(op, "input", f"rank {input.dim()} is not 1 to {MAX_ELEMENTWISE_RANK}")
     norm = sorted({int(d) % input.dim() for d in dims})
     if not dims or any(not -input.dim() <= int(d) < input.dim() for d in dims):
         checks.fail(op, "dims", f"{list(dims)} are not dims of a {input.dim()}-D tensor")
@@ -108,8 +108,11 @@ def lower_reduction(m: Match, kind: str, dims: Sequence[int], keepdim: bool):
     x = m.inputs[0]
     val = x.node.meta["val"]
     rank = val.dim()
-    if not 1 <= rank <= MAX_RANK:
-        raise LoweringError(f"{kind} of a rank-{rank} tensor is not supported (ranks 1 to {MAX_RANK})")
+    if not 1 <= rank <= MAX_ELEMENTWISE_RANK:
+        raise LoweringError(f"{kind} of a rank-{rank} tensor is not supported (ranks 1 to {MAX_ELEMENTWISE_RANK})")
+    if len(reduce_geometry(val.shape, dims, keepdim)[0]) > MAX_RANK:
+        raise LoweringError(f"{kind} over dims {list(dims)} of a rank-5 tensor alternates reduced and kept dims more "
+                            f"than the C kernel's {MAX_RANK} loops allow (reduce adjacent dims, or reshape first)")
     if not keepdim and len(dims) == rank:
         raise LoweringError(f"{kind} over every dim without keepdim (a 0-D result) is not supported; "
                             "use keepdim=True")
@@ -204,11 +207,22 @@ def reduce_geometry(in_shape: Sequence[int], dims: Sequence[int], keepdim: bool)
         step *= int(out_shape[d])
     kept = [d for d in range(rank) if d not in dims]
     out_dim_of = {d: (d if keepdim else kept.index(d)) for d in kept}
-    pad = MAX_RANK - rank
-    sdims = [1] * pad + [int(in_shape[d]) for d in order]
-    flags = [0] * pad + [1 if d in dims else 0 for d in order]
-    strides = [0] * pad + [0 if d in dims else out_stride[out_dim_of[d]] for d in order]
-    return sdims, flags, strides
+    sdims = [int(in_shape[d]) for d in order]
+    flags = [1 if d in dims else 0 for d in order]
+    strides = [0 if d in dims else out_stride[out_dim_of[d]] for d in order]
+    if rank > MAX_RANK:  # rank 5: drop size-1 dims, merge neighbours the kernel walks as one
+        keep = [i for i in range(rank) if sdims[i] != 1] or [rank - 1]
+        cd, cf, cs = [], [], []
+        for i in reversed(keep):
+            if cd and flags[i] == cf[0] and (flags[i] or strides[i] == cs[0] * cd[0]):
+                cd[0] *= sdims[i]
+                continue
+            cd.insert(0, sdims[i])
+            cf.insert(0, flags[i])
+            cs.insert(0, strides[i])
+        sdims, flags, strides = cd, cf, cs
+    pad = MAX_RANK - len(sdims)
+    return [1] * pad + sdims, [0] * pad + flags, [0] * pad + strides
 
 
 @family.provides("emit_c", "quantized_reduce")
