@@ -22,14 +22,37 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
 from corten.errors import CodegenError  # noqa: F401  (re-exported)
 
-if TYPE_CHECKING:  # pragma: no cover
-    from corten.codegen.emitter import _Generator
+class ProgramEmitter(Protocol):
+    """What an :class:`EmitContext` asks of the program-level emitter (``codegen.emitter``): the one
+    interface between a node's emission and the library being written."""
+
+    def constant_value(self, node: torch.fx.Node) -> torch.Tensor:
+        """The value of a constant argument node."""
+
+    def constant_array(self, node: torch.fx.Node, dtype: torch.dtype | None = None,
+                       pretty: str | None = None) -> str:
+        """The C array name of a constant argument (registered once)."""
+
+    def derived_array(self, key: str, tensor: torch.Tensor, pretty: str | None = None) -> str:
+        """Register an extra constant array under ``key``; its C name."""
+
+    def node_prefix(self, node: torch.fx.Node) -> str:
+        """``<model>_<module path>``: the prefix of a node's constant names."""
+
+    def buffer_expr(self, node: torch.fx.Node) -> str:
+        """The C expression of an activation's bytes (arena, input or output buffer)."""
+
+    def scratch_expr(self, node: torch.fx.Node) -> tuple[str, int]:
+        """``(void * expression, bytes)`` of a node's planned scratch buffer."""
+
+    def use_portable_family(self, family: str) -> None:
+        """The library calls ``family``'s portable kernel whatever the kernel flavour."""
 
 KERNEL_FLAVOURS = ("portable", "cmsis-nn")
 
@@ -89,7 +112,7 @@ class EmitContext:
     op_name: str
     kernels: str  # "portable" | "cmsis-nn"
     target: Any  # corten.targets.Target
-    _gen: "_Generator"
+    emitter: ProgramEmitter
     step: int = 0  # this node's step number in <name>_run (1-based), returned when a kernel call fails
 
     # ------------------------------------------------------------------ arguments
@@ -116,7 +139,7 @@ class EmitContext:
 
     def tensor(self, name: str) -> torch.Tensor:
         """Value of the constant tensor argument ``name``."""
-        return self._gen.constant_value(self.arg(name))
+        return self.emitter.constant_value(self.arg(name))
 
     def fail(self, msg: str) -> None:
         raise CodegenError(f"{self.op_name} node {self.node.name!r}: {msg}")
@@ -124,14 +147,14 @@ class EmitContext:
     # ------------------------------------------------------------------ buffers
     def buffer(self, node: torch.fx.Node) -> str:
         """C expression (``int8_t *`` or ``const int8_t *``) of an activation tensor's bytes."""
-        return self._gen.buffer_expr(node)
+        return self.emitter.buffer_expr(node)
 
     def input(self, name: str) -> str:
         return self.buffer(self.arg(name))
 
     def out(self) -> str:
         """C expression of this node's output buffer (``int8_t *``)."""
-        expr = self._gen.buffer_expr(self.node)
+        expr = self.emitter.buffer_expr(self.node)
         if expr.startswith("(in"):
             self.fail("the memory plan puts this op's output in the caller's input buffer")
         return expr
@@ -142,11 +165,11 @@ class EmitContext:
         Corten headers."""
         from corten.ops.registry import family_of
 
-        self._gen.portable_families.add(family_of(self.op_name).name)
+        self.emitter.use_portable_family(family_of(self.op_name).name)
 
     def scratch(self) -> tuple[str, int]:
         """``(void * expression, bytes)`` of the planned scratch buffer; ``("NULL", 0)`` if none."""
-        return self._gen.scratch_expr(self.node)
+        return self.emitter.scratch_expr(self.node)
 
     # ------------------------------------------------------------------ constants
     def const(self, name: str, dtype: torch.dtype | None = None) -> str:
@@ -155,12 +178,12 @@ class EmitContext:
         value = self.arg(name)
         if value is None:
             return "NULL"
-        return self._gen.constant_array(value, dtype, self._gen.node_prefix(self.node) + "_" + name)
+        return self.emitter.constant_array(value, dtype, self.emitter.node_prefix(self.node) + "_" + name)
 
     def derived_const(self, suffix: str, tensor: torch.Tensor) -> str:
         """Register an extra constant array (named after this node's module and ``suffix``); returns its name."""
-        return self._gen.derived_array(f"{self.node.name}_{suffix}", tensor,
-                                       self._gen.node_prefix(self.node) + "_" + suffix)
+        return self.emitter.derived_array(f"{self.node.name}_{suffix}", tensor,
+                                       self.emitter.node_prefix(self.node) + "_" + suffix)
 
     # ------------------------------------------------------------------ statements
     def call(self, expr: str) -> str:

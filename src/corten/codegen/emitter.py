@@ -252,6 +252,9 @@ class _Generator:
             return ""
         return src.rsplit("/", 1)[-1]
 
+    def use_portable_family(self, family: str) -> None:
+        self.portable_families.add(family)
+
     def node_prefix(self, node: torch.fx.Node) -> str:
         """C name stem of a node's constants: its module path (``features_3_conv_1``), or, for code in
         the root module's forward, the op and node number (``add_3``); unique within the model."""
