@@ -1,4 +1,4 @@
-"""The ``corten`` command line: ``corten models``, ``corten compile``, ``corten run``."""
+"""The ``corten`` command line: ``corten models``, ``corten compile``, ``corten run``, ``corten profile``."""
 from __future__ import annotations
 
 import argparse
@@ -107,7 +107,7 @@ def cmd_compile(args) -> int:
                   f"compiled from {args.model} with {calib_text}, seed {args.seed}, observer {args.observer}", "",
                   prog.operator_table()]
         if not prog.unlowered_ops():
-            report += ["", prog.memory_report(args.kernels)]
+            report += ["", prog.memory_report(args.kernels), "", prog.fallback_report()]
         text = "\n".join(report) + "\n"
         (tmp / "report.txt").write_text(text)
         print(text, end="")
@@ -229,6 +229,30 @@ def cmd_run(args) -> int:
     return 0 if same else 1
 
 
+def cmd_profile(args) -> int:
+    import torch
+
+    from corten.program import load
+
+    prog = load(args.dir)
+    if args.input:
+        if len(prog.inputs) != 1:
+            raise CliError(f"{args.dir}: the program takes {len(prog.inputs)} inputs; --input gives one")
+        xs = (load_input_file(args.input, prog),)
+    else:
+        g = torch.Generator().manual_seed(args.seed)
+        xs = tuple(torch.randn(s.shape, generator=g) for s in prog.inputs)
+    target = args.target or prog.target.name
+    print(f"corten: profiling {prog.name} ({args.kernels} kernels) on {args.on}"
+          + (f" ({target})" if args.on == "qemu" else ""), flush=True)
+    prof = prog.profile(*xs, on=args.on, target=target, kernels=args.kernels, progress=True,
+                        baseline=not args.no_baseline)
+    print(prof.table())
+    if args.plot:
+        print(f"profile plot: {prof.plot(args.plot)}")
+    return 0 if prof.outputs_match else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     from corten.targets import TARGETS
 
@@ -272,6 +296,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra C compiler flags, e.g. --cflags='-O1 -g -fsanitize=address,undefined "
                         "-fno-sanitize-recover=all' (host)")
     r.set_defaults(func=cmd_run)
+    pr = sub.add_parser("profile", help="per-step cost of a compiled program's C library (instructions on QEMU, "
+                                        "time on the host)")
+    pr.add_argument("dir", help="directory written by `corten compile --out DIR`")
+    pr.add_argument("--on", default="qemu", choices=["host", "qemu"])
+    pr.add_argument("--kernels", default="portable", choices=["portable", "cmsis-nn"],
+                    help="cmsis-nn needs CMSIS_NN_PATH (a CMSIS-NN source tree)")
+    pr.add_argument("--target", default=None, help="QEMU target (default: the program's)")
+    pr.add_argument("--input", default=None, metavar="FILE.npy", help="float32 input (default: seeded random)")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--plot", default=None, metavar="FILE.png", help="also draw the steps as a bar chart")
+    pr.add_argument("--no-baseline", action="store_true",
+                    help="skip the uninstrumented run the rows' sum is compared with")
+    pr.set_defaults(func=cmd_profile)
     return p
 
 

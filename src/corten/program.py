@@ -225,6 +225,23 @@ class Program:
         return emit_c(self.ep, plan, out_dir, self.name, tgt, kernels=kernels,
                       node_sources=self.info.get("node_sources"))
 
+    def kernel_choices(self, kernels: str = "cmsis-nn", target: str | None = None):
+        """The steps of the C library for ``kernels`` (tuple of :class:`corten.codegen.StepInfo`:
+        module, op, the kernel called, MACs; ``reason`` says why a step of a CMSIS-NN build runs a
+        portable ``corten_*`` kernel).  The emitter's own choice: nothing is written."""
+        from corten.codegen import kernel_steps
+
+        self._require_lowered("choose kernels")
+        tgt = self.target if target is None else get_target(target)
+        return kernel_steps(self.ep, self.memory_for(kernels, tgt.name), self.name, tgt, kernels,
+                            node_sources=self.info.get("node_sources"))
+
+    def fallback_report(self, target: str | None = None) -> str:
+        """Which steps of a CMSIS-NN build fall back to Corten's portable kernels, and why."""
+        from corten.codegen import fallback_report
+
+        return fallback_report(self.kernel_choices("cmsis-nn", target))
+
     def c_run(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
               cmsis_nn_path: str | None = None, target: str | None = None, progress: bool = False,
               cflags: str | Sequence[str] = ()):
@@ -248,6 +265,51 @@ class Program:
         outs, run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, cflags=flags)
         run.outputs = list(outs)
         return run
+
+    def profile(self, *inputs: torch.Tensor, on: str = "qemu", target: str | None = None,
+                kernels: str = "portable", cmsis_nn_path: str | None = None, baseline: bool = True,
+                progress: bool = False):
+        """Per-step cost of the C library: a :class:`corten.runners.profile.Profile` with one row per
+        step of ``<name>_run`` (step, module path, op, kernel called - ``arm_*`` CMSIS-NN or
+        ``corten_*`` portable -, MACs, instructions on QEMU or nanoseconds on the host).
+
+        The library is built with ``-DCORTEN_PROFILE`` (a timer read after every step, its cost
+        measured and subtracted; see :mod:`corten.runners.profile`).  ``baseline``: also run the
+        normal build, so that ``profile.baseline`` / ``profile.ratio`` compare the rows' sum with
+        it; ``profile.outputs_match`` says whether the run(s) reproduced :meth:`run_int8` byte for
+        byte.  No inputs: seeded random ones."""
+        import os
+
+        from corten.runners.profile import Profile, parse_profile, profile_rows
+        from corten.runners.program import ProgramRunner
+
+        if not inputs:
+            g = torch.Generator().manual_seed(0)
+            inputs = tuple(torch.randn(s.shape, generator=g) for s in self.inputs)
+        inputs = self._check_inputs(inputs)
+        if getattr(self, "_runner", None) is None:
+            self._runner = ProgramRunner(self)
+        tgt = self.target if target is None else get_target(target)
+        cmsis = cmsis_nn_path or os.environ.get("CMSIS_NN_PATH")
+        expected = self.run_int8(*inputs)
+        outs, run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, profile=True)
+        steps = self._runner.library(kernels, tgt).steps
+        if on == "qemu":
+            from corten.runners.qemu import board_for
+
+            per_tick, unit = board_for(tgt.name).instructions_per_tick, "instructions"
+        else:
+            per_tick, unit = 1.0, "ns"
+        costs, hook = parse_profile(run.result.log, steps, per_tick, run.result.where)
+        match = all(torch.equal(e, o) for e, o in zip(expected, outs))
+        prof = Profile(self.name, on, tgt.name if on == "qemu" else None, kernels, unit, profile_rows(steps, costs),
+                       hook_cost=hook)
+        if baseline:
+            base_outs, base = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress)
+            prof.baseline = float(base.instructions if on == "qemu" else base.wall_s * 1e9)
+            match = match and all(torch.equal(e, o) for e, o in zip(expected, base_outs))
+        prof.outputs_match = match
+        return prof
 
     def run_c(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
               cmsis_nn_path: str | None = None, target: str | None = None, int8: bool = False,

@@ -3,6 +3,7 @@ writes a lowered program + memory plan as a self-contained C library."""
 from __future__ import annotations
 
 from corten.codegen.context import CodegenError, EmitContext
-from corten.codegen.emitter import KERNELS_DIR, EmittedLibrary, emit_c
+from corten.codegen.emitter import KERNELS_DIR, EmittedLibrary, StepInfo, emit_c, fallback_report, kernel_steps
 
-__all__ = ["CodegenError", "EmitContext", "EmittedLibrary", "KERNELS_DIR", "emit_c"]
+__all__ = ["CodegenError", "EmitContext", "EmittedLibrary", "KERNELS_DIR", "StepInfo", "emit_c", "fallback_report",
+           "kernel_steps"]

@@ -54,6 +54,9 @@ class ProgramEmitter(Protocol):
     def use_portable_family(self, family: str) -> None:
         """The library calls ``family``'s portable kernel whatever the kernel flavour."""
 
+    def explain_portable(self, step: int, reason: str) -> None:
+        """Why step ``step`` runs a portable kernel in a CMSIS-NN build (report, kernel_choices)."""
+
 KERNEL_FLAVOURS = ("portable", "cmsis-nn")
 
 
@@ -159,13 +162,15 @@ class EmitContext:
             self.fail("the memory plan puts this op's output in the caller's input buffer")
         return expr
 
-    def portable_kernel(self) -> None:
+    def portable_kernel(self, reason: str | None = None) -> None:
         """Declare that this node calls Corten's portable kernel in every flavour (an op CMSIS-NN has
         no kernel for): the "cmsis-nn" library then also gets the family's ``<family>.c`` and the
-        Corten headers."""
+        Corten headers.  ``reason`` says why CMSIS-NN cannot run this node (the compile report and
+        ``Program.kernel_choices`` show it for every portable step of a CMSIS-NN build)."""
         from corten.ops.registry import family_of
 
         self.emitter.use_portable_family(family_of(self.op_name).name)
+        self.emitter.explain_portable(self.step, reason or f"CMSIS-NN has no kernel for {self.op_name}")
 
     def scratch(self) -> tuple[str, int]:
         """``(void * expression, bytes)`` of the planned scratch buffer; ``("NULL", 0)`` if none."""

@@ -27,7 +27,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -130,6 +130,7 @@ class StepInfo:
     source: str  # file.py:line in fn
     kernel: str  # the C function called: arm_* (CMSIS-NN) or corten_* (portable)
     macs: int  # multiply-accumulates (0 for data movement)
+    reason: str = ""  # why a portable kernel runs in a CMSIS-NN build ("" otherwise)
 
     @property
     def portable(self) -> bool:
@@ -189,6 +190,7 @@ class _Generator:
     portable_families: set[str] = field(default_factory=set)  # families run portably in every flavour
     node_sources: dict = field(default_factory=dict)  # node name -> {"module": path, "source": file:line}
     step_info: list = field(default_factory=list)  # per step: StepInfo
+    fallback_reasons: dict = field(default_factory=dict)  # step -> why it runs a portable kernel (EmitContext)
 
     def __post_init__(self):
         self.macro = self.name.upper()
@@ -254,6 +256,9 @@ class _Generator:
 
     def use_portable_family(self, family: str) -> None:
         self.portable_families.add(family)
+
+    def explain_portable(self, step: int, reason: str) -> None:
+        self.fallback_reasons[step] = reason
 
     def node_prefix(self, node: torch.fx.Node) -> str:
         """C name stem of a node's constants: its module path (``features_3_conv_1``), or, for code in
@@ -380,7 +385,9 @@ class _Generator:
         if node is None:
             raise CodegenError(f"the memory plan copies unknown tensor {tensor_name!r}; plan the emitted program")
         nbytes = int(np.prod(self._shape(node)))
-        self.step_info.append(StepInfo(index, tensor_name, "", "output_copy", "", "copy", 0))
+        self.step_info.append(StepInfo(index, tensor_name, "", "output_copy", "", "copy", 0,
+                                       "the memory plan keeps the output's bytes elsewhere (a byte copy)"
+                                       if self.kernels == "cmsis-nn" else ""))
         return (f"/* Step {index}: output copy of tensor '{tensor_name}' ({nbytes} bytes) -> output {out_index} */\n"
                 "{\n"
                 f"    const int8_t *src = {self.buffer_expr(node)};\n"
@@ -400,7 +407,13 @@ class _Generator:
         module = self.module_path(node)
         source = self.source_line(node)
         kernel = kernel_called(body)
-        self.step_info.append(StepInfo(index, node.name, module, what, source, kernel, _macs(self, node, what)))
+        reason = ""
+        if self.kernels == "cmsis-nn" and not kernel.startswith("arm_"):
+            reason = self.fallback_reasons.get(index) or (
+                "NHWC <-> NCHW layout copy (CMSIS-NN has no such kernel)" if what.startswith("reshape")
+                else "no CMSIS-NN kernel")
+        self.step_info.append(StepInfo(index, node.name, module, what, source, kernel, _macs(self, node, what),
+                                       reason))
         ins = ", ".join(self._layout(i) for i in inputs)
         where = f" ({source})" if source else ""
         return (f"/* Step {index}: {module or '(forward)'} - {what}{where}\n"
@@ -653,7 +666,16 @@ int {n}_run(const int8_t *input, int8_t *output, uint8_t *arena);
 
 /** {n}_run, refusing an arena shorter than {m}_ARENA_BYTES ({m}_ERROR_ARENA_TOO_SMALL). */
 int {n}_run_checked(const int8_t *input, int8_t *output, uint8_t *arena, size_t arena_bytes);
-{io_api}{helper_text}
+{io_api}
+#ifdef CORTEN_PROFILE
+/**
+ * Profile build (compile {n}.c with -DCORTEN_PROFILE): {n}_run calls this function, which the
+ * application defines, with step = 0 before the first step and step = k (1..{m}_NUM_STEPS) after
+ * step k; reading a cycle counter there gives the cost of every step (corten profile does so).
+ */
+void {n}_profile_step(int step);
+#endif
+{helper_text}
 
 #ifdef __cplusplus
 }}
@@ -677,7 +699,9 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
                         f"#if CORTEN_KERNELS_VERSION != 0x{kernels_version()}UL\n"
                         f'#error "{KERNELS_SUBDIR}/ comes from another Corten version than {n}.c: emit the '
                         'models with one Corten version and link one copy of its kernels"\n#endif')
-    body = "\n\n".join(statements)
+    # profile builds (-DCORTEN_PROFILE) call <name>_profile_step(k) when step k is done (0: start)
+    body = "\n\n".join([f"{m}_PROFILE_STEP(0);"] + [f"{s}\n{m}_PROFILE_STEP({k});"
+                                                     for k, s in enumerate(statements, start=1)])
     body = "\n".join(("    " + line) if line else line for line in body.split("\n"))
     params = ", ".join([f"const int8_t *in{i}" for i in range(len(ins))] + [f"int8_t *out{i}" for i in range(len(outs))]
                        + ["int8_t *act"])
@@ -716,7 +740,18 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
             f" * number {n}_run returns if that call fails), with the PyTorch module path, op and source\n"
             f" * line it comes from.  Generated file: do not edit.\n */\n"
             "#include <stddef.h>\n#include <stdint.h>\n\n" + "\n".join(includes) + "\n\n"
-            + steps_fn + "\n" + run + "\n" + checked + io)
+            + _PROFILE_MACRO.format(m=m, n=n) + steps_fn + "\n" + run + "\n" + checked + io)
+
+
+_PROFILE_MACRO = """\
+#ifdef CORTEN_PROFILE
+/* Profile build: {n}_profile_step(k) (defined by the application, see {n}.h) runs after step k. */
+#define {m}_PROFILE_STEP(k) {n}_profile_step(k)
+#else
+#define {m}_PROFILE_STEP(k) ((void)0)
+#endif
+
+"""
 
 
 def _constants_header(g: _Generator) -> str:
@@ -832,6 +867,35 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         kernel_files=tuple(kdir / k for k in kernel_names),
         cmake=out_dir / f"{name}.cmake", makefile=out_dir / "Makefile", kernels=kernels,
         steps=tuple(g.step_info), **lib)
+
+
+def kernel_steps(ep: torch.export.ExportedProgram, plan: Any, name: str, target: Any, kernels: str = "cmsis-nn",
+                 node_sources: dict | None = None) -> tuple[StepInfo, ...]:
+    """The steps :func:`emit_c` would write for ``kernels`` (module, op, kernel called, MACs, and for
+    a portable kernel in a CMSIS-NN build the reason), without writing anything: the same op
+    families' emission hooks choose the kernels."""
+    from corten.targets import get_target
+
+    if kernels not in KERNEL_FLAVOURS:
+        raise CodegenError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
+    g = _Generator(ep, plan, name, get_target(target) if isinstance(target, str) else target, kernels,
+                   node_sources=dict(node_sources or {}))
+    g.io_nodes()
+    g.statements()
+    return tuple(g.step_info)
+
+
+def fallback_report(steps: Sequence[StepInfo]) -> str:
+    """The portable steps of a CMSIS-NN build, one line each with the reason (report.txt, CLI)."""
+    portable = [s for s in steps if s.reason]
+    head = f"Kernels of a CMSIS-NN build: {len(steps) - len(portable)} of {len(steps)} steps call CMSIS-NN"
+    if not portable:
+        return head + "; none falls back to a portable kernel."
+    lines = [head + f"; {len(portable)} run Corten's portable kernels:"]
+    for s in portable:
+        lines.append(f"  step {s.step:>3}  {(s.module or '(forward)')[:32]:<32} {s.op[:26]:<26} {s.kernel:<30} "
+                     f"{s.reason}")
+    return "\n".join(lines)
 
 
 def kernels_version() -> str:

@@ -143,14 +143,17 @@ def _emit_add_c(ctx) -> str:
         if cmsis:
             return cmsis_add_call(ctx, x1, x2, out, v, str(numel(ctx.shape())))
         if ctx.kernels != "portable":
-            ctx.portable_kernel()
+            ctx.portable_kernel(f"left shift {v['left_shift']} < 16: arm_elementwise_add_s8 masks (x + offset) "
+                                "to 16 bits before shifting")
         return ctx.block(
             ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
             ctx.call(f"corten_add_s8(&params, {x1}, {x2}, {out}, {numel(ctx.shape())})"))
     rows = cmsis_add_rows(ctx, x1, x2, out, v) if cmsis else None
     if rows is not None:
         return rows
-    ctx.portable_kernel()
+    ctx.portable_kernel("broadcast that is not one operand repeated in dense blocks (arm_elementwise_add_s8 "
+                        "takes equal-length vectors)" if cmsis else
+                        f"left shift {v['left_shift']} < 16: arm_elementwise_add_s8 masks (x + offset) to 16 bits")
     return ctx.block(
         ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
         broadcast_struct(ctx),

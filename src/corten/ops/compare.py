@@ -214,7 +214,7 @@ def _fmt(v) -> str:
 @family.provides("emit_c", "quantized_compare")
 def _emit_compare_c(ctx) -> str:
     """``corten_compare_s8`` (portable in both flavours)."""
-    ctx.portable_kernel()
+    ctx.portable_kernel("CMSIS-NN has no comparison kernel")
     x1, x2 = operand_expr(ctx, "input1"), operand_expr(ctx, "input2")
     return ctx.block(broadcast_struct(ctx),
                      ctx.call(f"corten_compare_s8({int(ctx.arg('mode'))}, &shape, {x1}, {x2}, {ctx.out()})"))
@@ -223,7 +223,7 @@ def _emit_compare_c(ctx) -> str:
 @family.provides("emit_c", "quantized_where")
 def _emit_where_c(ctx) -> str:
     """``corten_where_s8`` (portable in both flavours): the output dims and the three operands' strides."""
-    ctx.portable_kernel()
+    ctx.portable_kernel("CMSIS-NN has no select (where) kernel")
     geo = operands_geometry(ctx, ("condition", "input1", "input2"))
     dims = geo["condition"][0]
     strides = [geo[name][2] for name in ("condition", "input1", "input2")]

@@ -216,7 +216,8 @@ def _emit_c(ctx) -> str:
                                                                      dilation)
     if not use_cmsis:
         if ctx.kernels != "portable":  # arm_transpose_conv_s8 cannot: Corten's kernel in this flavour too
-            ctx.portable_kernel()
+            ctx.portable_kernel("arm_transpose_conv_s8 ignores dilation and needs output_padding <= padding "
+                                "and kernel >= stride")
         per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
         return ctx.block(
             ctx.params("corten_conv_transpose_params", "params", dict(

@@ -173,7 +173,7 @@ def _div_scratch(node, target) -> int:
 @family.provides("emit_c", "quantized_div")
 def _emit_div_c(ctx) -> str:
     """``corten_div_s8`` (portable, in both flavours: CMSIS-NN has no int8 division)."""
-    ctx.portable_kernel()
+    ctx.portable_kernel("CMSIS-NN has no int8 division")
     names = ("input1_offset", "input2_offset", "output_offset", "output_multiplier", "output_shift",
              "activation_min", "activation_max")
     v = {k: ctx.int_(int(ctx.arg(k))) for k in names}

@@ -203,7 +203,7 @@ def _layer_norm_scratch(node, target) -> int:
 @family.provides("emit_c", "quantized_layer_norm")
 def _emit_layer_norm_c(ctx) -> str:
     """One ``corten_layer_norm_s8`` call in both flavours."""
-    ctx.portable_kernel()
+    ctx.portable_kernel("CMSIS-NN has no int8 LayerNorm")
     shape = ctx.shape(ctx.arg("input"))
     num_dims = int(ctx.arg("num_dims"))
     if len(shape) == 4:

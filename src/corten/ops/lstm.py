@@ -523,7 +523,8 @@ def _emit_lstm_c(ctx) -> str:
     code; the same integer arithmetic as the portable kernel) and ``corten_lstm_step_s8`` for the
     int16 sigmoid/tanh, cell and output (Corten's table; see the module docstring for why the
     flavour does not call ``arm_lstm_unidirectional_s8`` whole)."""
-    ctx.portable_kernel()
+    ctx.portable_kernel("gate MACs on CMSIS-NN; the int16 gate activations, cell and output in "
+                        "corten_lstm_step_s8 (see ops/lstm.py)")
     shape = ctx.shape(ctx.arg("input"))
     time_major = bool(ctx.arg("time_major"))
     steps, batches = (shape[0], shape[1]) if time_major else (shape[1], shape[0])

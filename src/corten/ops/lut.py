@@ -194,7 +194,7 @@ def _emit_lut_c(ctx) -> str:
     """One ``corten_lut_s8`` call, in both flavours: CMSIS-NN has no generic s8 table-lookup
     kernel (its ``arm_relu6_s8``/``arm_relu_q7`` clamp raw values without quantization
     parameters), so the "cmsis-nn" flavour runs Corten's portable kernel too."""
-    ctx.portable_kernel()
+    ctx.portable_kernel("CMSIS-NN has no generic int8 lookup-table kernel")
     size = 1
     for d in ctx.shape(ctx.arg("input")):
         size *= int(d)

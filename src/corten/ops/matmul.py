@@ -346,7 +346,8 @@ def _emit_matmul_c(ctx) -> str:
     plan = cmsis_plan(g) if ctx.kernels == "cmsis-nn" else None
     if plan is None:
         if ctx.kernels != "portable":
-            ctx.portable_kernel()
+            ctx.portable_kernel("operands not row-major [batch, rows, cols] in memory (e.g. NHWC heads): "
+                                "arm_batch_matmul_s8 cannot read them")
         return ctx.block(
             f"const corten_matmul_params params = {{.lhs_offset = {lo}, .rhs_offset = {ro}, .output_offset = {oo}, "
             f".output_multiplier = {mult}, .output_shift = {shift}, .activation_min = {amin}, "

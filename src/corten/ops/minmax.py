@@ -133,5 +133,6 @@ def _emit_minmax_c(ctx) -> str:
             ctx.dims("input2_dims", "cmsis_nn_dims", *d2),
             ctx.dims("output_dims", "cmsis_nn_dims", *odims),
             ctx.call(f"arm_{what}_s8(&nn_ctx, {x1}, &input1_dims, {x2}, &input2_dims, {out}, &output_dims)"))
-    ctx.portable_kernel()
+    ctx.portable_kernel(f"arm_{what}_s8 cannot take these operands (strided, or a broadcast it does not "
+                        "support)")
     return ctx.block(broadcast_struct(ctx), ctx.call(f"corten_{what}_s8(&shape, {x1}, {x2}, {out})"))

@@ -167,7 +167,7 @@ def _c_list(values) -> str:
 def _emit_strided_copy_c(ctx) -> str:
     """``corten_strided_copy_s8`` (the portable kernel, in both flavours: CMSIS-NN has no general
     strided copy; permutes lower to ``quantized_transpose`` and its ``arm_transpose_s8``)."""
-    ctx.portable_kernel()
+    ctx.portable_kernel("CMSIS-NN has no strided/indexed byte copy")
     dims, strides = [int(d) for d in ctx.arg("dims")], [int(s) for s in ctx.arg("strides")]
     index_dim = int(ctx.arg("index_dim"))
     if not dims:  # one byte

@@ -154,7 +154,8 @@ def _emit_mul_c(ctx) -> str:
         body = cmsis_call(p1, p2, f"{out} + i * {inner}", str(inner))
         return ctx.block("int32_t i;", f"for (i = 0; i < {outer}; i++) {{",
                          "\n".join("    " + line for line in body.split("\n")), "}")
-    ctx.portable_kernel()
+    ctx.portable_kernel("broadcast that is not one operand repeated in dense blocks (arm_elementwise_mul_s8 "
+                        "takes equal-length vectors)")
     return ctx.block(
         ctx.params("corten_mul_params", "params", {k: v[k] for k in names}),
         broadcast_struct(ctx),

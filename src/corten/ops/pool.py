@@ -526,7 +526,8 @@ def _emit_pool_c(ctx) -> str:
             ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c),
             ctx.call(f"{fn}(&nn_ctx, &params, &input_dims, {x}, &filter_dims, &output_dims, {out})"))
     if ctx.kernels != "portable":
-        ctx.portable_kernel()
+        ctx.portable_kernel("a pooling variant arm_avgpool_s8 / arm_max_pool_s8 do not compute (ceil_mode, "
+                            "count_include_pad, divisor_override, dilation or asymmetric padding)")
     fn = "corten_avg_pool2d_s8" if is_avg else "corten_max_pool2d_s8"
     zp = int(_opt(ctx, "zero_point", 0)) if is_avg else 0
     fields = dict(kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw, pad_h=top, pad_w=left, activation_min=act_min,
@@ -544,7 +545,7 @@ def _emit_adaptive_pool_c(ctx) -> str:
     """``corten_adaptive_{avg,max}_pool2d_s8`` (portable; CMSIS-NN has no adaptive pool, uniform
     ones were lowered to the strided pools)."""
     if ctx.kernels != "portable":
-        ctx.portable_kernel()
+        ctx.portable_kernel("CMSIS-NN has no adaptive pooling with non-uniform windows")
     is_avg = ctx.op_name == "quantized_adaptive_avg_pool2d"
     n, h, w, c = ctx.nhwc(ctx.arg("input"))
     _, ho, wo, _ = ctx.nhwc()

@@ -228,7 +228,7 @@ def reduce_geometry(in_shape: Sequence[int], dims: Sequence[int], keepdim: bool)
 @family.provides("emit_c", "quantized_reduce")
 def _emit_reduce_c(ctx) -> str:
     """``corten_reduce_s8`` (portable, in both flavours)."""
-    ctx.portable_kernel()
+    ctx.portable_kernel("CMSIS-NN has no max/min/sum reduction over arbitrary dims")
     in_shape = ctx.shape(ctx.arg("input"))
     rank = len(in_shape)
     dims = sorted({int(d) % rank for d in ctx.arg("dims")})

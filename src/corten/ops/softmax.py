@@ -471,7 +471,8 @@ def _emit_softmax_c(ctx) -> str:
     x, out = ctx.input("input"), ctx.out()
     if inner != 1:
         if ctx.kernels != "portable":
-            ctx.portable_kernel()
+            ctx.portable_kernel("softmax over a dim whose rows are strided in memory (arm_softmax_s8 takes "
+                                "contiguous rows)")
         return ctx.call(f"corten_softmax_strided_s8({x}, {outer}, {row_size}, {inner}, {mult}, {shift}, "
                         f"{diff_min}, {out})")
     if ctx.kernels == "portable":
@@ -482,7 +483,7 @@ def _emit_softmax_c(ctx) -> str:
 @family.provides("emit_c", "quantized_log_softmax")
 def _emit_log_softmax_c(ctx) -> str:
     """``corten_log_softmax_s8`` in both flavours (CMSIS-NN has no log-softmax kernel)."""
-    ctx.portable_kernel()
+    ctx.portable_kernel("CMSIS-NN has no log-softmax kernel")
     outer, row_size, inner = _geometry(ctx)
     args = ", ".join(ctx.int_(int(ctx.arg(a))) for a in ("input_multiplier", "input_left_shift",
                                                            "reverse_multiplier", "reverse_shift", "diff_min"))

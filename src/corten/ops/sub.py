@@ -140,7 +140,9 @@ def _emit_sub_c(ctx) -> str:
         rows = cmsis_add_rows(ctx, x1, x2, out, v, negate2=True)
         if rows is not None:
             return rows
-    ctx.portable_kernel()
+    ctx.portable_kernel("broadcast that is not one operand repeated in dense blocks (arm_elementwise_add_s8 "
+                        "takes equal-length vectors)" if v["left_shift"] >= 16 else
+                        f"left shift {v['left_shift']} < 16: arm_elementwise_add_s8 masks (x + offset) to 16 bits")
     return ctx.block(
         ctx.params("corten_sub_params", "params", {k: v[k] for k in PARAM_NAMES}),
         broadcast_struct(ctx),

@@ -263,7 +263,7 @@ def _emit_transpose_c(ctx) -> str:
     try:
         in_dims, out_dims, perm = cmsis_transpose_plan(ctx.shape(x), ctx.arg("perm"), flattened)
     except ValueError:  # more than 4 byte dims: Corten's portable kernel, in the CMSIS-NN flavour too
-        ctx.portable_kernel()
+        ctx.portable_kernel("more than 4 byte dims after merging (arm_transpose_s8 takes 4)")
         return ctx.block(
             f"const int32_t dims[{len(dims)}] = {_c_list(dims)};",
             f"const int32_t perm[{len(perm)}] = {_c_list(perm)};",

@@ -113,7 +113,9 @@ class ProgramRunner:
         return self._emitted[key]
 
     def run(self, inputs: tuple[torch.Tensor, ...], on: str, kernels: str, target, cmsis_nn_path=None,
-            progress=True, cflags: tuple[str, ...] = ()) -> tuple[list[torch.Tensor], CRun]:
+            progress=True, cflags: tuple[str, ...] = (), profile: bool = False) -> tuple[list[torch.Tensor], CRun]:
+        """One C run; ``profile``: the instrumented build (``-DCORTEN_PROFILE``, the harness reads the
+        timer after every step: :mod:`corten.runners.profile` turns its log into rows)."""
         from corten.runners.host import run_on_host
         from corten.runners.qemu import run_on_qemu
 
@@ -138,8 +140,11 @@ class ProgramRunner:
         data = b"".join(tensor_to_c_bytes(q) for q in q_inputs)  # packed at lib.inputs[i].offset
         defines = harness_defines(f"{lib.name}.h", lib.run_symbol, lib.input_bytes, lib.output_bytes,
                                   lib.arena_bytes, lib.arena_align)
+        if profile:
+            defines.update(CORTEN_PROFILE="1", CORTEN_PROFILE_HOOK=f"{lib.name}_profile_step",
+                           CORTEN_PROFILE_STEPS=str(len(lib.steps)))
         kwargs = {} if progress else {"progress": lambda *a, **k: None}
-        run_dir = self.workdir / f"{kernels}-{target.name}" / f"run-{on}"
+        run_dir = self.workdir / f"{kernels}-{target.name}" / f"run-{on}{'-profile' if profile else ''}"
         run_dir.mkdir(parents=True, exist_ok=True)
         if on == "host":
             res = run_on_host(sources, includes, defines, data, lib.output_bytes, run_dir, cflags=cflags, **kwargs)

@@ -8,6 +8,12 @@
  *   CORTEN_ARENA_BYTES   scratch arena size in bytes (static array)
  * Optional:
  *   CORTEN_ARENA_ALIGN   arena alignment in bytes (default 16)
+ *   CORTEN_PROFILE       profile build: also define CORTEN_PROFILE_HOOK (the model's
+ *                        <name>_profile_step) and CORTEN_PROFILE_STEPS (<NAME>_NUM_STEPS); the
+ *                        harness then prints "CORTEN_PROFILE overhead=<o> calls=<c>" (the timer
+ *                        delta of <c> back-to-back hook calls, for the caller to subtract) and one
+ *                        "CORTEN_STEP <k> <t>" line per step k (the timer when step k was done;
+ *                        k = 0: before the first step)
  *
  * Usage: harness [input.bin [output.bin]] (defaults: input.bin, output.bin in the cwd;
  * on the boards the files are opened through semihosting relative to QEMU's cwd).
@@ -36,6 +42,35 @@
 static int8_t corten_input[CORTEN_NONZERO(CORTEN_INPUT_BYTES)];
 static int8_t corten_output[CORTEN_NONZERO(CORTEN_OUTPUT_BYTES)];
 static uint8_t corten_arena[CORTEN_NONZERO(CORTEN_ARENA_BYTES)] __attribute__((aligned(CORTEN_ARENA_ALIGN)));
+
+#ifdef CORTEN_PROFILE
+#if !defined(CORTEN_PROFILE_HOOK) || !defined(CORTEN_PROFILE_STEPS)
+#error "a profile build (CORTEN_PROFILE) needs CORTEN_PROFILE_HOOK and CORTEN_PROFILE_STEPS"
+#endif
+#define CORTEN_PROFILE_CALIBRATION_CALLS 32
+static uint64_t corten_stamps[CORTEN_PROFILE_STEPS + 1];
+
+void CORTEN_PROFILE_HOOK(int step)
+{
+    const uint64_t now = corten_timer_now();
+    if (step >= 0 && step <= CORTEN_PROFILE_STEPS) {
+        corten_stamps[step] = now;
+    }
+}
+
+/* The timer delta of back-to-back hook calls, as between two steps of the model (unrolled:
+ * no loop overhead); the caller subtracts overhead / calls from every step. */
+static uint64_t corten_profile_overhead(void)
+{
+    uint64_t first;
+#define CORTEN_HOOK4 CORTEN_PROFILE_HOOK(0); CORTEN_PROFILE_HOOK(0); CORTEN_PROFILE_HOOK(0); CORTEN_PROFILE_HOOK(0);
+    CORTEN_PROFILE_HOOK(0);
+    first = corten_stamps[0];
+    CORTEN_HOOK4 CORTEN_HOOK4 CORTEN_HOOK4 CORTEN_HOOK4 CORTEN_HOOK4 CORTEN_HOOK4 CORTEN_HOOK4 CORTEN_HOOK4
+#undef CORTEN_HOOK4
+    return corten_stamps[0] - first;
+}
+#endif
 
 /* Decimal formatting of a uint64 without relying on printf's %llu support. */
 static const char *format_u64(uint64_t value, char *buf, unsigned size)
@@ -96,10 +131,25 @@ int main(int argc, char **argv)
         return 2;
     }
     corten_timer_init();
+#ifdef CORTEN_PROFILE
+    {
+        const uint64_t overhead = corten_profile_overhead();
+        printf("CORTEN_PROFILE overhead=%s calls=%d\n", format_u64(overhead, digits, (unsigned)sizeof digits),
+               CORTEN_PROFILE_CALIBRATION_CALLS);
+    }
+#endif
     start = corten_timer_now();
     status = CORTEN_RUN(corten_input, corten_output, corten_arena);
     stop = corten_timer_now();
 
+#ifdef CORTEN_PROFILE
+    if (status == 0) {
+        int k;
+        for (k = 0; k <= CORTEN_PROFILE_STEPS; k++) {
+            printf("CORTEN_STEP %d %s\n", k, format_u64(corten_stamps[k], digits, (unsigned)sizeof digits));
+        }
+    }
+#endif
     if (status == 0 && !write_output(output_path)) {
         return 2;
     }

@@ -1,0 +1,150 @@
+"""Per-layer profile of a generated model library: what each step of ``<name>_run`` costs.
+
+The profile build compiles the model with ``-DCORTEN_PROFILE``: the generated ``<name>_run`` then
+calls ``<name>_profile_step(k)`` before the first step (k = 0) and after every step k, and the
+harness (``harness/main.c``) stores the timer there - SysTick under QEMU ``-icount`` (instructions,
+see :mod:`corten.runners.qemu`), ``CLOCK_MONOTONIC`` on the host (nanoseconds).  A step's cost is
+the timer delta since the previous hook minus the hook's own cost, which the harness measures
+before the run as the delta of 32 back-to-back hook calls.  Outside the hooks nothing changes: the
+model's kernels, arguments and memory are those of the normal build, and the outputs are checked
+against the reference like any C run.
+
+Error of a QEMU row: one SysTick tick (31.25 instructions on the M55 board, 40 on the 25 MHz
+boards, 50 on mps2-an505) either way, plus the few instructions by which a step's hook call differs
+from the calibration calls (argument setup); the sum of the rows is the run between the first and
+the last hook, i.e. the uninstrumented run without ``<name>_run``'s argument checks and return.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corten.errors import CRunError
+
+_OVERHEAD_RE = re.compile(r"CORTEN_PROFILE overhead=(\d+) calls=(\d+)")
+_STEP_RE = re.compile(r"CORTEN_STEP (\d+) (\d+)")
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """One step of ``<name>_run``."""
+
+    step: int  # 1-based step number (the "Step k" comment in <name>.c)
+    module: str  # PyTorch module path ("" for the root module's forward)
+    op: str  # Corten op (or "reshape (layout copy)", "output_copy")
+    kernel: str  # the function the step calls: arm_* (CMSIS-NN) or corten_* (portable)
+    macs: int  # multiply-accumulates (0 for data movement)
+    cost: float  # instructions (QEMU) or nanoseconds (host), hook cost subtracted
+    source: str = ""  # file.py:line in fn
+    node: str = ""  # graph node name
+
+    @property
+    def portable(self) -> bool:
+        return not self.kernel.startswith("arm_")
+
+    @property
+    def per_mac(self) -> float | None:
+        return self.cost / self.macs if self.macs else None
+
+
+@dataclass
+class Profile:
+    """Rows of one instrumented run (``Program.profile``), plus the uninstrumented run's total when
+    it was measured (``baseline``) and whether both runs' outputs equal the reference bytes."""
+
+    model: str
+    on: str  # "qemu" or "host"
+    target: str | None
+    kernels: str
+    unit: str  # "instructions" (QEMU) or "ns" (host)
+    rows: list[ProfileRow] = field(default_factory=list)
+    hook_cost: float = 0.0  # per hook call, subtracted from every row
+    baseline: float | None = None  # the uninstrumented run (instructions, or ns on the host)
+    outputs_match: bool | None = None  # both runs byte-identical to Program.run_int8
+
+    @property
+    def total(self) -> float:
+        return float(sum(r.cost for r in self.rows))
+
+    @property
+    def ratio(self) -> float | None:
+        """Sum of the rows / the uninstrumented run (1.0 = identical)."""
+        return self.total / self.baseline if self.baseline else None
+
+    def table(self) -> str:
+        unit = "instr" if self.unit == "instructions" else "ns"
+        where = f"QEMU {self.target}" if self.on == "qemu" else "host"
+        head = (f"{'#':>4}  {'module':<28} {'op':<26} {'kernel':<34} {'MACs':>11} {unit:>13} {'share':>6} "
+                f"{unit + '/MAC':>10}")
+        lines = [f"Per-step profile of {self.model} on {where}, {self.kernels} kernels "
+                 f"(hook cost {self.hook_cost:.1f} {unit} per step subtracted)", head, "-" * len(head)]
+        total = self.total or 1.0
+        for r in self.rows:
+            per = f"{r.per_mac:.2f}" if r.per_mac is not None else "-"
+            lines.append(f"{r.step:>4}  {(r.module or '(forward)')[:28]:<28} {r.op[:26]:<26} {r.kernel[:34]:<34} "
+                         f"{r.macs:>11,} {r.cost:>13,.0f} {100 * r.cost / total:>5.1f}% {per:>10}")
+        lines.append("-" * len(head))
+        macs = sum(r.macs for r in self.rows)
+        per = f"{self.total / macs:.2f}" if macs else "-"
+        lines.append(f"{'':>4}  {'total':<28} {'':<26} {'':<34} {macs:>11,} {self.total:>13,.0f} {'100.0%':>6} "
+                     f"{per:>10}")
+        if self.baseline is not None:
+            lines.append(f"uninstrumented run: {self.baseline:,.0f} {unit}; sum of the steps = "
+                         f"{100 * self.ratio:.2f}% of it")
+        portable = [r for r in self.rows if r.portable and r.macs]
+        if self.kernels == "cmsis-nn" and portable:
+            cost = sum(r.cost for r in portable)
+            lines.append(f"portable kernels in this CMSIS-NN build: {len(portable)} compute step(s), "
+                         f"{100 * cost / total:.1f}% of the total")
+        if self.outputs_match is not None:
+            lines.append(f"outputs byte-identical to the Python reference: {'YES' if self.outputs_match else 'NO'}")
+        return "\n".join(lines)
+
+    def top(self, k: int = 5) -> list[ProfileRow]:
+        return sorted(self.rows, key=lambda r: -r.cost)[:k]
+
+    def plot(self, path: str | Path) -> Path:
+        """Bar chart of every step's cost (PNG; CMSIS-NN and portable kernels in two colours)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        path = Path(path)
+        scale, unit = (1e6, "M instructions") if self.unit == "instructions" else (1e3, "µs")
+        labels = [f"{r.step}: {r.module or r.op}"[:40] for r in self.rows]
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.22 * len(self.rows) + 2), 4.8))
+        xs = list(range(len(self.rows)))
+        colours = ["tab:orange" if r.portable else "tab:blue" for r in self.rows]
+        ax.bar(xs, [r.cost / scale for r in self.rows], color=colours)
+        ax.set_xticks(xs)
+        ax.set_xticklabels(labels, rotation=80, ha="right", fontsize=6)
+        ax.set_ylabel(unit)
+        where = f"QEMU {self.target}" if self.on == "qemu" else "host"
+        ax.set_title(f"{self.model} on {where}, {self.kernels} kernels: {self.total / scale:,.2f} {unit}")
+        if self.kernels == "cmsis-nn":
+            from matplotlib.patches import Patch
+
+            ax.legend(handles=[Patch(color="tab:blue", label="CMSIS-NN"), Patch(color="tab:orange", label="portable")])
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def parse_profile(log: str, steps, per_tick: float, where: str) -> tuple[list[float], float]:
+    """(cost of every step, hook cost) from the harness output of a profile build; ``per_tick``
+    converts timer units (SysTick ticks: instructions per tick; host ns: 1)."""
+    m = _OVERHEAD_RE.search(log)
+    stamps = {int(k): int(t) for k, t in _STEP_RE.findall(log)}
+    if m is None or sorted(stamps) != list(range(len(steps) + 1)):
+        raise CRunError(f"{where}: the profile build printed no complete step record (expected steps 0..{len(steps)}, "
+                        f"got {len(stamps)} line(s)); was the model emitted by this Corten?")
+    hook = int(m.group(1)) * per_tick / int(m.group(2))
+    costs = [(stamps[k] - stamps[k - 1]) * per_tick - hook for k in range(1, len(steps) + 1)]
+    return costs, hook
+
+
+def profile_rows(steps, costs) -> list[ProfileRow]:
+    return [ProfileRow(s.step, s.module, s.op, s.kernel, s.macs, c, s.source, s.node) for s, c in zip(steps, costs)]
