@@ -281,7 +281,7 @@ class Program:
         import os
 
         from corten.runners.profile import Profile, parse_profile, profile_rows
-        from corten.runners.program import ProgramRunner
+        from corten.runners.program_runner import ProgramRunner
 
         if not inputs:
             g = torch.Generator().manual_seed(0)
