@@ -608,3 +608,115 @@ def test_cli_run_refuses_a_corrupt_program_dir(compiled_dir, tmp_path, capsys, c
     corrupt(d)
     code, err = cli(capsys, "run", d)
     assert code == 2 and all(w in err for w in words) and "Traceback" not in err
+
+
+# ============================================================================ 5. more hostile inputs (issue 14, round 2)
+class Fn(nn.Module):
+    """``fn(self, x, ...)`` around a 1x1 conv: one-line hostile models."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn, self.c = fn, nn.Conv2d(3, 4, 1)
+        self.eval()
+
+    def forward(self, *args, **kwargs):
+        return self.fn(self, *args, **kwargs)
+
+
+@pytest.mark.parametrize("inputs, words", [
+    ((X > 0,), ["torch.bool", "float32"]),
+    ((X.to(torch.int8),), ["torch.int8"]),
+    ((X.half(),), ["torch.float16"]),
+    ((X.bfloat16(),), ["torch.bfloat16"]),
+    ((X.to(torch.complex64),), ["complex64"]),
+    ((torch.tensor(1.0),), ["rank 0", "reshape(1)"]),
+    ((torch.randn(1, 2, 2, 2, 2, 2),), ["rank 6"]),
+    ((1.0,), ["float, not a tensor"]),
+    ((None,), ["NoneType"]),
+    (((X, X),), ["tuple, not a tensor"]),
+], ids=["bool", "int8", "float16", "bfloat16", "complex", "rank0", "rank6", "python-float", "none", "nested"])
+def test_more_bad_example_inputs_are_refused(inputs, words):
+    raises(CaptureError, *words, call=lambda: compile_quiet(Fn(lambda s, x: s.c(x) * 2), inputs))
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(seed="a"), ["seed", "'a'"]),
+    (dict(seed=2**70), ["seed"]),
+    (dict(seed=1.5), ["seed", "1.5"]),
+    (dict(name="int"), ["not a C identifier"]),
+    (dict(name=""), ["not a C identifier"]),
+    (dict(name="n\u00e4t"), ["not a C identifier"]),
+    (dict(name=5), ["must be a str"]),
+    (dict(name="corten_net"), ["starts with 'corten'"]),
+    (dict(target=None), ["unknown target None"]),
+    (dict(target=55), ["unknown target 55"]),
+    (dict(calibration=True), ["calibration must be", "bool"]),
+    (dict(calibration=[{"x": X}]), ["dict", "tuples"]),
+    (dict(calibration=np.zeros((2, 1, 3, 8, 8), np.float32)), ["ndarray"]),
+    (dict(calibration=torch.randn(0, 3, 8, 8)), ["empty"]),
+    (dict(calibration=lambda m: 1 / 0), ["calibration callable", "ZeroDivisionError"]),
+], ids=["seed-str", "seed-huge", "seed-float", "name-keyword", "name-empty", "name-unicode", "name-int",
+        "name-corten", "target-none", "target-int", "calib-bool", "calib-dict", "calib-numpy", "calib-zero", "calib-raises"])
+def test_bad_compile_arguments_are_refused_before_anything_runs(kw, words):
+    raises(UsageError, *words, call=lambda: compile_quiet(conv_net(), (X,), **kw))
+
+
+@pytest.mark.parametrize("fn, exc, words", [
+    (lambda s, x: s.c(x) > 0, CaptureError, ["torch.bool", "output 0"]),
+    (lambda s, x: s.c(x).argmax(1), CaptureError, ["torch.int64", "argmax"]),
+    (lambda s, x: {"a": s.c(x)}, CaptureError, ["dict"]),
+    (lambda s, x: s.c(x).sum(), CortenError, ["sum"]),
+    (lambda s, x: (s.c(x), torch.ones(3)), CortenError, ["ones"]),
+    (lambda s, x: s.c(x) + torch.rand_like(s.c(x)), CortenError, ["rand_like"]),
+    (lambda s, x: s.c(x) if x.sum() > 0 else -s.c(x), CaptureError, ["could not capture", "data-dependent"]),
+    (lambda s, x, *, y: s.c(x) + y, CaptureError, ["keyword-only argument", "'y'"]),
+    (lambda s, x: s.c(x) * float("nan"), QuantizationError, ["non-finite", "mul"]),
+    (lambda s, x: s.c(x) + float("inf"), QuantizationError, ["non-finite", "add"]),
+    (lambda s, x: torch.log(s.c(x)), QuantizationError, ["NaN", "log"]),
+    (lambda s, x: s.c(x) / 0.0, QuantizationError, ["non-finite", "div"]),
+    (lambda s, x: s.c(x) * torch.tensor(3), CortenError, ["unquantized constant"]),
+], ids=["bool-out", "argmax-out", "dict-out", "scalar-out", "const-out", "rand", "data-dependent-if",
+        "kw-only-input", "nan-in-forward", "inf-in-forward", "log-negative", "div-by-zero", "int-constant"])
+def test_hostile_forwards_are_refused_naming_the_problem(fn, exc, words):
+    raises(exc, *words, call=lambda: compile_quiet(Fn(fn), (X,)))
+
+
+@pytest.mark.parametrize("fn, n_in", [
+    (lambda s, x: [s.c(x), torch.relu(x)], 1),              # a list of outputs
+    (lambda s, x: ((s.c(x), x + 1), s.c(x)), 1),            # nested tuples
+    (lambda s, x: (s.c(x), s.c(x)), 1),                     # the same output twice
+    (lambda s, x: (s.c(x), x), 1),                          # the input itself as an output
+    (lambda s, x: x[:, :2], 1),                             # a view of the input
+    (lambda s, x, scale=2.0: s.c(x) * scale, 1),            # a defaulted keyword argument
+    (lambda s, x, y: s.c(x), 2),                            # an unused input
+    (lambda s, x: s.c(x) * 0.0, 1),                         # an all-zero output
+], ids=["list", "nested", "twice", "input-out", "input-view", "kw-default", "unused-input", "zero"])
+def test_unusual_but_valid_models_run_byte_exact_in_c(fn, n_in):
+    inputs = (X,) * n_in
+    p = compile_quiet(Fn(fn), inputs)
+    ref, got = p.run_int8(*inputs), p.run_c(*inputs, int8=True)
+    assert len(ref) == len(got) and all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
+def test_float64_or_float16_models_are_refused_naming_the_dtype():
+    raises(CaptureError, "double", call=lambda: compile_quiet(conv_net().double(), (X,)))
+    raises(CaptureError, "Half", call=lambda: compile_quiet(conv_net().half(), (X,)))
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda p, t: p.save(None), UsageError, ["directory path", "None"]),
+    (lambda p, t: p.save(3), UsageError, ["directory path", "3"]),
+    (lambda p, t: corten.load(5), UsageError, ["directory path", "5"]),
+    (lambda p, t: p.emit_c(None), CortenError, ["out_dir", "None"]),
+    (lambda p, t: p.emit_c(_write(t / "f", "x")), CortenError, ["cannot write the C library"]),
+    (lambda p, t: p.emit_c("/proc/corten-emit"), CortenError, ["cannot write the C library"]),
+    (lambda p, t: p.compare("model", [X]), UsageError, ["nn.Module", "str"]),
+    (lambda p, t: p.compare(conv_net(), X), UsageError, ["list of input tuples", "Tensor"]),
+    (lambda p, t: p.compare(conv_net(), [torch.randn(1, 3, 9, 9)]), UsageError, ["sample 0", "(1, 3, 9, 9)"]),
+    (lambda p, t: p.run_c(X, on=3), UsageError, ["on must be"]),
+    (lambda p, t: p.memory_for("fast"), CortenError, ["kernels", "fast"]),
+    (lambda p, t: p.memory_for("portable", "cortex-a9"), UsageError, ["cortex-a9"]),
+], ids=["save-none", "save-int", "load-int", "emit-none", "emit-file", "emit-unwritable", "compare-str",
+        "compare-tensor", "compare-shape", "run-on-int", "memory-kernels", "memory-target"])
+def test_program_methods_refuse_bad_arguments(prog, tmp_path, call, exc, words):
+    raises(exc, *words, call=lambda: call(prog, tmp_path))

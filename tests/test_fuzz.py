@@ -8,6 +8,7 @@ import io
 import random
 
 import pytest
+import torch
 
 from corten.testing import fuzz
 
@@ -33,12 +34,28 @@ def test_every_family_builds_models_and_cases_are_deterministic():
         assert any(b is not None for b in built), name
     for name, family in fuzz.SEQ_FAMILIES.items():
         assert any(family(random.Random(k), (1, 3, 12)) is not None for k in range(20)), name
-    kinds = {"chain"}
-    for seed in range(200):
+    any_shapes = [(7,), (2, 5), (4, 3, 6), (1, 4, 6, 6), (2, 1, 2, 8)]
+    for name, family in fuzz.ANY_FAMILIES.items():
+        for s in any_shapes:  # the shape a step announces is the shape its module computes
+            for k in range(6):
+                made = family(random.Random(k), s)
+                if made is not None:
+                    module, shape = made
+                    assert tuple(module.eval()(torch.randn(s)).shape) == tuple(shape), (name, s, k, module)
+    kinds, ranks, batches = {"chain"}, set(), set()
+    for seed in range(CI_SEEDS):
         fams = fuzz.make_case(seed).families
         kinds |= {"lstm"} & set(fams) | {"two_inputs"} & set(fams) | ({"seq"} if "conv1d" in fams or
                                                                        "pool1d" in fams else set())
-    assert kinds == {"chain", "lstm", "two_inputs", "seq"}
+        kinds |= {"any"} if any(f.startswith("rank") for f in fams) else set()
+        ranks |= {f for f in fams if f.startswith("rank")}
+        batches |= {f for f in fams if f.startswith("batch")}
+    assert kinds == {"chain", "lstm", "two_inputs", "seq", "any"}
+    assert ranks == {"rank1", "rank2", "rank3", "rank4"} and batches == {"batch1", "batch2", "batch4"}
+    # the CI seeds reach every family of every kind
+    ci_fams = set().union(*(fuzz.make_case(seed).families for seed in range(CI_SEEDS)))
+    assert set(fuzz.FAMILIES) | set(fuzz.ANY_FAMILIES) | set(fuzz.SEQ_FAMILIES) <= ci_fams, \
+        (set(fuzz.FAMILIES) | set(fuzz.ANY_FAMILIES) | set(fuzz.SEQ_FAMILIES)) - ci_fams
     a, b = fuzz.make_case(7), fuzz.make_case(7)
     assert a.families == b.families and str(a.model) == str(b.model)
     assert all((pa == pb).all() for pa, pb in zip(a.model.parameters(), b.model.parameters()))

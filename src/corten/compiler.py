@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterable
 import torch
 
 from corten.capture import capture, remove_guards_fn
-from corten.errors import UnsupportedOpsError
+from corten.errors import UnsupportedOpsError, UsageError
 from corten.lowering import CortenPassManager, unlowered_nodes
-from corten.program import Program
+from corten.program import Program, check_program_name
 from corten.compare import record_provenance
 from corten.quantizer import CortenQuantizer
 from corten.quantizer.calibration import default_calibration  # noqa: F401  (re-exported: tests, CLI)
@@ -96,7 +96,15 @@ def _calibrate(prepared: torch.fx.GraphModule, samples, say: Callable[[str], Non
 
     if callable(samples):
         say("  calibrating with the given callable")
-        samples(prepared)
+        try:
+            samples(prepared)
+        except Exception as exc:  # noqa: BLE001 - the user's code: say where it failed
+            if type(exc).__module__.startswith("corten"):
+                raise
+            where = getattr(samples, "__qualname__", type(samples).__name__)
+            raise UsageError(f"the calibration callable {where}(model) raised {type(exc).__name__}: {exc}; it must "
+                             "run the prepared model on calibration inputs shaped like the example inputs "
+                             "(see the traceback above for where)") from exc
         return 0
     n = len(samples)
     width = 30
@@ -241,8 +249,10 @@ class Pipeline:
             input_range_warnings(self.calibration, [f"input {i}" for i in range(len(self.example_inputs))])
         observer_class(observer)  # an unknown name is refused before anything runs
         self.observer = observer
+        if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64:
+            raise UsageError(f"seed must be an int in [-2**63, 2**64), got {seed!r}")
         self.seed = seed
-        self.name = name
+        self.name = check_program_name(name)
         self.say = _progress_printer(progress)
         self.graphs: dict[str, str] = {}  # stage -> graph text ("exported", "bn_fused", "quantized", "lowered")
         self.timings: dict[str, float] = {}

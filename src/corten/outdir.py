@@ -28,6 +28,13 @@ class OutputDirError(UsageError):
     """The output directory cannot be used (a file, read-only, or holding something else)."""
 
 
+def as_dir_path(value, what: str = "path") -> Path:
+    """``value`` (a str or os.PathLike naming a directory) as a Path, or an :class:`OutputDirError`."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise OutputDirError(f"{what} must be a directory path (str or pathlib.Path), got {value!r}")
+    return Path(value)
+
+
 def _existing_program(d: Path) -> tuple[str, str | None] | None:
     """(name, what it was compiled from) of the Corten program in ``d``, or None."""
     try:
@@ -69,7 +76,7 @@ def staged_dir(dest: str | Path, name: str | None = None, force: bool = False,
 
     ``dest`` may not exist (it is created, with its parents), be empty, or hold a Corten program
     called ``name`` (replaced whole); anything else needs ``force``."""
-    dest = Path(dest)
+    dest = as_dir_path(dest)
     check_destination(dest, name, force, flag, source)
     parent = dest.parent if str(dest.parent) else Path(".")
     try:

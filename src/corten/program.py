@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -184,7 +185,19 @@ class Program:
         layers whose accumulated SQNR falls below it."""
         from corten.compare import compare
 
-        return compare(self, model, samples, threshold_db)
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"compare(model, ...): model must be the float torch.nn.Module this program was "
+                             f"compiled from, got {type(model).__name__}")
+        if isinstance(samples, torch.Tensor) or not hasattr(samples, "__iter__"):
+            raise UsageError(f"compare(model, samples): samples must be a list of input tuples (or of tensors for a "
+                             f"one-input model), got {type(samples).__name__}")
+        checked = []
+        for k, sample in enumerate(samples):
+            try:
+                checked.append(self._check_inputs(tuple(sample) if isinstance(sample, (tuple, list)) else (sample,)))
+            except UsageError as e:
+                raise UsageError(f"compare: sample {k}: {e}") from None
+        return compare(self, model, checked, threshold_db)
 
     # ------------------------------------------------------------------ memory and C
     @property
@@ -417,9 +430,22 @@ def _check_spec_list(man_path: Path, man: dict, key: str) -> None:
                                             f"'zero_point': int}}, got {d!r:.120}")
 
 
+def check_program_name(name: object) -> str:
+    """``name`` if it can name the program's C library (``<name>.h``, ``<name>_run``), else a UsageError."""
+    from corten.codegen.context import library_name_problem
+
+    problem = library_name_problem(name)
+    if problem is not None:
+        raise UsageError(problem.replace("library name", "program name", 1) + " (it names the C library's files "
+                         "and symbols)")
+    return name
+
+
 def read_manifest(path: str | Path) -> tuple[Path, dict]:
     """``(manifest path, manifest dict)`` of a saved program, every field checked (type and value):
     every problem is a :class:`ProgramFileError` (or :class:`ProgramNotFoundError`) naming the file."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise UsageError(f"a saved program is a directory path (str or pathlib.Path), got {path!r}")
     p = Path(path)
     man_path = p / MANIFEST if p.is_dir() else p
     if not man_path.exists():

@@ -74,6 +74,18 @@ def c_identifier(text: str) -> str:
     return ident
 
 
+def library_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a C model library (its files and ``<name>_*`` symbols), or None."""
+    if not isinstance(name, str):
+        return f"library name must be a str, got {type(name).__name__}"
+    if c_identifier(name) != name:
+        return f"library name {name!r} is not a C identifier; use e.g. {c_identifier(name)!r}"
+    if name.lower().startswith("corten"):
+        return (f"library name {name!r} starts with 'corten', the prefix of the shared kernel library's "
+                "symbols and files (corten_kernels/); choose another name")
+    return None
+
+
 def c_int(v: int) -> str:
     """A C integer literal that is valid for every int32 value (INT32_MIN has no literal)."""
     v = int(v)

@@ -24,6 +24,7 @@ that the kernels it includes are the ones it was generated for (``CORTEN_KERNELS
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,9 @@ import numpy as np
 import torch
 
 from corten.codegen import build_files
-from corten.codegen.context import KERNEL_FLAVOURS, CodegenError, EmitContext, c_identifier, c_int, nhwc
+from corten.codegen.context import (
+    KERNEL_FLAVOURS, CodegenError, EmitContext, c_identifier, c_int, library_name_problem, nhwc,
+)
 from corten.ops.registry import family_of, hook_for, is_lowered_node, op_name_of
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
@@ -787,15 +790,19 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
 
     if kernels not in KERNEL_FLAVOURS:
         raise CodegenError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
-    if c_identifier(name) != name:
-        raise CodegenError(f"library name {name!r} is not a C identifier; use e.g. {c_identifier(name)!r}")
-    if name.lower().startswith("corten"):
-        raise CodegenError(f"library name {name!r} starts with 'corten', the prefix of the shared kernel library's "
-                           "symbols and files (corten_kernels/); choose another name")
+    problem = library_name_problem(name)
+    if problem is not None:
+        raise CodegenError(problem)
     if isinstance(target, str):
         target = get_target(target)
+    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
+        raise CodegenError(f"out_dir must be a directory path, got {out_dir!r}")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CodegenError(f"{out_dir}: cannot write the C library there ({e.strerror or e}); "
+                           "choose a writable directory") from None
 
     g = _Generator(ep, plan, name, target, kernels, node_sources=dict(node_sources or {}))
     quants, dequants = g.io_nodes()
@@ -856,9 +863,13 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         files[f"{KERNELS_SUBDIR}/{rel}"] = text
     for fname, text in files.items():
         path = out_dir / fname
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+        except (OSError, UnicodeDecodeError) as e:
+            raise CodegenError(f"{path}: cannot write it ({getattr(e, 'strerror', None) or e}); "
+                               "choose a writable directory of your own for the C library") from None
 
     kdir = out_dir / KERNELS_SUBDIR
     return EmittedLibrary(

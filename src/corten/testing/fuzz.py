@@ -134,7 +134,7 @@ def fam_conv(rng: random.Random, shape: Shape):
     if rng.random() < 0.3:
         layers.append(nn.BatchNorm2d(c_out))
     layers += _act(rng)
-    return nn.Sequential(*layers), (1, c_out, oh, ow)
+    return nn.Sequential(*layers), (shape[0], c_out, oh, ow)
 
 
 def fam_conv_same(rng: random.Random, shape: Shape):
@@ -142,7 +142,7 @@ def fam_conv_same(rng: random.Random, shape: Shape):
     _, c, h, w = shape
     k = rng.choice([1, 3, 5])
     c_out = rng.randint(1, 8)
-    return nn.Sequential(nn.Conv2d(c, c_out, k, padding="same"), *_act(rng)), (1, c_out, h, w)
+    return nn.Sequential(nn.Conv2d(c, c_out, k, padding="same"), *_act(rng)), (shape[0], c_out, h, w)
 
 
 def fam_conv_transpose(rng: random.Random, shape: Shape):
@@ -155,7 +155,7 @@ def fam_conv_transpose(rng: random.Random, shape: Shape):
     oh, ow = (h - 1) * s - 2 * p + k + op, (w - 1) * s - 2 * p + k + op
     if oh < 1 or ow < 1 or oh > 24 or ow > 24:
         return None
-    return nn.Sequential(nn.ConvTranspose2d(c, c_out, k, s, p, op), *_act(rng)), (1, c_out, oh, ow)
+    return nn.Sequential(nn.ConvTranspose2d(c, c_out, k, s, p, op), *_act(rng)), (shape[0], c_out, oh, ow)
 
 
 def _branch(rng: random.Random, shape: Shape) -> nn.Module:
@@ -193,9 +193,9 @@ def fam_pool(rng: random.Random, shape: Shape):
     _, c, h, w = shape
     kind = rng.choice(["max", "avg", "adaptive", "mean"])
     if kind == "adaptive":
-        return nn.AdaptiveAvgPool2d(1), (1, c, 1, 1)
+        return nn.AdaptiveAvgPool2d(1), (shape[0], c, 1, 1)
     if kind == "mean":
-        return Lambda("mean_hw", lambda x: x.mean((2, 3), keepdim=True)), (1, c, 1, 1)
+        return Lambda("mean_hw", lambda x: x.mean((2, 3), keepdim=True)), (shape[0], c, 1, 1)
     k = rng.randint(1, 3)
     s = rng.randint(1, 2)
     p = rng.randint(0, k // 2)
@@ -203,8 +203,8 @@ def fam_pool(rng: random.Random, shape: Shape):
     if oh < 1 or ow < 1:
         return None
     if kind == "max":
-        return nn.MaxPool2d(k, s, p), (1, c, oh, ow)
-    return nn.AvgPool2d(k, s, p, count_include_pad=False), (1, c, oh, ow)
+        return nn.MaxPool2d(k, s, p), (shape[0], c, oh, ow)
+    return nn.AvgPool2d(k, s, p, count_include_pad=False), (shape[0], c, oh, ow)
 
 
 LUTS = [nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.GELU, nn.ELU,
@@ -221,7 +221,7 @@ def fam_pad(rng: random.Random, shape: Shape):
     pads = [rng.randint(0, 2) for _ in range(4)]
     value = rng.choice([0.0, 0.0, 0.5, -1.0])
     return (Lambda(f"pad{pads},{value}", lambda x: F.pad(x, pads, value=value)),
-            (1, c, h + pads[2] + pads[3], w + pads[0] + pads[1]))
+            (shape[0], c, h + pads[2] + pads[3], w + pads[0] + pads[1]))
 
 
 def fam_cat(rng: random.Random, shape: Shape):
@@ -292,7 +292,7 @@ def fam_seq_conv(rng: random.Random, shape):
     if lo < 1:
         return None
     groups = c if (rng.random() < 0.25 and c_out % c == 0) else 1
-    return nn.Sequential(nn.Conv1d(c, c_out, k, s, p, d, groups), *_act(rng)), (1, c_out, lo)
+    return nn.Sequential(nn.Conv1d(c, c_out, k, s, p, d, groups), *_act(rng)), (shape[0], c_out, lo)
 
 
 def fam_seq_pool(rng: random.Random, shape):
@@ -304,7 +304,7 @@ def fam_seq_pool(rng: random.Random, shape):
         return None
     pool = nn.MaxPool1d(k, s) if rng.random() < 0.5 else nn.AvgPool1d(k, s)
     layers = [pool] + ([rng.choice(LUTS)()] if rng.random() < 0.4 else [])
-    return nn.Sequential(*layers), (1, c, lo)
+    return nn.Sequential(*layers), (shape[0], c, lo)
 
 
 SEQ_FAMILIES: dict[str, Callable] = {"conv1d": fam_seq_conv, "pool1d": fam_seq_pool}
@@ -332,22 +332,30 @@ def make_seq_case(seed: int, rng: random.Random) -> Case:
 
 
 class LSTMNet(nn.Module):
-    def __init__(self, features: int, hidden: int, layers: int, last: bool, out: int):
+    def __init__(self, features: int, hidden: int, layers: int, last: str, out: int, batch_first: bool):
         super().__init__()
-        self.lstm = nn.LSTM(features, hidden, layers, batch_first=True)
-        self.last = last
+        self.lstm = nn.LSTM(features, hidden, layers, batch_first=batch_first)
+        self.last, self.batch_first = last, batch_first
         self.fc = nn.Linear(hidden, out)
 
     def forward(self, x):
-        y, _ = self.lstm(x)
-        return self.fc(y[:, -1] if self.last else y)
+        y, (h_n, _) = self.lstm(x)
+        if self.last == "h_n":
+            return self.fc(h_n[-1])
+        if self.last == "last":
+            return self.fc(y[:, -1] if self.batch_first else y[-1])
+        return self.fc(y)
 
 
 def make_lstm_case(seed: int, rng: random.Random) -> Case:
+    """nn.LSTM (1-2 layers, batch_first or not, batch 1/2/4) read as the sequence, its last step or h_n."""
     t, f, h = rng.randint(1, 8), rng.randint(1, 8), rng.randint(1, 8)
-    model = _randomise(LSTMNet(f, h, rng.randint(1, 2), rng.random() < 0.6, rng.randint(1, 6)), rng).eval()
-    x = torch.randn((1, t, f), generator=torch.Generator().manual_seed(seed))
-    return Case(seed, model, (x,), ["lstm"])
+    batch_first = rng.random() < 0.7
+    n = rng.choice([1, 1, 2, 4])
+    last = rng.choice(["seq", "last", "last", "h_n"])
+    model = _randomise(LSTMNet(f, h, rng.randint(1, 2), last, rng.randint(1, 6), batch_first), rng).eval()
+    x = torch.randn((n, t, f) if batch_first else (t, n, f), generator=torch.Generator().manual_seed(seed))
+    return Case(seed, model, (x,), ["lstm", f"lstm_{last}", f"batch{n}"])
 
 
 class TwoIn(nn.Module):
@@ -370,10 +378,461 @@ def make_two_input_case(seed: int, rng: random.Random) -> Case:
                 ["two_inputs", op])
 
 
+# ----------------------------------------------------------------------------- any-rank tensors
+# The late families on tensors of rank 1-4 (batch 1, 2 or 4 in dim 0 from rank 2 on): a chain of
+# ANY_FAMILIES steps (at rank 4 the 4-D FAMILIES too), ended by up to three outputs.  A step is
+# ``(rng, shape) -> (module, new shape) | None`` as above, for any rank.
+AnyShape = tuple[int, ...]
+MAX_ELEMS = 1024
+
+
+class Const(nn.Module):
+    """``fn(x, w)`` with a constant (parameter) operand ``w``."""
+
+    def __init__(self, name: str, fn: Callable, w: torch.Tensor):
+        super().__init__()
+        self.name, self.fn = name, fn
+        self.w = nn.Parameter(w)
+
+    def forward(self, x):
+        return self.fn(x, self.w)
+
+    def extra_repr(self) -> str:
+        return f"{self.name} w{tuple(self.w.shape)}"
+
+
+class Two(nn.Module):
+    """``fn(a(x), b(x))``: a binary op on two branches of the same input."""
+
+    def __init__(self, name: str, fn: Callable, a: nn.Module, b: nn.Module):
+        super().__init__()
+        self.name, self.fn, self.a, self.b = name, fn, a, b
+
+    def forward(self, x):
+        return self.fn(self.a(x), self.b(x))
+
+    def extra_repr(self) -> str:
+        return self.name
+
+
+class Affine(nn.Module):
+    """``x * w + b`` with ``w``, ``b`` over the last dim (broadcast mul + add: any rank)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(n)), nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return x * self.w + self.b
+
+
+def _lin(n: int, m: int, rank: int = 3) -> nn.Module:
+    """A projection of the last dim giving a second, independently quantized operand: a Linear up to
+    rank 3; at rank 4 (channels-last in C, where a Linear over W is refused) ``x * w + b`` or ``x @ W``."""
+    if rank < 4:
+        return nn.Linear(n, m)
+    if n == m:
+        return Affine(n)
+    return Const("x@W", lambda x, w: torch.matmul(x, w), torch.randn(n, m) / max(1, n) ** 0.5)
+
+
+def _dim(rng: random.Random, r: int, batch: bool = True) -> int:
+    """A dim of a rank-``r`` tensor, positive or negative; the batch dim (0) only when ``batch``."""
+    lo = 0 if (batch or r == 1) else 1
+    d = rng.randint(lo, r - 1)
+    return d - r if rng.random() < 0.4 else d
+
+
+def _numel(shape: AnyShape) -> int:
+    n = 1
+    for v in shape:
+        n *= v
+    return n
+
+
+def fam_matmul(rng: random.Random, shape: AnyShape):
+    """matmul/@/bmm/mm: activation x constant (either side, transposed operand), activation x
+    activation (two projections, ``q @ k.transpose(-2, -1)`` or ``x @ x.mT``)."""
+    r = len(shape)
+    if r < 2:
+        k, m = shape[0], rng.randint(1, 8)
+        return Const("vec@W", lambda x, w: x @ w, torch.randn(k, m)), (m,)
+    *lead, rows, k = shape
+    kind = rng.choice(["act_const", "act_constT", "const_act", "act_act", "act_actT", "self_T"])
+    if kind == "act_const":
+        m = rng.randint(1, 8)
+        fn = (lambda x, w: torch.bmm(x, w.expand(x.shape[0], -1, -1))) if (r == 3 and rng.random() < 0.3) else \
+            (lambda x, w: torch.matmul(x, w))
+        return Const("x@W", fn, torch.randn(k, m)), (*lead, rows, m)
+    if kind == "act_constT":
+        m = rng.randint(1, 8)
+        return Const("x@W.T", lambda x, w: x @ w.t(), torch.randn(m, k)), (*lead, rows, m)
+    if kind == "const_act":
+        m = rng.randint(1, 8)
+        fn = (lambda x, w: torch.mm(w, x)) if r == 2 else (lambda x, w: w @ x)
+        return Const("W@x", fn, torch.randn(m, rows)), (*lead, m, k)
+    if kind == "self_T":
+        return Lambda("x@x.mT", lambda x: x @ x.transpose(-2, -1)), (*lead, rows, rows)
+    d = rng.randint(1, 6)
+    if kind == "act_actT":  # attention scores: q @ k^T
+        fn = (lambda a, b: torch.bmm(a, b.transpose(1, 2))) if r == 3 and rng.random() < 0.4 else \
+            (lambda a, b: a @ b.transpose(-2, -1))
+        return Two("q@k.T", fn, _lin(k, d, len(shape)), _lin(k, d, len(shape))), (*lead, rows, rows)
+    # x @ b with b = Linear(rows -> d) of x's transpose: [.., k, d]
+    return Two("x@lin(x.mT)", torch.matmul, nn.Identity(),
+               nn.Sequential(Lambda("mT", lambda t: t.transpose(-2, -1)), _lin(rows, d, len(shape)))), \
+        (*lead, rows, d)
+
+
+def fam_layer_norm(rng: random.Random, shape: AnyShape):
+    """LayerNorm over the last 1 or 2 dims, with or without affine parameters."""
+    r = len(shape)
+    nd = 1 if r < 3 or rng.random() < 0.7 else 2
+    if shape[-1] == 1 and nd == 1 and rng.random() < 0.5:
+        return None
+    return nn.LayerNorm(list(shape[r - nd:]), elementwise_affine=rng.random() < 0.7,
+                        eps=rng.choice([1e-5, 1e-3])), shape
+
+
+def fam_div(rng: random.Random, shape: AnyShape):
+    """x / scalar, x / constant tensor, x / y of two branches, 1 / x (bounded away from 0 or not)."""
+    kind = rng.choice(["scalar", "const", "tensor", "tensor_pos", "recip"])
+    if kind == "scalar":
+        k = rng.choice([3.0, -2.0, 0.5, 7.25, 1e-2])
+        return Lambda(f"x/{k}", lambda x: x / k), shape
+    if kind == "const":
+        w = torch.rand(shape[-1]) + 0.5
+        return Const("x/w", lambda x, w: x / w, w), shape
+    if kind == "recip":
+        return Lambda("1/(|x|+0.5)", lambda x: torch.reciprocal(torch.sigmoid(x) + 0.25)), shape
+    n = shape[-1]
+    if kind == "tensor_pos":
+        return Two("a/(sigmoid(b)+0.5)", lambda a, b: a / (torch.sigmoid(b) + 0.5), _lin(n, n, len(shape)),
+                   _lin(n, n, len(shape))), shape
+    return Two("a/b", lambda a, b: torch.div(a, b), nn.Identity(), _lin(n, n, len(shape))), shape
+
+
+def fam_reduce(rng: random.Random, shape: AnyShape):
+    """mean/sum/amax/amin/max.values over 1-2 dims, keepdim or not."""
+    r = len(shape)
+    kind = rng.choice(["mean", "sum", "amax", "amin", "max_values"])
+    keep = rng.random() < 0.5
+    if kind == "max_values":
+        d = _dim(rng, r)
+        dims: tuple[int, ...] = (d,)
+        fn = (lambda x: torch.max(x, dim=d, keepdim=keep).values)
+    else:
+        nd = 1 if r == 1 else rng.randint(1, min(2, r))
+        dims = tuple(sorted(set(_dim(rng, r) % r for _ in range(nd))))
+        if rng.random() < 0.3:
+            dims = tuple(d - r for d in dims)
+        fn = {"mean": lambda x: x.mean(dims, keepdim=keep), "sum": lambda x: x.sum(dims, keepdim=keep),
+              "amax": lambda x: x.amax(dims, keepdim=keep), "amin": lambda x: torch.amin(x, dims, keepdim=keep)}[kind]
+    pos = {d % r for d in dims}
+    new = tuple((1 if i in pos else v) for i, v in enumerate(shape) if keep or i not in pos)
+    if not new:
+        return None  # a 0-d output: not a model output Corten takes
+    return Lambda(f"{kind}{dims},keep={keep}", fn), new
+
+
+def fam_compare_where(rng: random.Random, shape: AnyShape):
+    """eq/ne/lt/le/gt/ge against a number or another branch, feeding torch.where (tensor or number arms)."""
+    op = rng.choice([torch.gt, torch.lt, torch.ge, torch.le, torch.eq, torch.ne])
+    n = shape[-1]
+    t = rng.choice([0.0, 0.25, -0.5])
+    arm = rng.choice(["zero", "scaled", "branch"])
+    if rng.random() < 0.5:
+        def fn(a, b):
+            cond = op(a, t)
+            other = 0.0 if arm == "zero" else (a * 0.5 if arm == "scaled" else b)
+            return torch.where(cond, a, other)
+    else:
+        def fn(a, b):
+            return torch.where(op(a, b), a, b) if arm != "zero" else torch.where(op(a, b), b, 0.0)
+    return Two(f"where({op.__name__},{arm})", fn, nn.Identity(), _lin(n, n, len(shape))), shape
+
+
+def fam_softmax(rng: random.Random, shape: AnyShape):
+    """softmax / log_softmax over any dim."""
+    d = _dim(rng, len(shape))
+    if rng.random() < 0.5:
+        return nn.Softmax(dim=d), shape
+    return Lambda(f"log_softmax({d})", lambda x: F.log_softmax(x, dim=d)), shape
+
+
+def fam_slice(rng: random.Random, shape: AnyShape):
+    """x[..., a:b:step] with negative indices, narrow, select (rank - 1)."""
+    r = len(shape)
+    d = _dim(rng, r, batch=False) % r
+    size = shape[d]
+    kind = rng.choice(["slice", "slice", "select", "narrow"])
+    if kind == "select" and r > 1:
+        i = rng.randint(-size, size - 1)
+        return Lambda(f"select({d},{i})", lambda x: x.select(d, i)), shape[:d] + shape[d + 1:]
+    if kind == "narrow":
+        length = rng.randint(1, size)
+        start = rng.randint(0, size - length)
+        return Lambda(f"narrow({d},{start},{length})", lambda x: x.narrow(d, start, length)), \
+            shape[:d] + (length,) + shape[d + 1:]
+    start = rng.randint(-size, size - 1)
+    stop = rng.choice([None, rng.randint(-size, size)])
+    step = rng.choice([1, 1, 2, 3])
+    out = len(range(size)[slice(start, stop, step)])
+    if out < 1:
+        return None
+    idx = (slice(None),) * d + (slice(start, stop, step),)
+    return Lambda(f"[{d}:{start}:{stop}:{step}]", lambda x: x[idx]), shape[:d] + (out,) + shape[d + 1:]
+
+
+def fam_split(rng: random.Random, shape: AnyShape):
+    """split/chunk/unbind pieces recombined: cat of reordered pieces, or an elementwise op of two."""
+    r = len(shape)
+    d = _dim(rng, r, batch=False) % r
+    size = shape[d]
+    if size < 2:
+        return None
+    if rng.random() < 0.5:
+        k = rng.randint(2, min(4, size))
+
+        def fn(x):
+            parts = torch.chunk(x, k, dim=d)
+            return torch.cat(parts[::-1], dim=d)
+        return Lambda(f"chunk({k},{d})->cat reversed", fn), shape
+    sz = rng.randint(1, size - 1)
+
+    def fn2(x):
+        a, *rest = torch.split(x, sz, dim=d)
+        return a * 0.5 + a if rng_add else torch.maximum(a, a.flip(d))
+    rng_add = rng.random() < 0.5
+    return Lambda(f"split({sz},{d})[0]", fn2), shape[:d] + (sz,) + shape[d + 1:]
+
+
+def fam_stack(rng: random.Random, shape: AnyShape):
+    """stack of two branches on a new dim (rank + 1, at most 4), or cat on any dim."""
+    r = len(shape)
+    n = shape[-1]
+    if r < 4 and rng.random() < 0.5:
+        d = rng.randint(0, r)
+        new = shape[:d] + (2,) + shape[d:]
+        return Two(f"stack({d})", lambda a, b: torch.stack([a, b], d), nn.Identity(), _lin(n, n, len(shape))), new
+    d = _dim(rng, r) % r
+    new = list(shape)
+    new[d] *= 2
+    if d == r - 1:
+        return Two(f"cat({d})", lambda a, b: torch.cat([a, b], d), nn.Identity(), _lin(n, n, len(shape))), tuple(new)
+    return Two(f"cat({d})", lambda a, b: torch.cat([a, b], d), _lin(n, n, len(shape)), nn.ReLU()), tuple(new)
+
+
+def fam_expand(rng: random.Random, shape: AnyShape):
+    """expand of a size-1 dim (after a keepdim reduction), repeat/tile, repeat_interleave."""
+    r = len(shape)
+    kind = rng.choice(["expand", "repeat", "interleave"])
+    d = _dim(rng, r, batch=False) % r
+    k = rng.randint(2, 3)
+    if kind == "expand":
+        new = list(shape)
+        new[d] = k
+        sizes = [-1] * r
+        sizes[d] = k
+        return Lambda(f"amax({d}).expand{sizes}", lambda x: x.amax(d, keepdim=True).expand(*sizes)), tuple(new)
+    if kind == "interleave":
+        new = list(shape)
+        new[d] *= k
+        return Lambda(f"repeat_interleave({k},{d})", lambda x: x.repeat_interleave(k, dim=d)), tuple(new)
+    reps = [1] * r
+    reps[d] = k
+    new = list(shape)
+    new[d] *= k
+    return Lambda(f"repeat{reps}", lambda x: x.repeat(*reps)), tuple(new)
+
+
+def fam_flip_permute(rng: random.Random, shape: AnyShape):
+    """flip/roll, permute/transpose/movedim of any rank."""
+    r = len(shape)
+    kind = rng.choice(["flip", "roll", "permute", "transpose"] if r > 1 else ["flip", "roll"])
+    if kind == "flip":
+        dims = sorted({_dim(rng, r) % r for _ in range(rng.randint(1, 2))})
+        return Lambda(f"flip{dims}", lambda x: x.flip(dims)), shape
+    if kind == "roll":
+        d = _dim(rng, r)
+        sh = rng.randint(-3, 3)
+        return Lambda(f"roll({sh},{d})", lambda x: torch.roll(x, sh, d)), shape
+    if kind == "transpose":
+        a, b = rng.sample(range(r), 2)
+        new = list(shape)
+        new[a], new[b] = new[b], new[a]
+        return Lambda(f"transpose({a},{b})", lambda x: x.transpose(a, b)), tuple(new)
+    perm = list(range(r))
+    rng.shuffle(perm)
+    return Lambda(f"permute{perm}", lambda x: x.permute(*perm)), tuple(shape[i] for i in perm)
+
+
+def fam_index_select(rng: random.Random, shape: AnyShape):
+    """index_select / x[:, [i, j]] with constant indices (repeats, any order)."""
+    r = len(shape)
+    d = _dim(rng, r, batch=False) % r
+    idx = [rng.randrange(shape[d]) for _ in range(rng.randint(1, 5))]
+    if rng.random() < 0.5:
+        t = torch.tensor(idx)
+        return Lambda(f"index_select({d},{idx})", lambda x: torch.index_select(x, d, t)), \
+            shape[:d] + (len(idx),) + shape[d + 1:]
+    key = (slice(None),) * d + (idx,)
+    return Lambda(f"[{d}:{idx}]", lambda x: x[key]), shape[:d] + (len(idx),) + shape[d + 1:]
+
+
+def fam_pixel_shuffle(rng: random.Random, shape: AnyShape):
+    """pixel_shuffle / pixel_unshuffle (rank 4), through a 1x1 conv to r^2 channels."""
+    if len(shape) != 4:
+        return None
+    n, c, h, w = shape
+    f = 2
+    if rng.random() < 0.5 and h % f == 0 and w % f == 0:
+        return nn.PixelUnshuffle(f), (n, c * f * f, h // f, w // f)
+    c2 = rng.randint(1, 2)
+    return nn.Sequential(nn.Conv2d(c, c2 * f * f, 1), nn.PixelShuffle(f)), (n, c2, h * f, w * f)
+
+
+def fam_pool_variants(rng: random.Random, shape: AnyShape):
+    """avg/max pool 2-D (rank 4) or 1-D (rank 3): ceil_mode, count_include_pad, divisor_override, dilation."""
+    r = len(shape)
+    if r not in (3, 4):
+        return None
+    size = shape[2:]
+    k = rng.randint(1, 3)
+    s = rng.randint(1, 3)
+    p = rng.randint(0, k // 2)
+    ceil = rng.random() < 0.5
+    d = rng.choice([1, 1, 2])
+    kind = rng.choice(["avg", "max"])
+    if kind == "avg":
+        d = 1
+    outs = []
+    for v in size:
+        eff = d * (k - 1) + 1
+        num = v + 2 * p - eff
+        if num < 0:
+            return None
+        o = (-(-num // s) if ceil else num // s) + 1
+        if ceil and (o - 1) * s >= v + p:
+            o -= 1
+        outs.append(o)
+    if kind == "max":
+        pool = (nn.MaxPool2d if r == 4 else nn.MaxPool1d)(k, s, p, dilation=d, ceil_mode=ceil)
+    elif r == 4:
+        pool = nn.AvgPool2d(k, s, p, ceil_mode=ceil, count_include_pad=rng.random() < 0.5,
+                            divisor_override=rng.choice([None, None, 1, 3]))
+    else:
+        pool = nn.AvgPool1d(k, s, p, ceil_mode=ceil, count_include_pad=rng.random() < 0.5)
+    return pool, (*shape[:2], *outs)
+
+
+def fam_elementwise(rng: random.Random, shape: AnyShape):
+    """add/sub/mul/maximum/minimum with a broadcast constant, a number, or a projection of x; a LUT."""
+    n = shape[-1]
+    kind = rng.choice(["const", "number", "branch", "lut"])
+    op = rng.choice([torch.add, torch.sub, torch.mul, torch.maximum, torch.minimum])
+    if kind == "lut":
+        return nn.Sequential(Lambda("amax-keep", lambda x: torch.maximum(x, x.flip(-1))), rng.choice(LUTS)()), shape
+    if kind == "number":
+        if op in (torch.maximum, torch.minimum):
+            op = torch.add
+        v = rng.choice([1.5, -0.25, 3.0])
+        return Lambda(f"{op.__name__}({v})", lambda x: op(x, v)), shape
+    if kind == "const":
+        r = len(shape)
+        bshape = tuple(v if rng.random() < 0.5 else 1 for v in shape[max(0, r - rng.randint(1, r)):])
+        return Const(f"{op.__name__}(w)", lambda x, w: op(x, w), torch.randn(bshape)), shape
+    return Two(op.__name__, op, nn.Identity(), nn.Sequential(_lin(n, n, len(shape)), *_act(rng))), shape
+
+
+def fam_linear(rng: random.Random, shape: AnyShape):
+    """Linear over the last dim of rank 1-3, activation (at rank 4, one in five: Corten refuses it)."""
+    m = rng.randint(1, 8)
+    if len(shape) == 4 and rng.random() < 0.8:
+        return None
+    return nn.Sequential(nn.Linear(shape[-1], m), *_act(rng)), (*shape[:-1], m)
+
+
+def fam_reshape(rng: random.Random, shape: AnyShape):
+    """flatten of the trailing dims / unflatten of the last one / unsqueeze+squeeze."""
+    r = len(shape)
+    if r >= 2 and rng.random() < 0.5:
+        new = (*shape[:-2], shape[-2] * shape[-1])
+        return Lambda("flatten(-2)", lambda x: x.flatten(-2)), new
+    last = shape[-1]
+    f = next((f for f in (2, 3) if last % f == 0), None)
+    if f is None or r >= 4:
+        return Lambda("unsqueeze(-1).squeeze(-1)", lambda x: x.unsqueeze(-1).squeeze(-1)), shape
+    return Lambda(f"unflatten(-1,{f})", lambda x: x.unflatten(-1, (f, last // f))), (*shape[:-1], f, last // f)
+
+
+ANY_FAMILIES: dict[str, Callable] = {
+    "matmul": fam_matmul, "layer_norm": fam_layer_norm, "div": fam_div, "reduce": fam_reduce,
+    "compare_where": fam_compare_where, "softmax": fam_softmax, "slice": fam_slice, "split": fam_split,
+    "stack_cat": fam_stack, "expand_repeat": fam_expand, "flip_permute": fam_flip_permute,
+    "index_select": fam_index_select, "pixel_shuffle": fam_pixel_shuffle, "pool_variants": fam_pool_variants,
+    "elementwise": fam_elementwise, "linear_any": fam_linear, "reshape": fam_reshape,
+}
+
+
+class AnyChain(nn.Module):
+    """Steps in order; the outputs are the last value and (optionally) earlier ones."""
+
+    def __init__(self, steps: list[nn.Module], outputs: list[int]):
+        super().__init__()
+        self.steps = nn.ModuleList(steps)
+        self.outputs = outputs  # indices of step results returned besides the last
+
+    def forward(self, x):
+        seen = []
+        for s in self.steps:
+            x = s(x)
+            seen.append(x)
+        if not self.outputs:
+            return x
+        return (x, *[seen[i] for i in self.outputs])
+
+
+def make_any_case(seed: int, rng: random.Random) -> Case:
+    """A chain of 1-4 :data:`ANY_FAMILIES` steps (and the 4-D :data:`FAMILIES` at rank 4) on a rank 1-4
+    input with batch 1, 2 or 4; one to three outputs."""
+    r = rng.choice([1, 2, 3, 3, 4, 4])
+    n = rng.choice([1, 1, 2, 4])
+    dims = [rng.randint(1, 8) for _ in range(r)]
+    shape: AnyShape = tuple(dims) if r == 1 else (n, *dims[1:])
+    in_shape = shape
+    steps, fams = [], [f"rank{r}", f"batch{shape[0] if r > 1 else 1}"]
+    names = list(ANY_FAMILIES)
+    for _ in range(rng.randint(1, 4)):
+        for _ in range(10):
+            pool = names + (list(FAMILIES) if len(shape) == 4 else [])
+            name = rng.choice(pool)
+            fam = ANY_FAMILIES.get(name) or FAMILIES[name]
+            made = fam(rng, shape)
+            if made is not None and 1 <= len(made[1]) <= 4 and min(made[1]) >= 1 and max(made[1]) <= 32 \
+                    and _numel(made[1]) <= MAX_ELEMS:
+                break
+        else:
+            continue
+        steps.append(made[0])
+        shape = made[1]
+        fams.append(name)
+    if not steps:
+        steps, fams = [nn.Linear(shape[-1], 3)], fams + ["linear_any"]
+    outputs = sorted(rng.sample(range(len(steps) - 1), rng.randint(0, min(2, len(steps) - 1)))) \
+        if len(steps) > 1 and rng.random() < 0.3 else []
+    if outputs:
+        fams.append(f"outputs{len(outputs) + 1}")
+    model = _randomise(AnyChain(steps, outputs), rng).eval()
+    x = torch.randn(in_shape, generator=torch.Generator().manual_seed(seed)) * rng.choice([1.0, 0.5, 3.0])
+    return Case(seed, model, (x,), fams)
+
+
 # Model kinds beyond the 2-D chains (drawn from their own stream, so a 2-D seed's model never
 # changes when a kind is added): name -> (weight, builder(seed, rng) -> Case).
 KINDS: dict[str, tuple[float, Callable]] = {
     "seq": (0.12, make_seq_case), "lstm": (0.05, make_lstm_case), "two_inputs": (0.05, make_two_input_case),
+    "any": (0.40, make_any_case),
 }
 
 
@@ -707,6 +1166,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-v", "--verbose", action="count", default=0, help="one line per model (-vv: full details)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    # torch's pytree deprecation note, printed once per program copy: not about the models under test
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated", category=FutureWarning)
     t0 = time.perf_counter()
     results = fuzz(range(args.seed, args.seed + args.n), args.qemu_every, not args.no_sanitize, args.verbose,
                    args.batch)
