@@ -191,3 +191,41 @@ def cmsis_add_rows(ctx, x1: str, x2: str, out: str, v: dict, negate2: bool = Fal
     body = cmsis_add_call(ctx, p1, p2, f"{out} + i * {inner}", v, str(inner), negate2)
     return ctx.block("int32_t i;", f"for (i = 0; i < {outer}; i++) {{",
                      "\n".join("    " + line for line in body.split("\n")), "}")
+
+
+def rescaled_binary_op(name: str, sign: int):
+    """Define ``corten::<name>``: the add arithmetic of two int8 tensors (numpy broadcasting), each
+    rescaled to a common scale; ``sign`` -1 subtracts the second (``quantized_sub``).  add and sub
+    share this one definition (schema, argument checks, reference and fake kernels)."""
+    op = name
+
+    def check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+              input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
+              activation_max) -> tuple[int, ...]:
+        checks.dtype(op, "input1", input1, torch.int8)
+        checks.dtype(op, "input2", input2, torch.int8)
+        shape = broadcast_shape(op, input1, input2)
+        checks.rescaled_binary(op, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
+                               input2_shift, left_shift, output_offset, output_multiplier, output_shift,
+                               activation_min, activation_max)
+        return shape
+
+    def kernel(input1: torch.Tensor, input2: torch.Tensor, input1_offset: int, input1_multiplier: int,
+               input1_shift: int, input2_offset: int, input2_multiplier: int, input2_shift: int, left_shift: int,
+               output_offset: int, output_multiplier: int, output_shift: int, activation_min: int,
+               activation_max: int) -> torch.Tensor:
+        args = (input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier, input2_shift,
+                left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max)
+        shape = check(input1, input2, *args)
+        return rescaled_sum(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset,
+                            sign * input2_multiplier, input2_shift, left_shift, output_offset, output_multiplier,
+                            output_shift, activation_min, activation_max, shape)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    custom = torch.library.custom_op(f"corten::{name}", mutates_args=())(kernel)
+
+    @custom.register_fake
+    def _(input1, input2, *args):
+        return empty_output(check(input1, input2, *args), input1)
+
+    return custom

@@ -18,7 +18,7 @@ import torch
 from corten.errors import LoweringError
 from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops._qparams import QParams
+from corten.ops._qparams import QParams, add_params
 from corten.ops._rules import DQ_PER_TENSOR, Int8Value, Match
 
 MAX_RANK = 4  # elementwise ops: the C kernels loop over 4 dims
@@ -320,3 +320,19 @@ def binary_operands(m: Match, what: str) -> tuple[Int8Value, Int8Value]:
         return (x, const) if is_activation_operand(m.node.args[0], x) else (const, x)
     check_lowerable_shapes(m, what)
     return m.inputs[0], m.inputs[1]
+
+
+def lower_rescaled_binary(m: Match, what: str, op: str, alpha_hint: str = ""):
+    """The lowering of ``aten.add``/``aten.sub`` (alpha 1): both operands rescaled to a common
+    scale (:func:`corten.ops._qparams.add_params`), then ``op`` (``quantized_add``/``_sub``)."""
+    if m.node.kwargs.get("alpha", 1) != 1:
+        raise LoweringError(f"{what} with alpha != 1 is not supported{alpha_hint}")
+    a, b = binary_operands(m, what)
+    try:
+        p = add_params(a.qparams.scale, b.qparams.scale, m.output.scale)
+    except ValueError as e:
+        raise LoweringError(f"{what}: the input/output scales cannot be requantized ({e})") from None
+    act_min, act_max = m.activation_bounds
+    return m.call(op, a.node, b.node, a.qparams.offset, p.input1_multiplier, p.input1_shift,
+                  b.qparams.offset, p.input2_multiplier, p.input2_shift, p.left_shift, m.output.zero_point,
+                  p.output_multiplier, p.output_shift, act_min, act_max)

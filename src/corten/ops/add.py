@@ -25,76 +25,27 @@ from __future__ import annotations
 
 import torch
 
-from corten.errors import LoweringError
-from corten.ops import checks
 from corten.ops._broadcast import (
     PARAM_NAMES,
-    broadcast_shape,
     broadcast_struct,
     cmsis_add_call,
     cmsis_add_rows,
-    empty_output,
     is_constant,
     is_dense,
     loop_geometry,
     numel,
     operand_expr,
-    rescaled_sum,
+    rescaled_binary_op,
     same_dense_shape,
 )
-from corten.ops._common import binary_operands
-from corten.ops._qparams import add_params
+from corten.ops._common import lower_rescaled_binary
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "add"
 
 
-def _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset,
-           input2_multiplier, input2_shift, left_shift, output_offset, output_multiplier, output_shift,
-           activation_min, activation_max) -> tuple[int, ...]:
-    op = "quantized_add"
-    checks.dtype(op, "input1", input1, torch.int8)
-    checks.dtype(op, "input2", input2, torch.int8)
-    shape = broadcast_shape(op, input1, input2)
-    checks.rescaled_binary(op, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-                           input2_shift, left_shift, output_offset, output_multiplier, output_shift,
-                           activation_min, activation_max)
-    return shape
-
-
-@torch.library.custom_op("corten::quantized_add", mutates_args=())
-def quantized_add(
-    input1: torch.Tensor,
-    input2: torch.Tensor,
-    input1_offset: int,
-    input1_multiplier: int,
-    input1_shift: int,
-    input2_offset: int,
-    input2_multiplier: int,
-    input2_shift: int,
-    left_shift: int,
-    output_offset: int,
-    output_multiplier: int,
-    output_shift: int,
-    activation_min: int,
-    activation_max: int,
-) -> torch.Tensor:
-    shape = _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-                   input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
-                   activation_max)
-    return rescaled_sum(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset,
-                        input2_multiplier, input2_shift, left_shift, output_offset, output_multiplier, output_shift,
-                        activation_min, activation_max, shape)
-
-
-@quantized_add.register_fake
-def _(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-      input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min, activation_max):
-    shape = _check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-                   input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
-                   activation_max)
-    return empty_output(shape, input1)
+quantized_add = rescaled_binary_op("quantized_add", 1)
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_add",), doc=__doc__))
@@ -108,17 +59,7 @@ annotates("binary", torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
 def lower_add(m: Match):
     """``aten.add.Tensor`` (alpha 1) of two int8 tensors (numpy broadcasting), or of an int8 tensor
     and a constant -> ``quantized_add``."""
-    if m.node.kwargs.get("alpha", 1) != 1:
-        raise LoweringError("add with alpha != 1 is not supported (scale the operand with a mul instead)")
-    a, b = binary_operands(m, "add")
-    try:
-        p = add_params(a.qparams.scale, b.qparams.scale, m.output.scale)
-    except ValueError as e:
-        raise LoweringError(f"add: the input/output scales cannot be requantized ({e})") from None
-    act_min, act_max = m.activation_bounds
-    return m.call("quantized_add", a.node, b.node, a.qparams.offset, p.input1_multiplier, p.input1_shift,
-                  b.qparams.offset, p.input2_multiplier, p.input2_shift, p.left_shift, m.output.zero_point,
-                  p.output_multiplier, p.output_shift, act_min, act_max)
+    return lower_rescaled_binary(m, "add", "quantized_add", " (scale the operand with a mul instead)")
 
 
 # ----------------------------------------------------------------------------- scratch memory

@@ -100,6 +100,20 @@ def out_size(op: str, size: int, k: int, stride: int, pad: int, dilation: int, a
     return o
 
 
+def requantized_binary(op: str, names: tuple[str, str], a, b, a_offset: int, b_offset: int, out_offset: int,
+                       out_multiplier: int, out_shift: int, act_min: int, act_max: int) -> None:
+    """The operands and 7 scalar parameters of the product-style ops (mul, div, matmul): two int8
+    tensors ``names``, their offsets, the output offset, one requantization, the activation range."""
+    for name, t in zip(names, (a, b)):
+        dtype(op, name, t, torch.int8)
+    input_offset(op, f"{names[0]}_offset", a_offset)
+    input_offset(op, f"{names[1]}_offset", b_offset)
+    output_offset(op, "output_offset", out_offset)
+    scalar_multiplier(op, "output_multiplier", out_multiplier)
+    scalar_shift(op, "output_shift", out_shift)
+    activation(op, act_min, act_max)
+
+
 def rescaled_binary(op: str, *params: int) -> None:
     """The 12 scalar parameters of the add-style ops, in schema order (``arm_elementwise_add_s8``
     convention: input1/2 offset, multiplier, shift; left shift; output offset, multiplier, shift;

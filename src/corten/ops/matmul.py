@@ -71,16 +71,9 @@ def output_shape(op: str, lhs_shape: Sequence[int], rhs_shape: Sequence[int], rh
 def _check(lhs, rhs, lhs_offset, rhs_offset, output_offset, output_multiplier, output_shift,
            activation_min, activation_max, rhs_transposed) -> tuple[int, ...]:
     op = "quantized_matmul"
-    checks.dtype(op, "lhs", lhs, torch.int8)
-    checks.dtype(op, "rhs", rhs, torch.int8)
-    shape = output_shape(op, lhs.shape, rhs.shape, rhs_transposed)
-    checks.input_offset(op, "lhs_offset", lhs_offset)
-    checks.input_offset(op, "rhs_offset", rhs_offset)
-    checks.output_offset(op, "output_offset", output_offset)
-    checks.scalar_multiplier(op, "output_multiplier", output_multiplier)
-    checks.scalar_shift(op, "output_shift", output_shift)
-    checks.activation(op, activation_min, activation_max)
-    return shape
+    checks.requantized_binary(op, ("lhs", "rhs"), lhs, rhs, lhs_offset, rhs_offset, output_offset, output_multiplier,
+                              output_shift, activation_min, activation_max)
+    return output_shape(op, lhs.shape, rhs.shape, rhs_transposed)
 
 
 @torch.library.custom_op("corten::quantized_matmul", mutates_args=())

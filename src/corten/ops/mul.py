@@ -52,16 +52,9 @@ FAMILY = "mul"
 def _check(input1, input2, input1_offset, input2_offset, output_offset, output_multiplier, output_shift,
            activation_min, activation_max) -> tuple[int, ...]:
     op = "quantized_mul"
-    checks.dtype(op, "input1", input1, torch.int8)
-    checks.dtype(op, "input2", input2, torch.int8)
-    shape = broadcast_shape(op, input1, input2)
-    checks.input_offset(op, "input1_offset", input1_offset)
-    checks.input_offset(op, "input2_offset", input2_offset)
-    checks.output_offset(op, "output_offset", output_offset)
-    checks.scalar_multiplier(op, "output_multiplier", output_multiplier)
-    checks.scalar_shift(op, "output_shift", output_shift)
-    checks.activation(op, activation_min, activation_max)
-    return shape
+    checks.requantized_binary(op, ("input1", "input2"), input1, input2, input1_offset, input2_offset, output_offset,
+                              output_multiplier, output_shift, activation_min, activation_max)
+    return broadcast_shape(op, input1, input2)
 
 
 @torch.library.custom_op("corten::quantized_mul", mutates_args=())
