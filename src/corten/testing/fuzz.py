@@ -11,7 +11,9 @@ Most models are a chain of 1-4 *steps* on a 4-D NCHW activation, optionally ende
 (flatten + linear [+ softmax]) and a second output.  Each op family is one entry of
 :data:`FAMILIES`: a function ``(rng, shape) -> (nn.Module, new shape) | None`` - adding a family is
 adding one function.  Other model kinds are entries of :data:`KINDS` (``[1, C, L]`` sequences with
-the :data:`SEQ_FAMILIES` conv1d/pool1d/mean over time, LSTMs, two-input models).
+the :data:`SEQ_FAMILIES` conv1d/pool1d/mean over time, LSTMs, two-input models, and chains of
+:data:`ANY_FAMILIES` - matmul, LayerNorm, div, reductions, comparisons + where, softmax, movement,
+pool variants - on tensors of rank 1-4 with batch 1, 2 or 4 and up to three outputs).
 Everything derives from the seed (``random.Random(seed)``), so a failing seed reproduces exactly.
 """
 from __future__ import annotations
