@@ -9,7 +9,7 @@ demo: setup
 	$(PY) -m corten.demo
 
 test: setup
-	$(PY) -m pytest -p no:cacheprovider tests
+	$(PY) -m pytest -p no:cacheprovider --durations=30 tests
 
 bench: setup
 	$(PY) benchmarks/bench_reference_mv2.py
