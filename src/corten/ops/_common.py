@@ -123,9 +123,20 @@ def layout_of(t: torch.Tensor) -> torch.memory_format:
 
 
 # ----------------------------------------------------------------------------- convolutions
+def pads4(padding) -> tuple[int, int, int, int]:
+    """``[ph, pw]`` or ``[top, left, bottom, right]`` -> ``(top, left, bottom, right)``."""
+    p = [int(v) for v in padding]
+    if len(p) == 2:
+        return p[0], p[1], p[0], p[1]
+    return p[0], p[1], p[2], p[3]
+
+
 def check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
-                      output_multiplier, output_shift, activation_min, activation_max, c_out):
-    """The checks conv2d, depthwise, grouped and transposed convolutions share (names ``op``)."""
+                      output_multiplier, output_shift, activation_min, activation_max, c_out,
+                      asymmetric: bool = False):
+    """The checks conv2d, depthwise, grouped and transposed convolutions share (names ``op``).
+    ``asymmetric``: ``padding`` may also be ``[top, left, bottom, right]`` (conv2d and depthwise:
+    the row bands of a banded schedule, see :mod:`corten.memory.banding`)."""
     checks.dtype(op, "input", input, torch.int8)
     checks.ndim(op, "input", input, 4)
     checks.dtype(op, "weight", weight, torch.int8)
@@ -134,7 +145,11 @@ def check_conv_common(op, input, weight, bias, stride, padding, dilation, input_
         checks.dtype(op, "bias", bias, torch.int32)
         checks.shape(op, "bias", bias, (c_out,))
     checks.pair(op, "stride", stride, 1)
-    checks.pair(op, "padding", padding, 0)
+    if asymmetric and len(padding) == 4:
+        if min(padding) < 0:
+            checks.fail(op, "padding", f"values must be >= 0, got {list(padding)}")
+    else:
+        checks.pair(op, "padding", padding, 0)
     checks.pair(op, "dilation", dilation, 1)
     checks.input_offset(op, "input_offset", input_offset)
     checks.output_offset(op, "output_offset", output_offset)

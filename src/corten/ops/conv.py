@@ -30,6 +30,7 @@ from corten.ops._common import (
     check_conv_common,
     empty_nchw,
     finish_accumulators,
+    pads4,
 )
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
@@ -40,17 +41,22 @@ FAMILY = "conv"
 
 # ----------------------------------------------------------------------------- shared checks
 def _out_hw(op, input, kh, kw, stride, padding, dilation):
-    h, w = input.shape[2], input.shape[3]
-    return (checks.out_size(op, h, kh, stride[0], padding[0], dilation[0]),
-            checks.out_size(op, w, kw, stride[1], padding[1], dilation[1]))
+    """Output height and width; ``padding`` is ``[pad_h, pad_w]`` or ``[top, left, bottom, right]``
+    (the kernels take the leading padding; the trailing one only shapes the output)."""
+    h, w = int(input.shape[2]), int(input.shape[3])
+    top, left, bottom, right = pads4(padding)
+    # checks.out_size pads both sides by ``pad``: the sum top + bottom over an input grown by the odd row
+    return (checks.out_size(op, h + (top + bottom) % 2, kh, stride[0], (top + bottom) // 2, dilation[0]),
+            checks.out_size(op, w + (left + right) % 2, kw, stride[1], (left + right) // 2, dilation[1]))
 
 
 # ----------------------------------------------------------------------------- shared arithmetic
 def _offset_padded_nhwc(input: torch.Tensor, input_offset: int, padding, dtype) -> torch.Tensor:
     """NHWC view of ``input + input_offset`` with zero padding (zero = the real value 0)."""
     x = input.permute(0, 2, 3, 1).to(dtype) + input_offset
-    if padding[0] or padding[1]:
-        x = F.pad(x, (0, 0, padding[1], padding[1], padding[0], padding[0]))
+    top, left, bottom, right = pads4(padding)
+    if top or left or bottom or right:
+        x = F.pad(x, (0, 0, left, right, top, bottom))
     return x.contiguous()
 
 
@@ -88,7 +94,8 @@ def _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, 
                   output_multiplier, output_shift, activation_min, activation_max):
     op = "quantized_conv2d"
     check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
-                      output_multiplier, output_shift, activation_min, activation_max, weight.shape[0])
+                      output_multiplier, output_shift, activation_min, activation_max, weight.shape[0],
+                      asymmetric=True)
     if weight.shape[3] != input.shape[1]:
         checks.fail(op, "weight", f"OHWI weight has C_in={weight.shape[3]} but input has {input.shape[1]} channels")
     return _out_hw(op, input, weight.shape[1], weight.shape[2], stride, padding, dilation)
@@ -152,7 +159,8 @@ def _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multi
                      output_offset, output_multiplier, output_shift, activation_min, activation_max):
     op = "quantized_depthwise_conv2d"
     check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
-                      output_multiplier, output_shift, activation_min, activation_max, weight.shape[3])
+                      output_multiplier, output_shift, activation_min, activation_max, weight.shape[3],
+                      asymmetric=True)
     if depth_multiplier < 1:
         checks.fail(op, "depth_multiplier", f"must be >= 1, got {depth_multiplier}")
     if weight.shape[0] != 1:
@@ -530,7 +538,8 @@ def _conv2d_scratch(node, target) -> int:
     inp, weight, _, stride, padding, dilation = node.args[:6]
     _, kh, kw, _ = weight.meta["val"].shape
     _, ho, wo, _ = _nhwc(node)
-    return conv2d_scratch_bytes(target.isa, _nhwc(inp), (int(kh), int(kw)), (ho, wo), stride, padding, dilation)
+    return conv2d_scratch_bytes(target.isa, _nhwc(inp), (int(kh), int(kw)), (ho, wo), stride, pads4(padding)[:2],
+                                dilation)
 
 
 @family.provides("scratch_bytes", "quantized_depthwise_conv2d")
@@ -540,7 +549,7 @@ def _depthwise_scratch(node, target) -> int:
     _, kh, kw, c_out = weight.meta["val"].shape
     _, ho, wo, _ = _nhwc(node)
     return depthwise_scratch_bytes(target.isa, _nhwc(inp), (int(kh), int(kw)), (ho, wo), int(c_out),
-                                   stride, padding, dilation)
+                                   stride, pads4(padding)[:2], dilation)
 
 
 @family.provides("scratch_bytes", "quantized_grouped_conv2d")
@@ -569,7 +578,8 @@ def _emit_conv_c(ctx) -> str:
     _, ho, wo, c_out = ctx.nhwc()
     weight = ctx.tensor("weight")
     kh, kw = int(weight.shape[1]), int(weight.shape[2])
-    (sh, sw), (ph, pw), (dh, dw) = ctx.arg("stride"), ctx.arg("padding"), ctx.arg("dilation")
+    # the kernels take the leading padding (top, left); a band's trailing padding is in its output size
+    (sh, sw), (ph, pw), (dh, dw) = ctx.arg("stride"), pads4(ctx.arg("padding"))[:2], ctx.arg("dilation")
     mult = int(ctx.arg("depth_multiplier")) if depthwise else 1
     in_off, out_off = int(ctx.arg("input_offset")), int(ctx.arg("output_offset"))
     act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))

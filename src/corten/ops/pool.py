@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from corten.errors import LoweringError
 from corten.fixed_point import clamp_activation
 from corten.ops import checks
-from corten.ops._common import as_4d_view, back_to_3d
+from corten.ops._common import as_4d_view, back_to_3d, pads4
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
@@ -51,14 +51,6 @@ FAMILY = "pool"
 
 
 # ----------------------------------------------------------------------------- geometry (shared)
-def pads4(padding) -> tuple[int, int, int, int]:
-    """``[ph, pw]`` or ``[top, left, bottom, right]`` -> ``(top, left, bottom, right)``."""
-    p = [int(v) for v in padding]
-    if len(p) == 2:
-        return p[0], p[1], p[0], p[1]
-    return p[0], p[1], p[2], p[3]
-
-
 def pool_out_size(size: int, k: int, stride: int, before: int, after: int, dilation: int = 1,
                   ceil_mode: bool = False) -> int:
     """PyTorch's ``pooling_output_shape`` with separate leading/trailing padding."""
