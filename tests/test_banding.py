@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import corten  # noqa: F401  (registers the corten:: ops)
+
 
 def _rand(shape, gen, lo=-128, hi=128, dtype=torch.int8):
     return torch.randint(lo, hi, shape, dtype=dtype, generator=gen)
