@@ -86,6 +86,9 @@ def cmd_compile(args) -> int:
         warnings.simplefilter("always")
         prog = corten_compile(model, example_inputs, target=args.target, calibration=calibration, seed=args.seed,
                               name=name, progress=True, observer=args.observer)
+        if (args.max_arena is not None or args.max_flash is not None) and not prog.unlowered_ops():
+            # searches a banded schedule when the arena is over --max-arena; BudgetError -> exit code 2
+            prog = prog.fit_budget(args.max_arena, args.max_flash, args.kernels)
         elapsed = time.perf_counter() - t0
         if args.compare:
             samples = calibration if isinstance(calibration, list) else [
@@ -124,6 +127,8 @@ def cmd_compile(args) -> int:
             plan = prog.memory_for(args.kernels)
             print(f"budget: fits (arena {plan.arena_bytes:,} B with {args.kernels} kernels, flash constants "
                   f"{plan.constant_bytes:,} B)")
+        if args.plot and not prog.unlowered_ops():
+            print(f"memory timeline plot: {prog.memory_for(args.kernels).plot(args.plot, budget=args.max_arena)}")
         if args.emit_c:
             lib = prog.emit_c(tmp / "c", kernels=args.kernels)
             print(f"C model library ({args.kernels} kernels): {out / 'c'}/ ({lib.name}.h, {lib.name}.c, "
@@ -279,7 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     c.add_argument("--emit-c", action="store_true", help="also write the C model library to DIR/c")
     c.add_argument("--kernels", default="portable", choices=["portable", "cmsis-nn"])
-    c.add_argument("--max-arena", type=int, default=None, metavar="BYTES", help="fail if the arena is larger")
+    c.add_argument("--max-arena", type=int, default=None, metavar="BYTES",
+                   help="arena budget: search a banded schedule (row tiles, recomputed halos) that fits; "
+                        "fail naming the smallest arena found")
+    c.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw the memory timeline (live bytes per step, lower bound, budget) as a PNG")
     c.add_argument("--max-flash", type=int, default=None, metavar="BYTES",
                    help="fail if the constants (weights etc.) are larger")
     c.add_argument("--force", action="store_true",

@@ -408,6 +408,9 @@ def compile(
     name: str = "model",
     allow_unlowered: bool = False,
     progress: bool | Callable[[str], None] = False,
+    max_arena: int | None = None,
+    max_flash: int | None = None,
+    kernels: str = "cmsis-nn",
 ) -> Program:
     """Compile ``model`` to a Corten int8 program for ``target`` (runs every :class:`Pipeline` stage).
 
@@ -421,7 +424,22 @@ def compile(
     A model with ops Corten cannot lower raises :class:`UnsupportedOpsError` (naming
     each op, its count and source location) unless ``allow_unlowered=True``, which returns a
     partly lowered program whose ``unlowered_ops()`` lists them.
+
+    ``max_arena`` (bytes of RAM for the arena with ``kernels``' scratch): when today's layer-by-layer
+    plan is larger, the compiler searches a banded schedule (chains of layers run in row bands,
+    halos recomputed, :mod:`corten.memory.banding`) that fits with the fewest extra MACs; the
+    program then runs that schedule in Python and C, byte-identical to the unbanded one.
+    :class:`BudgetError` names the smallest arena found, the layer that sets it and what to change.
+    ``max_flash`` (bytes of constant data): :class:`BudgetError` when the weights do not fit.
+    Without either, the plan is today's (no extra compute).
     """
+    prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress)
+    if (max_arena is None and max_flash is None) or prog.unlowered_ops():
+        return prog
+    return prog.fit_budget(max_arena, max_flash, kernels)
+
+
+def _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress) -> Program:
     if is_qat_module(model):
         return _compile_qat(model, example_inputs, target, calibration, seed, name, allow_unlowered, progress)
     pipeline = Pipeline(model, example_inputs, target, calibration, seed, name=name, progress=progress,

@@ -217,8 +217,44 @@ class Program:
             self._memory = {}
         key = (kernels, tgt.name)
         if key not in self._memory:
-            self._memory[key] = plan_memory(self.ep, tgt, kernels=kernels)
+            schedule = self.schedule
+            self._memory[key] = plan_memory(self.ep, tgt, kernels=kernels, in_place_cats=bool(schedule))
+            self._memory[key].schedule = schedule
         return self._memory[key]
+
+    @property
+    def schedule(self):
+        """The banded schedule this program runs (:mod:`corten.memory.banding`), or None."""
+        from corten.memory.banding import Schedule
+
+        d = self.info.get("schedule")
+        return Schedule.from_json(d) if d else None
+
+    def fit_budget(self, max_arena: int | None, max_flash: int | None = None, kernels: str = "cmsis-nn") -> "Program":
+        """This program (or its banded copy, :meth:`fit_arena`) within ``max_arena`` bytes of arena and
+        ``max_flash`` bytes of constants, else :class:`BudgetError`."""
+        from corten.memory import check_budget
+
+        check_budget(self.memory_for(kernels), None, max_flash)  # no schedule changes the weights
+        return self.fit_arena(int(max_arena), kernels) if max_arena is not None else self
+
+    def fit_arena(self, max_arena: int, kernels: str = "cmsis-nn") -> "Program":
+        """This program, or a banded copy of it, whose arena (for ``kernels``) is at most
+        ``max_arena`` bytes with the fewest recomputed MACs (:func:`corten.memory.banding.fit`);
+        :class:`BudgetError` names the smallest arena found when none fits."""
+        from corten.memory import plan_memory
+        from corten.memory.banding import fit
+
+        self._require_lowered("plan memory")
+        example = tuple(torch.zeros(s.shape) for s in self.inputs)
+        ep, schedule, plan = fit(self.ep, self.module(), example, int(max_arena),
+                                 lambda e, banded: plan_memory(e, self.target, kernels=kernels, in_place_cats=banded),
+                                 self.target.name)
+        if not schedule.segments:
+            return self
+        prog = Program(ep, self.target, name=self.name, stages=dict(self.stages), unlowered=[],
+                       info={**self.info, "schedule": schedule.to_json()})
+        return prog
 
     def memory_report(self, kernels: str = "cmsis-nn") -> str:
         return self.memory_for(kernels).report()

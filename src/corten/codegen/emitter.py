@@ -360,6 +360,9 @@ class _Generator:
                 stmts.append(self._comment(index, "reshape (layout copy)", node, [node.args[0]], body) + "\n" + body)
                 ops.append(f"reshape_copy {self._shape(node.args[0])} -> {self._shape(node)}")
                 continue
+            if node.name in getattr(self.plan, "placed_cats", ()):  # bands wrote straight into its rows
+                ops.append(f"cat_in_place {self._describe(node, name)}")
+                continue
             if name is not None and _alias_offset(node) is not None:  # a view: the plan placed it in its input
                 ops.append(f"view {self._describe(node, name)}")
                 continue

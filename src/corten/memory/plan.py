@@ -74,6 +74,8 @@ class MemoryPlan:
     isa: str = ""
     strategy: str = ""  # the packing order that won (see corten.memory.placement)
     kernels: str = "cmsis-nn"  # the kernel flavour planned for: "portable" reserves no scratch
+    placed_cats: tuple[str, ...] = ()  # quantized_cat nodes placed in place (no C code; see tensors.analyse)
+    schedule: object = None  # the banded schedule (corten.memory.banding.Schedule) the program runs, if any
 
     @property
     def ratio(self) -> float:
@@ -123,6 +125,10 @@ class MemoryPlan:
             "strategy": self.strategy,
         }
 
+    def plot(self, path, budget: int | None = None):
+        """The memory timeline as a PNG at ``path`` (:func:`plot_timeline`)."""
+        return plot_timeline(self, path, budget if budget is not None else getattr(self.schedule, "budget", None))
+
     def report(self) -> str:
         lines = [
             f"Corten memory plan ({self.target or '?'}, isa {self.isa or '?'}, {self.kernels} kernels)",
@@ -133,6 +139,8 @@ class MemoryPlan:
             f"  alignment          {self.alignment:>12} B   steps {len(self.steps)}, in-place adds "
             f"{len(self.in_place)}, packing order '{self.strategy}'",
         ]
+        if self.schedule is not None:
+            lines += self.schedule.report_lines()
         if self.copies:
             lines.append("  output copies      " + ", ".join(f"{t} -> output {k}" for t, k in self.copies))
         if self.peak_step < 0:
@@ -150,6 +158,43 @@ class MemoryPlan:
             lines.append(f"    {'(scratch)':<40} {scratch.offset:>10,} {scratch.nbytes:>10,}  "
                          f"step {self.peak_step}")
         return "\n".join(lines)
+
+
+def plot_timeline(plan: "MemoryPlan", path, budget: int | None = None):
+    """Draw ``plan``'s memory timeline as a PNG: live arena bytes per step (tensors + scratch,
+    without in-place sharing), the arena, the layer-by-layer lower bound and ``budget``; banded
+    segments shaded.  Returns the path."""
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    sched = plan.schedule
+    before = sched.arena_before if sched is not None and sched.arena_before else None
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.step(range(len(plan.steps)), [b / 1024 for b in plan.steps], where="mid", label="live bytes per step")
+    ax.axhline(plan.arena_bytes / 1024, color="tab:green", ls="-", lw=1, label=f"arena {plan.arena_bytes:,} B")
+    if before:
+        ax.axhline(before / 1024, color="tab:red", ls=":", label=f"layer-by-layer lower bound {before:,} B")
+    else:
+        ax.axhline(plan.lower_bound_bytes / 1024, color="tab:red", ls=":",
+                   label=f"lower bound {plan.lower_bound_bytes:,} B")
+    if budget is not None:
+        ax.axhline(budget / 1024, color="black", ls="--", label=f"budget {budget:,} B")
+    if sched is not None and sched.segments:
+        ax.text(0.01, 0.95, f"{len(sched.segments)} banded segment(s), +{sched.extra_macs_pct:.2f}% MACs",
+                transform=ax.transAxes, va="top")
+    ax.set_xlabel("step")
+    ax.set_ylabel("KiB")
+    ax.set_title(f"Corten memory timeline ({plan.target}, {plan.kernels} kernels)")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _resolve_target(target: Target | str) -> Target:
@@ -217,7 +262,7 @@ def in_place_merges(prog: ProgramTensors) -> dict[str, str]:
 
 
 def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = True,
-                alignment: int = ALIGNMENT, kernels: str = "cmsis-nn") -> MemoryPlan:
+                alignment: int = ALIGNMENT, kernels: str = "cmsis-nn", in_place_cats: bool = False) -> MemoryPlan:
     """Plan every int8 activation and scratch buffer of the lowered program ``ep`` for ``target``.
 
     ``ep`` may also be a :class:`corten.program.Program` (its ``.ep`` is planned).  ``target`` is a
@@ -225,12 +270,13 @@ def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = T
     (for measurements).  ``kernels`` is the flavour the C library is emitted for: "cmsis-nn"
     reserves each step's CMSIS-NN scratch (the families' ``scratch_bytes`` hooks, CMSIS-NN's
     ``*_get_buffer_size*`` formulas for the target's ISA), "portable" none (Corten's portable
-    kernels take no scratch buffer)."""
+    kernels take no scratch buffer).  ``in_place_cats``: place the band outputs of a banded schedule
+    straight into their ``quantized_cat`` (:func:`corten.memory.tensors.analyse`)."""
     if kernels not in ("portable", "cmsis-nn"):
         raise MemoryPlanError(f"memory plan: kernels must be 'portable' or 'cmsis-nn', got {kernels!r}")
     ep = getattr(ep, "ep", ep)
     target = _resolve_target(target)
-    prog = analyse(ep)
+    prog = analyse(ep, in_place_cats=in_place_cats)
     scratch_sizes = step_scratch_bytes(prog, target) if kernels == "cmsis-nn" else portable_scratch_bytes(prog, target)
     live = live_bytes_per_step(prog, scratch_sizes)
 
@@ -284,4 +330,5 @@ def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = T
         isa=target.isa,
         kernels=kernels,
         strategy=strategy,
+        placed_cats=tuple(prog.placed_cats),
     )

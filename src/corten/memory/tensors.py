@@ -72,6 +72,7 @@ class ProgramTensors:
     constant_bytes: int = 0
     constant_names: list[str] = field(default_factory=list)
     view_offset: dict[str, int] = field(default_factory=dict)  # view tensor -> its first byte in its class
+    placed_cats: dict[str, list[str]] = field(default_factory=dict)  # in-place cat -> roots of its inputs
 
     def live_classes(self, step: int) -> list[StorageClass]:
         return [c for c in self.classes.values() if c.first <= step <= c.last]
@@ -83,7 +84,35 @@ def _fail_unlowered(node: torch.fx.Node) -> None:
         "aten.reshape.default: the program is not lowered (lower it with corten.lowering first)")
 
 
-def analyse(ep: ExportedProgram) -> ProgramTensors:
+CAT = "quantized_cat"
+
+
+def cat_in_place_offsets(node: torch.fx.Node) -> list[int] | None:
+    """Byte offsets of each input inside the output of a ``quantized_cat`` that concatenates along
+    its outermost non-trivial storage dimension (H of an ``N == 1`` NHWC tensor, the batch, ...):
+    each input is then one contiguous run of the output's bytes; else None."""
+    from corten.ops._common import storage_dim_order
+
+    inputs, dim = node.args[0], int(node.args[1])
+    shape = tuple(node.meta["val"].shape)
+    dim = dim % len(shape)
+    order = storage_dim_order(len(shape))
+    if any(shape[d] != 1 for d in order[:order.index(dim)]):
+        return None
+    offsets, at = [], 0
+    for a in inputs:
+        if not isinstance(a, torch.fx.Node):
+            return None
+        offsets.append(at)
+        at += tensor_nbytes(a)
+    return offsets
+
+
+def analyse(ep: ExportedProgram, in_place_cats: bool = False) -> ProgramTensors:
+    """The program's steps and storage classes.  ``in_place_cats``: a ``quantized_cat`` along its
+    outermost storage dimension whose inputs are op outputs read by nothing else (the band outputs
+    of a banded schedule, :mod:`corten.memory.banding`) runs no code: each input is written
+    straight into its bytes of the output (:func:`cat_in_place_offsets`)."""
     graph = ep.graph
     user_inputs = list(ep.graph_signature.user_inputs)
     output_node = next(n for n in graph.nodes if n.op == "output")
@@ -96,6 +125,8 @@ def analyse(ep: ExportedProgram) -> ProgramTensors:
     input_index: dict[str, int] = {}
     constants: dict[str, int] = {}
     view_offset: dict[str, int] = {}
+    placed: dict[str, list[str]] = {}
+    step_names: set[str] = set()
 
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):
@@ -126,13 +157,24 @@ def analyse(ep: ExportedProgram) -> ProgramTensors:
             src = node.args[0].name
             class_of[node.name] = class_of[src]
             view_offset[node.name] = view_offset.get(src, 0) + offset
+        elif in_place_cats and name == CAT and (roots := _placeable_cat(node, class_of, step_names, placed)):
+            offsets = cat_in_place_offsets(node)
+            class_of[node.name] = node.name
+            for root, off in zip(roots, offsets):
+                for t, r in list(class_of.items()):
+                    if r == root:
+                        class_of[t] = node.name
+                        view_offset[t] = off + view_offset.get(t, 0)
+            placed[node.name] = roots
         elif node.target == RESHAPE:
             class_of[node.name] = node.name
             steps.append(node)
+            step_names.add(node.name)
             op_names.append("reshape_copy")
         else:
             class_of[node.name] = node.name
             steps.append(node)
+            step_names.add(node.name)
             op_names.append(name)
         nbytes[node.name] = tensor_nbytes(node)
 
@@ -142,7 +184,10 @@ def analyse(ep: ExportedProgram) -> ProgramTensors:
     for tname, root in class_of.items():
         cls = classes.get(root)
         if cls is None:
-            first = -1 if root in input_index else step_of[root]
+            if root in placed:
+                first = min(step_of[r] for r in placed[root])
+            else:
+                first = -1 if root in input_index else step_of[root]
             cls = classes[root] = StorageClass(root, [], nbytes[root], first, first)
         cls.members.append(tname)
 
@@ -172,4 +217,21 @@ def analyse(ep: ExportedProgram) -> ProgramTensors:
             cls.region, cls.index = "output", outs[0]
             copies += [(root, k) for k in outs[1:]]  # one tensor returned twice: copy to the others
     return ProgramTensors(steps, op_names, classes, class_of, nbytes, sorted(copies),
-                          sum(constants.values()), sorted(constants), view_offset)
+                          sum(constants.values()), sorted(constants), view_offset, placed)
+
+
+def _placeable_cat(node, class_of, step_names, placed) -> list[str] | None:
+    """The input roots of an in-place cat, or None when ``node`` cannot be one: two or more
+    inputs along the outermost storage dimension, each the whole output of an earlier step, read
+    by this cat only and not already placed in another cat."""
+    inputs = node.args[0]
+    if not isinstance(inputs, (list, tuple)) or len(inputs) < 2 or cat_in_place_offsets(node) is None:
+        return None
+    roots = []
+    for a in inputs:
+        if a.name not in step_names or class_of.get(a.name) != a.name or a.name in placed or len(a.users) != 1:
+            return None
+        roots.append(a.name)
+    if len(set(roots)) != len(roots):
+        return None
+    return roots

@@ -1,0 +1,476 @@
+"""Banded schedules: run chains of ops in row bands so the arena fits a budget (MCUNetV2-style
+patch-based inference on row tiles; issue 10).
+
+Layer by layer, the arena cannot go below the live-set lower bound (a layer's input + output +
+scratch).  A *segment* is a run of consecutive steps (convolutions, depthwise convolutions,
+same-shape adds and LUT activations on ``N == 1`` NHWC tensors) whose intermediate tensors are
+read only inside it.  It runs as ``B`` *bands*: band ``b`` computes output rows ``[r_b, r_b+1)`` of
+the segment's last op, and every op of the segment only the rows that band needs (the halo rows
+of stacked 3x3 windows are recomputed by the neighbouring bands).  Only the segment's inputs and
+its output exist as whole tensors; the band intermediates are a few rows each.
+
+**Graph rewrite.**  :func:`apply_schedule` rewrites the lowered program itself: each segment is
+replaced by its bands (H slices of the inputs, which are contiguous bytes in NHWC with N == 1 and
+so free views; each op with the band's own top/bottom padding, ``[top, left, bottom, right]``)
+and one ``quantized_cat`` along H of the band outputs, which the memory planner places in place
+(each band writes its rows of the segment output; no copy, see ``in_place_cats`` in
+:mod:`corten.memory.tensors`).  So ``prog.run``, ``run_int8``, the planner and the C generator all
+execute the same schedule, and since every output element is computed by the same arithmetic on
+the same inputs, the output is byte-identical to the unbanded program.
+
+**Search.**  :func:`search` is a dynamic program over the cut points between steps: a step runs
+unbanded (its live bytes must fit) or is the last step of a segment ``[i, j]`` run in bands of
+``R`` output rows (its estimated peak: the whole tensors live across the segment + the band
+tensors live at each band step + that step's scratch, must fit), minimising the recomputed MACs.
+When nothing fits, a min-max variant gives the smallest peak reachable and the step that sets it.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from corten.errors import BudgetError
+from corten.memory.tensors import ProgramTensors, analyse
+
+CONV = ("quantized_conv2d", "quantized_depthwise_conv2d")
+ELEMENTWISE = ("quantized_add", "quantized_lut")
+BANDABLE = CONV + ELEMENTWISE
+MAX_SEGMENT_STEPS = 40
+BAND_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def _pads4(padding) -> tuple[int, int, int, int]:
+    p = [int(v) for v in padding]
+    return (p[0], p[1], p[0], p[1]) if len(p) == 2 else (p[0], p[1], p[2], p[3])
+
+
+@dataclass(frozen=True)
+class Segment:
+    first: int  # step numbers in the unbanded program, inclusive
+    last: int
+    rows: int  # output rows per band (the last band may have fewer)
+    bands: int
+    nodes: tuple[str, ...]  # the unbanded step nodes
+    out_shape: tuple[int, ...]  # NCHW of the segment output
+    halo_rows: int  # extra input rows a middle band reads beyond its share (recomputed)
+    extra_macs: int
+    peak_bytes: int  # estimated arena bytes at the segment's busiest band step
+
+    def to_json(self) -> dict:
+        d = dict(self.__dict__)
+        d["nodes"] = list(self.nodes)
+        d["out_shape"] = list(self.out_shape)
+        return d
+
+
+@dataclass
+class Schedule:
+    """A banded schedule: the segments (may be empty: today's layer-by-layer plan)."""
+
+    segments: list[Segment] = field(default_factory=list)
+    total_macs: int = 0
+    budget: int | None = None
+    arena_before: int = 0
+    arena_after: int = 0
+
+    @property
+    def extra_macs(self) -> int:
+        return sum(s.extra_macs for s in self.segments)
+
+    @property
+    def extra_macs_pct(self) -> float:
+        return 100.0 * self.extra_macs / self.total_macs if self.total_macs else 0.0
+
+    def to_json(self) -> dict:
+        return {"segments": [s.to_json() for s in self.segments], "total_macs": self.total_macs,
+                "budget": self.budget, "arena_before": self.arena_before, "arena_after": self.arena_after}
+
+    @staticmethod
+    def from_json(d: dict) -> "Schedule":
+        segs = [Segment(**{**s, "nodes": tuple(s["nodes"]), "out_shape": tuple(s["out_shape"])})
+                for s in d.get("segments", [])]
+        return Schedule(segs, d.get("total_macs", 0), d.get("budget"), d.get("arena_before", 0),
+                        d.get("arena_after", 0))
+
+    def report_lines(self) -> list[str]:
+        lines = [f"  schedule           {len(self.segments)} banded segment(s), extra MACs "
+                 f"{self.extra_macs:,} ({self.extra_macs_pct:.2f}% of {self.total_macs:,}); arena "
+                 f"{self.arena_before:,} B layer by layer -> {self.arena_after:,} B"
+                 + (f" (budget {self.budget:,} B)" if self.budget is not None else "")]
+        for s in self.segments:
+            n, c, h, w = s.out_shape
+            lines.append(f"    steps {s.first:>3}..{s.last:<3} {len(s.nodes):>2} ops -> [{n}, {c}, {h}, {w}]  "
+                         f"{s.bands:>3} bands of {s.rows} rows, halo {s.halo_rows} rows, extra MACs "
+                         f"{s.extra_macs:,}, est. peak {s.peak_bytes:,} B  ({s.nodes[0]} .. {s.nodes[-1]})")
+        return lines
+
+
+# ----------------------------------------------------------------------------- geometry
+def _shape(node) -> tuple[int, ...]:
+    return tuple(int(d) for d in node.meta["val"].shape)
+
+
+def _op(node) -> str:
+    from corten.ops.registry import op_name_of
+
+    return op_name_of(node.target) or ""
+
+
+def _conv_geometry(node):
+    """(kernel_h, stride_h, dilation_h, (top, left, bottom, right)) of a conv/depthwise node."""
+    weight = node.args[1]
+    kh = _shape(weight)[1]  # OHWI or [1, kH, kW, C]
+    return kh, int(node.args[3][0]), int(node.args[5][0]), _pads4(node.args[4])
+
+
+def input_rows(node, lo: int, hi: int, in_h: int) -> tuple[int, int, int, int]:
+    """The input rows ``[a, b)`` output rows ``[lo, hi)`` of ``node`` read, and the band's own
+    (top, bottom) padding."""
+    if _op(node) not in CONV:
+        return lo, hi, 0, 0
+    kh, s, d, (top, _, _, _) = _conv_geometry(node)
+    a, b = lo * s - top, (hi - 1) * s - top + d * (kh - 1) + 1
+    return max(a, 0), min(b, in_h), max(0, -a), max(0, b - in_h)
+
+
+def _macs(node, rows: int) -> int:
+    op = _op(node)
+    if op not in CONV:
+        return 0
+    _, c_out, _, w_out = _shape(node)
+    wshape = _shape(node.args[1])
+    per_pixel = wshape[1] * wshape[2] * (wshape[3] if op == "quantized_conv2d" else 1)
+    return rows * w_out * c_out * per_pixel
+
+
+def total_macs(prog: ProgramTensors) -> int:
+    """Multiply-accumulates of the unbanded program (convolutions and linear layers)."""
+    total = 0
+    for node, op in zip(prog.steps, prog.op_names):
+        if op in CONV:
+            total += _macs(node, _shape(node)[2])
+        elif op == "quantized_linear":
+            out = _shape(node)
+            total += int(torch.Size(out).numel()) * _shape(node.args[1])[-1]
+        elif op == "quantized_grouped_conv2d":
+            n, c, h, w = _shape(node)
+            ws = _shape(node.args[1])
+            total += n * c * h * w * ws[1] * ws[2] * ws[3]
+    return total
+
+
+class _Model:
+    """The unbanded program as the search sees it: steps, tensor sizes and lifetimes, scratch."""
+
+    def __init__(self, prog: ProgramTensors, live: list[int], scratch: list[int]):
+        self.prog, self.live, self.scratch = prog, live, scratch
+        self.steps = prog.steps
+        self.index = {n.name: i for i, n in enumerate(prog.steps)}
+        self.act_args = [[a for a in n.args if isinstance(a, torch.fx.Node) and a.name in prog.class_of]
+                         for n in prog.steps]
+        self.bandable = [self._bandable(i) for i in range(len(prog.steps))]
+        self.inner_ok = [self._users_are_steps(i) for i in range(len(prog.steps))]
+        self._cache: dict = {}
+
+    def _bandable(self, i: int) -> bool:
+        node, op = self.steps[i], self.prog.op_names[i]
+        if op not in BANDABLE:
+            return False
+        out = _shape(node)
+        if len(out) != 4 or out[0] != 1 or out[2] < 2:
+            return False
+        args = self.act_args[i]
+        if op in CONV:
+            if len(args) != 1 or len(_shape(args[0])) != 4:
+                return False
+            return True
+        return bool(args) and all(_shape(a) == out for a in args)
+
+    def _users_are_steps(self, i: int) -> bool:
+        return all(u.name in self.index for u in self.steps[i].users)
+
+    def valid(self, i: int, j: int) -> bool:
+        """Steps ``i..j`` form a segment: every op bandable, every intermediate read only inside."""
+        if not all(self.bandable[i:j + 1]):
+            return False
+        for k in range(i, j):
+            if not self.inner_ok[k] or any(not i <= self.index[u.name] <= j for u in self.steps[k].users):
+                return False
+        return True
+
+    def band_need(self, i: int, j: int, lo: int, hi: int) -> dict[str, tuple[int, int]]:
+        """Rows of each segment tensor one band computes (``[lo, hi)`` of the segment output)."""
+        need = {self.steps[j].name: (lo, hi)}
+        for k in range(j, i - 1, -1):
+            node = self.steps[k]
+            if node.name not in need:
+                continue
+            a_lo, a_hi = need[node.name]
+            for arg in self.act_args[k]:
+                r0, r1, _, _ = input_rows(node, a_lo, a_hi, _shape(arg)[2])
+                if arg.name in self.index and i <= self.index[arg.name] <= j:
+                    old = need.get(arg.name)
+                    need[arg.name] = (r0, r1) if old is None else (min(old[0], r0), max(old[1], r1))
+        return need
+
+    def whole_bytes(self, i: int, j: int) -> int:
+        """Arena bytes of the whole tensors live through segment ``i..j``: everything live across its
+        start (its inputs, tensors passing over it) and its output."""
+        total = 0
+        for cls in self.prog.classes.values():
+            if cls.region != "arena":
+                continue
+            if cls.first < i <= cls.last or cls.root == self.steps[j].name:
+                total += cls.nbytes
+        return total
+
+    def estimate(self, i: int, j: int, rows: int) -> tuple[int, int, int]:
+        """(estimated peak bytes, extra MACs, halo rows) of segment ``i..j`` in bands of ``rows``."""
+        key = (i, j, rows)
+        if key in self._cache:
+            return self._cache[key]
+        h = _shape(self.steps[j])[2]
+        starts = list(range(0, h, rows))
+        base = self.whole_bytes(i, j)
+        macs = 0
+        peak = 0
+        halo = 0
+        probe = {0, len(starts) // 2, len(starts) - 1}
+        for bi, r0 in enumerate(starts):
+            need = self.band_need(i, j, r0, min(r0 + rows, h))
+            for k in range(i, j + 1):
+                nm = self.steps[k].name
+                if nm in need:
+                    macs += _macs(self.steps[k], need[nm][1] - need[nm][0])
+            if bi in probe:
+                peak = max(peak, base + self._band_peak(i, j, need))
+                if bi == len(starts) // 2:
+                    first = self.steps[i]
+                    a = self.act_args[i][0]
+                    lo, hi = need[first.name]
+                    r_lo, r_hi, _, _ = input_rows(first, lo, hi, _shape(a)[2])
+                    share = (r_hi - r_lo)
+                    halo = max(0, share - rows * _shape(a)[2] // h)
+        unbanded = sum(_macs(self.steps[k], _shape(self.steps[k])[2]) for k in range(i, j + 1))
+        out = (peak, macs - unbanded, halo)
+        self._cache[key] = out
+        return out
+
+    def _band_peak(self, i: int, j: int, need: dict) -> int:
+        """Max over the band's steps of the band tensors live there + the step's scratch (the band's
+        last output is in the whole segment output, counted by :meth:`whole_bytes`)."""
+        size, last_use = {}, {}
+        for k in range(i, j + 1):
+            node = self.steps[k]
+            n, c, _, w = _shape(node)
+            lo, hi = need.get(node.name, (0, 0))
+            size[node.name] = -(-(hi - lo) * w * c // 16) * 16 if k != j else 0
+            for a in self.act_args[k]:
+                if a.name in size:
+                    last_use[a.name] = k
+        peak = 0
+        for k in range(i, j + 1):
+            live = sum(sz for nm, sz in size.items()
+                       if self.index[nm] <= k <= last_use.get(nm, self.index[nm]))
+            peak = max(peak, live + self.scratch[k])
+        return peak
+
+
+# ----------------------------------------------------------------------------- search
+def search(ep, scratch: list[int], live: list[int], budget: int) -> tuple[Schedule, int, int]:
+    """The cheapest schedule (fewest extra MACs) whose estimated peak is at most ``budget``; if none,
+    the schedule with the smallest estimated peak.  Returns (schedule, its estimated peak, the step
+    that sets the peak)."""
+    prog = analyse(ep)
+    model = _Model(prog, live, scratch)
+    n = len(prog.steps)
+    fit = _dp(model, n, budget)
+    if fit is None:
+        fit = _dp(model, n, None)
+    choices, peak, peak_step = fit
+    segs = []
+    for (i, j, rows) in choices:
+        p, extra, halo = model.estimate(i, j, rows)
+        h = _shape(prog.steps[j])[2]
+        segs.append(Segment(i, j, rows, -(-h // rows), tuple(x.name for x in prog.steps[i:j + 1]),
+                            _shape(prog.steps[j]), halo, extra, p))
+    return Schedule(segs, total_macs(prog), budget), peak, peak_step
+
+
+def _dp(model: _Model, n: int, budget: int | None):
+    """Over the cut points: best[c] = (cost, peak, choices, peak step) covering steps 0..c-1.  With a
+    budget: minimise extra MACs with every peak <= budget (None if impossible); without: minimise
+    the peak, then the MACs."""
+    INF = float("inf")
+    best: list = [None] * (n + 1)
+    best[0] = (0, 0, (), -1)
+
+    def better(a, b):
+        if b is None:
+            return True
+        if budget is None:
+            return (a[1], a[0], len(a[2])) < (b[1], b[0], len(b[2]))
+        return (a[0], len(a[2]), a[1]) < (b[0], len(b[2]), b[1])
+
+    for c in range(1, n + 1):
+        j = c - 1
+        cands = []
+        if best[j] is not None and (budget is None or model.live[j] <= budget):
+            prev = best[j]
+            peak, ps = (prev[1], prev[3]) if prev[1] >= model.live[j] else (model.live[j], j)
+            cands.append((prev[0], peak, prev[2], ps))
+        if model.bandable[j] and (budget is None or model.live[j] > budget or True):
+            for i in range(j, max(-1, j - MAX_SEGMENT_STEPS), -1):
+                if best[i] is None:
+                    continue
+                if not model.valid(i, j):
+                    if not model.bandable[i]:
+                        break
+                    continue
+                if budget is not None and max(model.live[i:j + 1]) <= budget:
+                    continue  # banding steps that already fit only adds work
+                h = _shape(model.steps[j])[2]
+                for rows in (BAND_ROWS if budget is None else BAND_ROWS[::-1]):
+                    if rows >= h:
+                        continue
+                    p, extra, _ = model.estimate(i, j, rows)
+                    if budget is not None and p > budget:
+                        continue
+                    prev = best[i]
+                    peak, ps = (prev[1], prev[3]) if prev[1] >= p else (p, j)
+                    cands.append((prev[0] + extra, peak, prev[2] + ((i, j, rows),), ps))
+                    if budget is not None:
+                        break  # more rows = fewer recomputed halos; the first that fits is the cheapest... usually
+        for cand in cands:
+            if better(cand, best[c]):
+                best[c] = cand
+    if best[n] is None or best[n][0] == INF:
+        return None
+    cost, peak, choices, ps = best[n]
+    return list(choices), peak, ps
+
+
+# ----------------------------------------------------------------------------- rewrite
+def apply_schedule(gm: torch.fx.GraphModule, schedule: Schedule) -> torch.fx.GraphModule:
+    """A copy of the (unlifted) program module with each segment replaced by its bands and an
+    in-place ``quantized_cat`` of their rows (see the module docstring)."""
+    gm = copy.deepcopy(gm)
+    graph = gm.graph
+    nodes = {n.name: n for n in graph.nodes}
+    strided = torch.ops.corten.quantized_strided_copy.default
+    cat_op = torch.ops.corten.quantized_cat.default
+    for seg in schedule.segments:
+        seg_nodes = [nodes[nm] for nm in seg.nodes]
+        inside = {n.name for n in seg_nodes}
+        last = seg_nodes[-1]
+        h = seg.out_shape[2]
+        outs = []
+        with graph.inserting_before(seg_nodes[0]):
+            for r0 in range(0, h, seg.rows):
+                r1 = min(r0 + seg.rows, h)
+                need = {last.name: (r0, r1)}
+                for node in reversed(seg_nodes):
+                    lo, hi = need[node.name]
+                    for a in node.args:
+                        if isinstance(a, torch.fx.Node) and a.name in inside:
+                            x0, x1, _, _ = input_rows(node, lo, hi, _shape(a)[2])
+                            old = need.get(a.name)
+                            need[a.name] = (x0, x1) if old is None else (min(old[0], x0), max(old[1], x1))
+                env: dict[str, tuple[torch.fx.Node, int]] = {}
+                for node in seg_nodes:
+                    lo, hi = need[node.name]
+                    args = list(node.args)
+                    act = _activation_positions(node)
+                    for pos in act:
+                        a = node.args[pos]
+                        a_h = _shape(a)[2]
+                        x0, x1, top, bottom = input_rows(node, lo, hi, a_h)
+                        src, s0 = env.get(a.name, (a, 0))
+                        s1 = s0 + (_shape(a)[2] if a.name not in env else need[a.name][1] - need[a.name][0])
+                        if (x0, x1) != (s0, s1):
+                            n_, c_, _, w_ = _shape(a)
+                            src = graph.call_function(strided, (src, [n_, c_, x1 - x0, w_], [(x1 - x0) * w_ * c_],
+                                                                [1], (x0 - s0) * w_ * c_))
+                        args[pos] = src
+                        if _op(node) in CONV:
+                            _, left, _, right = _pads4(node.args[4])
+                            args[4] = [top, left] if (top, left) == (bottom, right) else [top, left, bottom, right]
+                    new = graph.call_function(node.target, tuple(args), dict(node.kwargs))
+                    env[node.name] = (new, lo)
+                outs.append(env[last.name][0])
+            cat = graph.call_function(cat_op, (outs, 2))
+            cat.meta["val"] = last.meta["val"]  # later segments slice it like the tensor it replaces
+        last.replace_all_uses_with(cat)
+        for node in reversed(seg_nodes):
+            graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _activation_positions(node) -> list[int]:
+    """Positions of the activation arguments (4-D int8 op outputs; constants are get_attr nodes)."""
+    out = []
+    for pos, a in enumerate(node.args):
+        if isinstance(a, torch.fx.Node) and a.op == "call_function":
+            val = a.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.dim() == 4 and val.dtype == torch.int8:
+                out.append(pos)
+    return out
+
+
+def budget_error(target: str, budget: int, best_arena: int, schedule: Schedule, peak_step_desc: str,
+                 arena_before: int) -> BudgetError:
+    return BudgetError(
+        f"model does not fit {target}: no schedule found with an arena of at most {budget:,} B "
+        f"(max_arena); the smallest found is {best_arena:,} B (layer by layer {arena_before:,} B, "
+        f"{len(schedule.segments)} banded segment(s), +{schedule.extra_macs_pct:.1f}% MACs). "
+        f"{peak_step_desc}. Raise max_arena to at least {best_arena:,} B, or shrink that layer "
+        "(input resolution, width, expansion ratio) or choose a target with more memory.")
+
+
+def fit(ep, module: torch.fx.GraphModule, example_inputs: tuple, budget: int, plan_fn, target_name: str = ""):
+    """Search a banded schedule whose real memory plan fits ``budget`` bytes.
+
+    ``plan_fn(ep, banded)`` plans a program (``banded``: in-place cats on).  Returns ``(ep, schedule,
+    plan)``: the unchanged ``ep`` and an empty schedule when the layer-by-layer plan fits, else the
+    rewritten, re-exported program.  Raises :class:`BudgetError` naming the smallest arena found,
+    the step that sets it and what to change.  The search works on estimates (whole tensors + band
+    tensors + scratch, no packing slack); when the packed arena overshoots, it searches again with
+    the budget lowered by the overshoot (at most 4 rounds)."""
+    plan0 = plan_fn(ep, False)
+    if plan0.arena_bytes <= budget:
+        return ep, Schedule([], 0, budget, plan0.arena_bytes, plan0.arena_bytes), plan0
+    scratch = [plan0.scratch[nm].nbytes if nm in plan0.scratch else 0 for nm in plan0.step_nodes]
+    live = list(plan0.steps)
+    goal = budget
+    best = None  # (arena, ep, schedule, plan)
+    for _ in range(4):
+        schedule, est_peak, peak_step = search(ep, scratch, live, goal)
+        schedule.arena_before, schedule.budget = plan0.arena_bytes, budget
+        if not schedule.segments:
+            break
+        new_ep = torch.export.export(apply_schedule(module, schedule), example_inputs)
+        plan = plan_fn(new_ep, True)
+        schedule.arena_after = plan.arena_bytes
+        if best is None or plan.arena_bytes < best[0]:
+            best = (plan.arena_bytes, new_ep, schedule, plan)
+        if plan.arena_bytes <= budget:
+            plan.schedule = schedule
+            return new_ep, schedule, plan
+        if est_peak > goal:  # even the estimate does not fit: this is the smallest reachable
+            break
+        goal -= plan.arena_bytes - budget + 16
+    if best is None:
+        schedule, est_peak, peak_step = search(ep, scratch, live, 0)
+        schedule.arena_before = plan0.arena_bytes
+        best = (plan0.arena_bytes, ep, schedule, plan0)
+    arena, _, schedule, plan = best
+    steps = analyse(ep).steps
+    _, _, worst = search(ep, scratch, live, 0)
+    node = steps[worst] if 0 <= worst < len(steps) else None
+    where = (f"The step that sets it: '{node.name}' ({_op(node)}, output {list(_shape(node))}), whose "
+             f"input, output and scratch (or band working set) must be live together") if node is not None else ""
+    raise budget_error(target_name, budget, arena, schedule, where, plan0.arena_bytes)
