@@ -8,6 +8,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from corten.aten_passes.batch_norm_to_depthwise import BatchNormToDepthwiseConvPass
 from corten.aten_passes.decompose_attention import DecomposeScaledDotProductAttentionPass
+from corten.aten_passes.decompose_composites import DecomposeCompositesPass
 from corten.aten_passes.decompose_movement import DecomposeMovementPass
 from corten.aten_passes.functionalize import FunctionalizeInPlacePass
 from corten.aten_passes.fold_pad_into_conv import FoldPadIntoConvPass
@@ -18,12 +19,14 @@ AtenPass = Callable[[GraphModule], PassResult]
 
 
 def default_passes() -> list[AtenPass]:
-    """In-place ops become functional first (``out += x`` -> ``add``), then data movement in single-input form (split/unbind pieces as slices, stack as cat, movement of
+    """Composite ops (einsum, addmm, glu, var/std, group/instance norm, logsumexp, vector norms, prelu,
+    bilinear upsampling) are spelled out first; in-place ops become functional next (``out += x`` -> ``add``), then data movement in single-input form (split/unbind pieces as slices, stack as cat, movement of
     constants folded), then no-op removal (so ``conv -> dropout/clone -> BN`` still folds), symmetric zero pads into
     the convs reading them, then BatchNorm folding
     into conv and linear, then the depthwise rewrite of every BatchNorm that could not be folded, then
     ``scaled_dot_product_attention`` spelled out as matmul, mul, softmax, matmul."""
     return [
+        DecomposeCompositesPass(),
         FunctionalizeInPlacePass(),
         DecomposeMovementPass(),
         RemoveNoOpsPass(),

@@ -14,7 +14,11 @@ fake-quantization rounds ties to even, so a table entry may be one step from the
 model exactly at a tie.
 
 Lowered this way: ``hardswish``, ``hardsigmoid``, ``sigmoid``, ``tanh``, ``silu``, ``gelu``
-(``approximate='none'`` and ``'tanh'``), ``elu`` (any ``alpha``), ``leaky_relu`` (any slope), their
+(``approximate='none'`` and ``'tanh'``), ``elu`` (any ``alpha``), ``leaky_relu`` (any slope), ``mish``,
+``softplus``, ``selu``, ``celu``, ``logsigmoid``, ``hardshrink``, ``softshrink``, the elementwise math
+``abs``, ``neg``, ``sign``, ``square`` / ``x ** k`` (any constant exponent), ``sqrt``, ``rsqrt``, ``exp``,
+``exp2``, ``expm1``, ``log``, ``log2``, ``log10``, ``log1p``, ``erf``, ``sin``, ``cos``, ``atan``,
+``clamp_min``, ``clamp_max``, ``k - x`` (``rsub``), their
 in-place variants, and ``relu`` / ``relu6`` / ``hardtanh`` / ``clamp`` when they are *not* fused into
 the conv/linear/add before them (after a pool, at the model input, or when the producer has other
 users).  ``sigmoid`` and ``tanh`` get TFLite's fixed output quantization (scale 1/256, zero point
@@ -115,7 +119,21 @@ FUNCTIONS = {
     _aten.elu_.default: _aten.elu.default,
     _aten.leaky_relu.default: _aten.leaky_relu.default,
     _aten.leaky_relu_.default: _aten.leaky_relu.default,
+    # elementwise math and further activations (constant scalar arguments folded into the table)
+    **{op: op for op in (
+        _aten.abs.default, _aten.neg.default, _aten.sign.default, _aten.sgn.default, _aten.square.default,
+        _aten.pow.Tensor_Scalar, _aten.sqrt.default, _aten.rsqrt.default, _aten.exp.default, _aten.exp2.default,
+        _aten.expm1.default, _aten.log.default, _aten.log2.default, _aten.log10.default, _aten.log1p.default,
+        _aten.erf.default, _aten.sin.default, _aten.cos.default, _aten.atan.default, _aten.mish.default,
+        _aten.softplus.default, _aten.selu.default, _aten.celu.default, _aten.log_sigmoid.default,
+        _aten.hardshrink.default, _aten.softshrink.default, _aten.clamp_min.default, _aten.clamp_max.default,
+        _aten.rsub.Scalar)},
 }
+# Functions defined on part of the real line: the table evaluates them on the int8 grid clamped to
+# their domain (the float model never feeds them values outside it; a grid point just below 0 is
+# a rounding artefact of the input quantization).
+DOMAIN_MIN = {_aten.sqrt.default: 0.0, _aten.rsqrt.default: 0.0, _aten.log.default: 0.0, _aten.log2.default: 0.0,
+              _aten.log10.default: 0.0, _aten.log1p.default: -1.0}
 # Also fused into a preceding conv/linear/add as activation_min/max (quantizer ``_fused_tail``,
 # lowering ``_output_chain``); a standalone one becomes a table.
 CLAMPS = {
@@ -154,6 +172,12 @@ def real_function(node) -> Callable[[torch.Tensor], torch.Tensor]:
                                 "can be folded into a lookup table")
     if fn is _aten.clamp.default and all(v is None for v in (*extra, *kwargs.values())):
         raise LoweringError(f"{node.name}: clamp without min or max")
+    if fn is _aten.pow.Tensor_Scalar and float(extra[0]) != int(float(extra[0])):
+        lo = 0.0  # a fractional power (x ** 0.5) is real for x >= 0 only
+    else:
+        lo = DOMAIN_MIN.get(fn)
+    if lo is not None:
+        return lambda x: torch.cat([fn(v, *extra, **kwargs) for v in x.clamp(min=lo).split(1)])
     return lambda x: torch.cat([fn(v, *extra, **kwargs) for v in x.split(1)])
 
 
