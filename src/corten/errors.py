@@ -55,13 +55,17 @@ class UnsupportedOpsError(CortenError, ValueError):
         lines.append(
             "Workarounds: replace the operator with a supported one (conv1d/conv2d/depthwise/transposed conv, linear, "
             "add/sub/mul/div/maximum/minimum with broadcasting and scalars, softmax, sigmoid/tanh/SiLU/GELU/hardswish "
-            "and the other lookup-table activations (in-place forms too), avg/max/adaptive pools (any variant), "
-            "amax/amin/sum/mean over any dims, comparisons + where, relu/relu6/hardtanh/clamp after those, "
+            "and the other lookup-table activations (mish, softplus, selu, celu, logsigmoid, prelu; in-place forms "
+            "too), elementwise math as lookup tables (abs, neg, sign, x ** k, sqrt, rsqrt, exp, log, erf, sin, cos, "
+            "clamp_min/max, k - x), avg/max/adaptive pools (any variant), "
+            "amax/amin/sum/mean/var/std/logsumexp/norm over any dims, comparisons + where, "
+            "relu/relu6/hardtanh/clamp after those, einsum/addmm/baddbmm/bmm, glu, "
+            "LayerNorm/GroupNorm/InstanceNorm/F.normalize, bilinear/linear/nearest interpolation, "
             "data movement: reshape, "
             "slice/select, cat/stack, permute, expand/repeat, flip, pixel_shuffle, index_select/gather with "
             "constant indices; nn.LSTM unidirectional with a zero initial state, reading its output or h_n; "
-            "attention as matmul/@ + softmax, nn.LayerNorm, scaled_dot_product_attention without "
-            "mask/dropout/is_causal; any batch size, ranks 1-5), "
+            "attention as matmul/@ + softmax, nn.MultiheadAttention, nn.TransformerEncoderLayer, "
+            "scaled_dot_product_attention without mask/dropout/is_causal; any batch size, ranks 1-5), "
             "move it outside the compiled model (pre/post-processing), or pass allow_unlowered=True "
             "to corten.compile to get a partly lowered program for inspection (it cannot be emitted as C).")
         super().__init__("\n".join(lines))

@@ -74,5 +74,11 @@ class RemoveNoOpsPass(PassBase):
                 graph_module.graph.erase_node(node)
                 modified = True
         if modified:
+            # without the copies a ``view`` may read a non-contiguous tensor (MultiheadAttention's
+            # ``.contiguous()`` before ``select`` + ``view`` at batch > 1); the graph is functional by
+            # now (in-place ops are gone), so the equivalent reshape computes the same values
+            for node in graph_module.graph.nodes:
+                if node.op == "call_function" and node.target == aten.view.default:
+                    node.target = aten.reshape.default
             finish_rewrite(graph_module)
         return PassResult(graph_module, modified)

@@ -1,0 +1,66 @@
+"""Real-world idioms (tests/idiom_models.py), written by an outsider the way people write PyTorch: each
+either compiles fully lowered, runs byte-exact in C on the host and agrees with the float model
+(cosine >= 0.95), or is one of the known refusals below, which must be a clean CortenError naming the op.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import corten
+from corten.errors import CortenError
+from idiom_models import IDIOMS
+
+CASES = {name: (factory, shapes) for name, factory, shapes in IDIOMS}
+# what Corten refuses today (clearly: the error names one of these ops)
+REFUSED = {
+    "sdpa_causal": "scaled_dot_product_attention", "sdpa_bool_mask": "scaled_dot_product_attention",
+    "sdpa_float_mask": "scaled_dot_product_attention", "hand_causal_attention": "eq", "gru_seq": "gru", "gru_last_head": "gru", "gru_hidden": "gru",
+    "gru_2layer_seq_first": "gru", "grucell_loop": "gru_cell", "lstmcell_loop": "lstm_cell", "bilstm": "lstm",
+    "bilstm_head": "lstm", "rnn_tanh": "rnn_tanh", "cls_token_cat": "cat", "cumsum": "cumsum",
+    "where_scalar_other": "zeros_like", "masked_fill": "masked_fill", "mean_all": "mean",
+    "conv_reflect_pad": "pad", "conv_replicate_pad": "pad", "conv_circular_pad": "pad", "dict_outputs": "dict",
+}
+
+
+def _compile(name):
+    factory, shapes = CASES[name]
+    torch.manual_seed(0)
+    model = factory().eval()
+    g = torch.Generator().manual_seed(1)
+    inputs = tuple(torch.randn(s, generator=g) for s in shapes)
+    calibration = [tuple(torch.randn(s, generator=g) for s in shapes) for _ in range(3)]
+    return model, inputs, corten.compile(model, inputs, calibration=calibration, name="idiom")
+
+
+def _leaves(x):
+    return list(torch.utils._pytree.tree_leaves(x))
+
+
+def test_idiom_corpus_size():
+    assert len(CASES) >= 80 and len(CASES) == len(IDIOMS)
+    assert set(REFUSED) <= set(CASES)
+    assert len(REFUSED) <= 0.25 * len(CASES)
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in REFUSED])
+def test_idiom_is_lowered_byte_exact_and_close_to_float(name):
+    model, inputs, prog = _compile(name)
+    assert prog.unlowered_ops() == [], prog.operator_table()
+    expected = _leaves(prog.run_int8(*inputs))
+    got = _leaves(prog.run_c(*inputs, on="host", int8=True))
+    assert len(got) == len(expected)
+    for e, c in zip(expected, got):
+        assert e.shape == c.shape and torch.equal(e.contiguous(), c.contiguous())
+    with torch.no_grad():
+        ref = _leaves(model(*inputs))
+    for f, q in zip(ref, _leaves(prog.run(*inputs))):
+        cos = torch.nn.functional.cosine_similarity(f.flatten().double(), q.flatten().double(), dim=0)
+        assert cos >= 0.95, (name, float(cos))
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_idiom_refusal_is_clear(name):
+    with pytest.raises(CortenError) as info:
+        _compile(name)
+    assert REFUSED[name] in str(info.value), str(info.value)
