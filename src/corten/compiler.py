@@ -204,10 +204,12 @@ def _output_saturation_warnings(prepared: torch.fx.GraphModule) -> None:
                 not torch.isfinite(lo_seen) or not torch.isfinite(hi_seen):
             continue
         scale, zp = (float(v) for v in obs.calculate_qparams())
-        lo, hi = scale * (-128 - zp), scale * (127 - zp)
+        qmin, qmax = int(getattr(obs, "quant_min", -128)), int(getattr(obs, "quant_max", 127))
+        lo, hi = scale * (qmin - zp), scale * (qmax - zp)
         if float(hi_seen) > hi + scale / 2 or float(lo_seen) < lo - scale / 2:
+            width = "int16" if qmax > 127 else "int8"
             warn_quantization(
-                f"output {i}: calibration saw [{float(lo_seen):.4g}, {float(hi_seen):.4g}] but its int8 range "
+                f"output {i}: calibration saw [{float(lo_seen):.4g}, {float(hi_seen):.4g}] but its {width} range "
                 f"is [{lo:.4g}, {hi:.4g}]; the program saturates this output (use observer='minmax', or "
                 "calibrate longer in QAT)")
 
@@ -233,8 +235,11 @@ class Pipeline:
     def __init__(self, model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
                  target: str = "cortex-m55", calibration: Any = None, seed: int = 0, *,
                  name: str = "model", progress: bool | Callable[[str], None] = False,
-                 observer: str = "histogram") -> None:
+                 observer: str = "histogram", precision="int8") -> None:
+        from corten.quantizer.quantizer import check_precision
         from corten.validation import as_input_tuple, check_example_inputs, check_samples
+
+        self.precision = check_precision(precision)  # refused before anything runs
 
         self.model = model
         self.model_name = type(model).__name__
@@ -290,7 +295,7 @@ class Pipeline:
         if self.exported is None:
             self.capture()
         t0 = time.perf_counter()
-        self.quantizer = CortenQuantizer(observer=self.observer)
+        self.quantizer = CortenQuantizer(observer=self.observer, precision=self.precision)
         self.float_module = unguarded_module(self.exported)
         with _torchao_warnings():
             self.prepared = prepare_pt2e(self.float_module, self.quantizer)
@@ -379,12 +384,22 @@ class Pipeline:
                                info={"calibration_samples": self.calibration_samples, "seed": self.seed,
                                      "timings_s": dict(self.timings), "node_sources": node_sources,
                                      "observer": self.observer,
+                                     **({"precision": _precision_info(self.precision, self.quantizer)}
+                                        if self.precision != "int8" else {}),
                                      "tensors": record_provenance(self.lowered, program_ep.graph)})
         return self.program
 
     def run(self, allow_unlowered: bool = False) -> Program:
         """Every stage in order: the compiled program."""
         return self.capture().prepare().calibrate().convert().lower().export(allow_unlowered)
+
+
+def _precision_info(precision, quantizer) -> dict:
+    """What the program records of its precision request: the request (types by name) and the
+    compute nodes the quantizer made int16."""
+    req = precision if isinstance(precision, str) else {
+        (k if isinstance(k, str) else f"{k.__module__}.{k.__qualname__}"): v for k, v in precision.items()}
+    return {"requested": req, "int16_nodes": list(getattr(quantizer, "int16_nodes", []))}
 
 
 class _torchao_warnings(warnings.catch_warnings):
@@ -411,6 +426,7 @@ def compile(
     max_arena: int | None = None,
     max_flash: int | None = None,
     kernels: str = "cmsis-nn",
+    precision: Any = "int8",
 ) -> Program:
     """Compile ``model`` to a Corten int8 program for ``target`` (runs every :class:`Pipeline` stage).
 
@@ -421,6 +437,10 @@ def compile(
     intermediate activations (``"histogram"``, ``"minmax"``, ``"percentile"``, ``"mse"``; program
     outputs always use min/max).  ``model`` may also be the module :func:`corten.prepare_qat`
     returned, fine-tuned: it is converted (its fake-quantizers hold the ranges), not calibrated.
+    ``precision``: ``"int8"`` (default), ``"int16"`` (TFLite's 16x8 scheme: int16 symmetric
+    activations, int8 per-channel weights, int64 biases, on the ops that have int16 kernels; the
+    others stay int8 with a requantize between) or ``{module path prefix | nn.Module type: "int8" |
+    "int16"}`` (e.g. ``{"": "int8", "encoder": "int16"}``).
     A model with ops Corten cannot lower raises :class:`UnsupportedOpsError` (naming
     each op, its count and source location) unless ``allow_unlowered=True``, which returns a
     partly lowered program whose ``unlowered_ops()`` lists them.
@@ -433,17 +453,21 @@ def compile(
     ``max_flash`` (bytes of constant data): :class:`BudgetError` when the weights do not fit.
     Without either, the plan is today's (no extra compute).
     """
-    prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress)
+    prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
+                    precision)
     if (max_arena is None and max_flash is None) or prog.unlowered_ops():
         return prog
     return prog.fit_budget(max_arena, max_flash, kernels)
 
 
-def _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress) -> Program:
+def _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
+             precision="int8") -> Program:
     if is_qat_module(model):
+        if precision != "int8":
+            raise UsageError("precision= applies to post-training quantization; a prepare_qat module is int8")
         return _compile_qat(model, example_inputs, target, calibration, seed, name, allow_unlowered, progress)
     pipeline = Pipeline(model, example_inputs, target, calibration, seed, name=name, progress=progress,
-                        observer=observer)
+                        observer=observer, precision=precision)
     try:
         return pipeline.run(allow_unlowered)
     except Exception as e:  # a torch-internal failure on an op Corten does not know: name the op

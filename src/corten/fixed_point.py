@@ -28,6 +28,9 @@ INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 INT8_MIN = -128
 INT8_MAX = 127
+INT16_MIN = -(2**15)
+INT16_MAX = 2**15 - 1
+REDUCED_SHIFT_MAX = 14  # arm_nn_requantize_s64 shifts by 14 - shift: the s16 kernels need shift <= 14
 SHIFT_MIN = -31
 SHIFT_MAX = 30
 
@@ -216,6 +219,43 @@ def requantize(
     return _divide_by_power_of_two_(x, int(right) if right.dim() == 0 else right)
 
 
-def clamp_activation(x: torch.Tensor, activation_min: int, activation_max: int) -> torch.Tensor:
-    """Clamp to the fused activation range and narrow to int8."""
-    return x.clamp(activation_min, activation_max).to(torch.int8)
+def clamp_activation(x: torch.Tensor, activation_min: int, activation_max: int,
+                     dtype: torch.dtype = torch.int8) -> torch.Tensor:
+    """Clamp to the fused activation range and narrow to int8 (``dtype=torch.int16``: int16)."""
+    return x.clamp(activation_min, activation_max).to(dtype)
+
+
+# ----------------------------------------------------------------------------- s16 (16x8) kernels
+def int_range(dtype: torch.dtype) -> tuple[int, int]:
+    """``(min, max)`` of an activation dtype: int8 [-128, 127] or int16 [-32768, 32767]."""
+    if dtype == torch.int8:
+        return INT8_MIN, INT8_MAX
+    if dtype == torch.int16:
+        return INT16_MIN, INT16_MAX
+    raise ValueError(f"activation dtype must be torch.int8 or torch.int16, got {dtype}")
+
+
+def reduce_multiplier(multiplier: int) -> int:
+    """CMSIS-NN's ``REDUCE_MULTIPLIER``: a Q31 multiplier rounded to Q15 for the s16 kernels."""
+    return (multiplier + (1 << 15)) >> 16 if multiplier < 0x7FFF0000 else 0x7FFF
+
+
+def reduce_multiplier_t(multiplier: torch.Tensor) -> torch.Tensor:
+    m = multiplier.to(torch.int64)
+    return torch.where(m < 0x7FFF0000, (m + (1 << 15)) >> 16, torch.full_like(m, 0x7FFF))
+
+
+def requantize_s64(val: torch.Tensor, reduced_multiplier: torch.Tensor | int,
+                   shift: torch.Tensor | int) -> torch.Tensor:
+    """Vectorised ``arm_nn_requantize_s64``: ``((int32_t)((val * m) >> (14 - shift)) + 1) >> 1``
+    (``val`` an int64 accumulator, ``m`` a reduced Q15 multiplier, ``shift <= 14``).  The 64 -> 32
+    bit narrowing wraps as the C cast does."""
+    m = torch.as_tensor(reduced_multiplier, dtype=torch.int64)
+    shift = torch.as_tensor(shift, dtype=torch.int64)
+    r = wrap_int32_t((val.to(torch.int64) * m) >> (REDUCED_SHIFT_MAX - shift))
+    return (r + 1) >> 1
+
+
+def requantize_s64_scalar(val: int, reduced_multiplier: int, shift: int) -> int:
+    r = wrap_int32((val * reduced_multiplier) >> (REDUCED_SHIFT_MAX - shift))
+    return (r + 1) >> 1

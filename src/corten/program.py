@@ -33,13 +33,21 @@ class TensorSpec:
     shape: tuple[int, ...]
     scale: float
     zero_point: int
+    bits: int = 8  # 16: an int16 edge (TFLite's 16x8 scheme, zero point 0)
 
     def to_json(self) -> dict:
-        return {"shape": list(self.shape), "scale": self.scale, "zero_point": self.zero_point}
+        d = {"shape": list(self.shape), "scale": self.scale, "zero_point": self.zero_point}
+        if self.bits != 8:
+            d["bits"] = self.bits
+        return d
 
     @staticmethod
     def from_json(d: dict) -> "TensorSpec":
-        return TensorSpec(tuple(d["shape"]), float(d["scale"]), int(d["zero_point"]))
+        return TensorSpec(tuple(d["shape"]), float(d["scale"]), int(d["zero_point"]), int(d.get("bits", 8)))
+
+
+def _edge_bits(node: torch.fx.Node) -> int:
+    return int(node.args[3]) if len(node.args) > 3 else int(node.kwargs.get("bits", 8))
 
 
 def _io_specs(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec], list[TensorSpec]]:
@@ -50,12 +58,14 @@ def _io_specs(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec], list[
         if node.op == "placeholder" and node.name in user_inputs:
             qs = [u for u in node.users if u.target == q_op]
             if len(qs) == 1:
-                inputs.append(TensorSpec(tuple(node.meta["val"].shape), float(qs[0].args[1]), int(qs[0].args[2])))
+                inputs.append(TensorSpec(tuple(node.meta["val"].shape), float(qs[0].args[1]), int(qs[0].args[2]),
+                                         _edge_bits(qs[0])))
             else:  # an input the program never reads: any valid quantization (its bytes are ignored)
                 inputs.append(TensorSpec(tuple(node.meta["val"].shape), 1.0, 0))
     for node in ep.graph.output_node().args[0]:
         if isinstance(node, torch.fx.Node) and node.target == dq_op:
-            outputs.append(TensorSpec(tuple(node.meta["val"].shape), float(node.args[1]), int(node.args[2])))
+            outputs.append(TensorSpec(tuple(node.meta["val"].shape), float(node.args[1]), int(node.args[2]),
+                                      _edge_bits(node)))
         else:
             outputs.append(TensorSpec(tuple(node.meta["val"].shape), 0.0, 0))
     return inputs, outputs
@@ -177,7 +187,8 @@ class Program:
     def quantize_inputs(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The int8 program inputs, as the program's quantize computes them."""
         inputs = self._check_inputs(inputs)
-        return [torch.ops.corten.quantize_per_tensor(x, s.scale, s.zero_point) for x, s in zip(inputs, self.inputs)]
+        return [torch.ops.corten.quantize_per_tensor(x, s.scale, s.zero_point, s.bits)
+                for x, s in zip(inputs, self.inputs)]
 
     def compare(self, model: torch.nn.Module, samples, threshold_db: float | None = None):
         """Per-layer int8 error against the float ``model`` on ``samples`` (input tuples): one row

@@ -91,6 +91,8 @@ def c_int(v: int) -> str:
     v = int(v)
     if v == -(2**31):
         return "(-2147483647 - 1)"
+    if not -(2**31) <= v < 2**31:  # an int64 constant (the 16x8 kernels' biases)
+        return f"INT64_C({v})" if v != -(2**63) else "(-INT64_C(9223372036854775807) - 1)"
     return str(v)
 
 

@@ -57,10 +57,19 @@ class IOTensor:
     scale: float
     zero_point: int
     offset: int
+    element_bytes: int = 1  # 1: int8, 2: int16 (TFLite's 16x8 edges)
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape))
+        return int(np.prod(self.shape)) * self.element_bytes
+
+    @property
+    def ctype(self) -> str:
+        return "int16_t" if self.element_bytes == 2 else "int8_t"
+
+    @property
+    def bits(self) -> int:
+        return 8 * self.element_bytes
 
 
 @dataclass(frozen=True)
@@ -177,7 +186,8 @@ class _Array:
 
     @property
     def ctype(self) -> str:
-        return {torch.int8: "int8_t", torch.int32: "int32_t"}[self.tensor.dtype]
+        return {torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int32_t",
+                torch.int64: "int64_t"}[self.tensor.dtype]
 
 
 @dataclass
@@ -223,8 +233,8 @@ class _Generator:
     def _add_array(self, key: str, tensor: torch.Tensor, pretty: str | None = None) -> str:
         if key in self.arrays:
             return self.arrays[key].cname
-        if tensor.dtype not in (torch.int8, torch.int32):
-            raise CodegenError(f"constant {key!r} has dtype {tensor.dtype}; only int8 and int32 constants "
+        if tensor.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64):
+            raise CodegenError(f"constant {key!r} has dtype {tensor.dtype}; only int8/16/32/64 constants "
                                "can be emitted (was the program lowered by Corten?)")
         cname = self._unique(f"{self.name}_{c_identifier(pretty or key).strip('_') or 'const'}")
         self.arrays[key] = _Array(cname, tensor.detach().contiguous().cpu())
@@ -334,7 +344,7 @@ class _Generator:
             offs, total = [], 0
             for n in nodes:
                 offs.append(total)
-                total += int(np.prod(self._shape(n)))
+                total += self._nbytes(n)
             return offs
         return packed(self.user_inputs), packed([d.args[0] for d in deqs])
 
@@ -390,7 +400,7 @@ class _Generator:
         node = next((n for n in self.ep.graph.nodes if n.name == tensor_name), None)
         if node is None:
             raise CodegenError(f"the memory plan copies unknown tensor {tensor_name!r}; plan the emitted program")
-        nbytes = int(np.prod(self._shape(node)))
+        nbytes = self._nbytes(node)
         self.step_info.append(StepInfo(index, tensor_name, "", "output_copy", "", "copy", 0,
                                        "the memory plan keeps the output's bytes elsewhere (a byte copy)"
                                        if self.kernels == "cmsis-nn" else ""))
@@ -403,6 +413,11 @@ class _Generator:
                 "        dst[i] = src[i];\n"
                 "    }\n"
                 "}")
+
+    def _nbytes(self, node) -> int:
+        """Bytes of an activation tensor (int8 or int16 elements)."""
+        val = node.meta["val"]
+        return int(np.prod(self._shape(node))) * (val.element_size() if val.dtype != torch.float32 else 1)
 
     def _shape(self, node) -> list[int]:
         return [int(d) for d in node.meta["val"].shape]
@@ -479,6 +494,14 @@ def _alias_offset(node: torch.fx.Node) -> int | None:
     from corten.memory.views import alias_offset
 
     return alias_offset(node)
+
+
+def _edge_bytes(q_or_dq) -> int:
+    """Element bytes of the int tensor at a program edge (its quantize/dequantize's ``bits``)."""
+    if q_or_dq is None:
+        return 1
+    bits = q_or_dq.args[3] if len(q_or_dq.args) > 3 else q_or_dq.kwargs.get("bits", 8)
+    return int(bits) // 8
 
 
 def _storage_is_logical(shape) -> bool:
@@ -573,6 +596,50 @@ static inline float {n}_dequantize(int8_t q, float scale, int32_t zero_point)
 }}
 """
 
+QUANT16_HELPERS = r"""
+/**
+ * float -> int16 (TFLite's 16x8 edges: symmetric, zero point 0) exactly as corten.quantize_per_tensor
+ * with bits=16: q = clamp(round_half_away_from_zero(x / scale), -32768, 32767).
+ */
+static inline int16_t {n}_quantize16(float x, float scale)
+{{
+    const float v = x / scale;
+    const float a = v < 0.0f ? -v : v;
+    int32_t r = 65536; /* saturates */
+    if (a < 65536.0f) {{
+        r = (int32_t)a; /* floor, a >= 0 */
+        if (a - (float)r >= 0.5f) {{ /* exact: a and r are within 2**16 */
+            r += 1;
+        }}
+    }}
+    r = v < 0.0f ? -r : r;
+    return (int16_t)(r < -32768 ? -32768 : (r > 32767 ? 32767 : r));
+}}
+
+/** int16 -> float exactly as corten.dequantize_per_tensor: q * scale in float32. */
+static inline float {n}_dequantize16(int16_t q, float scale)
+{{
+    return (float)q * scale;
+}}
+"""
+
+
+def _quant_helper(n: str, m: str, what: str, suffix: str, t: "IOTensor") -> str:
+    """``<n>_quantize_input<suffix>`` / ``<n>_dequantize_output<suffix>`` of one edge (int8 or int16)."""
+    p = f"{m}_{what.upper()}{suffix}"
+    if what == "input":
+        if t.bits == 16:
+            return (f"static inline int16_t {n}_quantize_input{suffix}(float x)\n{{\n"
+                    f"    return {n}_quantize16(x, {p}_SCALE);\n}}")
+        return (f"static inline int8_t {n}_quantize_input{suffix}(float x)\n{{\n"
+                f"    return {n}_quantize(x, {p}_SCALE, {p}_ZERO_POINT);\n}}")
+    if t.bits == 16:
+        return (f"static inline float {n}_dequantize_output{suffix}(int16_t q)\n{{\n"
+                f"    return {n}_dequantize16(q, {p}_SCALE);\n}}")
+    return (f"static inline float {n}_dequantize_output{suffix}(int8_t q)\n{{\n"
+            f"    return {n}_dequantize(q, {p}_SCALE, {p}_ZERO_POINT);\n}}")
+
+
 
 def _header(g: _Generator, lib: dict, n_steps: int) -> str:
     m, n = g.macro, g.name
@@ -581,10 +648,7 @@ def _header(g: _Generator, lib: dict, n_steps: int) -> str:
     in_names, out_names = _io_names(g)
     blocks = [_io_block(f"{m}_INPUT", ins[0], f"Input{' 0 (' + in_names[0] + ')' if multi else ''}", False),
               _io_block(f"{m}_OUTPUT", outs[0], f"Output{' 0' if multi else ''}", False)]
-    helpers = [f"static inline int8_t {n}_quantize_input(float x)\n{{\n"
-               f"    return {n}_quantize(x, {m}_INPUT_SCALE, {m}_INPUT_ZERO_POINT);\n}}",
-               f"static inline float {n}_dequantize_output(int8_t q)\n{{\n"
-               f"    return {n}_dequantize(q, {m}_OUTPUT_SCALE, {m}_OUTPUT_ZERO_POINT);\n}}"]
+    helpers = [_quant_helper(n, m, "input", "", ins[0]), _quant_helper(n, m, "output", "", outs[0])]
     io_api = ""
     if multi:
         blocks.append(f"/* Several inputs/outputs: {n}_run_io takes one pointer each ({n}_inputs / {n}_outputs);\n"
@@ -593,14 +657,11 @@ def _header(g: _Generator, lib: dict, n_steps: int) -> str:
         for kind, tensors, names in (("INPUT", ins, in_names), ("OUTPUT", outs, out_names)):
             for i, t in enumerate(tensors):
                 blocks.append(_io_block(f"{m}_{kind}{i}", t, f"{kind.title()} {i} ({names[i]})", True).replace("{name}", n))
-                if kind == "INPUT":
-                    helpers.append(f"static inline int8_t {n}_quantize_input{i}(float x)\n{{\n"
-                                   f"    return {n}_quantize(x, {m}_INPUT{i}_SCALE, {m}_INPUT{i}_ZERO_POINT);\n}}")
-                else:
-                    helpers.append(f"static inline float {n}_dequantize_output{i}(int8_t q)\n{{\n"
-                                   f"    return {n}_dequantize(q, {m}_OUTPUT{i}_SCALE, {m}_OUTPUT{i}_ZERO_POINT);\n}}")
-        in_fields = "\n".join(f"    const int8_t *{nm}; /* {m}_INPUT{i}_BYTES bytes */" for i, nm in enumerate(in_names))
-        out_fields = "\n".join(f"    int8_t *{nm}; /* {m}_OUTPUT{i}_BYTES bytes */" for i, nm in enumerate(out_names))
+                helpers.append(_quant_helper(n, m, kind.lower(), str(i), t))
+        in_fields = "\n".join(f"    const {t.ctype} *{nm}; /* {m}_INPUT{i}_BYTES bytes */"
+                              for i, (nm, t) in enumerate(zip(in_names, ins)))
+        out_fields = "\n".join(f"    {t.ctype} *{nm}; /* {m}_OUTPUT{i}_BYTES bytes */"
+                               for i, (nm, t) in enumerate(zip(out_names, outs)))
         io_api = f"""
 /** One pointer per program input / output (no packing needed). */
 typedef struct {{
@@ -618,7 +679,9 @@ typedef struct {{
 int {n}_run_io(const {n}_inputs *inputs, const {n}_outputs *outputs, uint8_t *arena, size_t arena_bytes);
 """
     body = "\n\n".join(blocks)
-    helper_text = QUANT_HELPERS.format(n=n) + "\n" + "\n\n".join(helpers)
+    wide = any(t.bits == 16 for t in (*ins, *outs))
+    helper_text = (QUANT_HELPERS.format(n=n) + (QUANT16_HELPERS.format(n=n) if wide else "") + "\n"
+                   + "\n\n".join(helpers))
     return f"""/*
  * {n}.h - int8 model library generated by Corten (kernels: {g.kernels}, target: {g.target.name}).
  *
@@ -664,7 +727,7 @@ extern "C" {{
 #define {m}_ERROR_ARENA_TOO_SMALL (-4)  /* arena_bytes < {m}_ARENA_BYTES */
 
 /**
- * Run the model: input holds {m}_INPUT_BYTES int8 values, output receives {m}_OUTPUT_BYTES,
+ * Run the model: input holds {m}_INPUT_BYTES bytes (int8 values; int16 ones for 16x8 edges), output receives {m}_OUTPUT_BYTES,
  * arena is {m}_ARENA_BYTES bytes of working memory aligned to {m}_ARENA_ALIGN (not checked:
  * prefer {n}_run_checked).  Returns {m}_OK, an {m}_ERROR_* code or a failed step's number.
  */
@@ -736,7 +799,10 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
         nulls = " || ".join(["inputs == NULL", "outputs == NULL"] + [f"inputs->{x} == NULL" for x in in_names]
                             + [f"outputs->{x} == NULL" for x in out_names]
                             + (["arena == NULL"] if arena_bytes > 0 else []))
-        args = ", ".join([f"inputs->{x}" for x in in_names] + [f"outputs->{x}" for x in out_names] + ["(int8_t *)arena"])
+        args = ", ".join([f"inputs->{x}" if t.bits == 8 else f"(const int8_t *)(const void *)inputs->{x}"
+                          for x, t in zip(in_names, ins)]
+                         + [f"outputs->{x}" if t.bits == 8 else f"(int8_t *)(void *)outputs->{x}"
+                            for x, t in zip(out_names, outs)] + ["(int8_t *)arena"])
         io = (f"\nint {n}_run_io(const {n}_inputs *inputs, const {n}_outputs *outputs, uint8_t *arena, size_t arena_bytes)\n{{\n"
               f"    if ({nulls}) {{\n        return {m}_ERROR_NULL_POINTER;\n    }}\n"
               + size_check + align + f"    return {n}_steps({args});\n}}\n")
@@ -825,9 +891,9 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     in_offs, out_offs = g.io_offsets()
     # an input the program never reads keeps its bytes in the buffer, with scale 1 and zero point 0
     inputs = tuple(IOTensor(tuple(g._shape(ph)), float(q.args[1]) if q is not None else 1.0,
-                            int(q.args[2]) if q is not None else 0, off)
+                            int(q.args[2]) if q is not None else 0, off, _edge_bytes(q))
                    for ph, q, off in zip(g.user_inputs, quants, in_offs))
-    outputs = tuple(IOTensor(tuple(g._shape(d.args[0])), float(d.args[1]), int(d.args[2]), off)
+    outputs = tuple(IOTensor(tuple(g._shape(d.args[0])), float(d.args[1]), int(d.args[2]), off, _edge_bytes(d))
                     for d, off in zip(dequants, out_offs))
     lib = dict(
         input_shape=in_shape, input_scale=inputs[0].scale, input_zero_point=inputs[0].zero_point,

@@ -25,6 +25,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from corten.errors import LoweringError
+from corten.ops._qparams import requantize_args
 from corten.ops._rules import (
     ACTIVATIONS,
     DQ_PER_CHANNEL,
@@ -36,7 +37,7 @@ from corten.ops._rules import (
     source_location,
 )
 from corten.fixed_point import ScaleError
-from corten.ops.registry import is_lowered_node, lowering_rule, op, op_name_of
+from corten.ops.registry import is_lowered_node, lowering_rule, op, op_name_of, supports_int16
 
 aten = torch.ops.aten
 
@@ -47,11 +48,17 @@ class LowerInputQuantizePass:
             if node.target in Q_PER_TENSOR and node.args[0].op == "placeholder":
                 q = qparams_of(node)
                 with gm.graph.inserting_before(node):
-                    new = gm.graph.call_function(op("quantize_per_tensor"), (node.args[0], q.scale, q.zero_point))
+                    new = gm.graph.call_function(op("quantize_per_tensor"), (node.args[0], q.scale, q.zero_point,
+                                                                         *_bits_arg(q)))
                 new.meta.update(node.meta)
                 node.replace_all_uses_with(new)
                 gm.graph.erase_node(node)
         return gm
+
+
+def _bits_arg(q) -> tuple:
+    """The edge ops' ``bits`` argument: omitted for int8 (the default), 16 for int16."""
+    return () if q.dtype == torch.int8 else (16,)
 
 
 def _output_chain(node: Node) -> tuple[Node | None, Node | None]:
@@ -110,6 +117,11 @@ class LowerComputeOpsPass:
             if match is None:
                 self.refusals[node.name] = "its inputs/outputs are not quantized by CortenQuantizer"
                 continue
+            wide = [q for q in [*(v.qparams for v in match.inputs), match.output] if q is not None and q.dtype != torch.int8]
+            if wide and not supports_int16(node.target):
+                self.refusals[node.name] = (f"{op_display_name(node.target)} has no int16 (16x8) kernel in Corten; keep "
+                                            "this module int8 (precision={'<module path>': 'int8'})")
+                continue
             try:
                 try:
                     result = rule(match)
@@ -139,7 +151,8 @@ class LowerOutputDequantizePass:
             if node.target in DQ_PER_TENSOR:
                 q = qparams_of(node)
                 with gm.graph.inserting_before(node):
-                    new = gm.graph.call_function(op("dequantize_per_tensor"), (node.args[0], q.scale, q.zero_point))
+                    new = gm.graph.call_function(op("dequantize_per_tensor"), (node.args[0], q.scale, q.zero_point,
+                                                                               *_bits_arg(q)))
                 new.meta.update(node.meta)
                 node.replace_all_uses_with(new)
                 gm.graph.erase_node(node)
@@ -160,14 +173,24 @@ class LowerRequantizePass:
             if dq.target not in DQ_PER_TENSOR or not isinstance(dq.args[0], Node):
                 continue
             src = dq.args[0]
-            if src.op != "call_function" or op_name_of(src.target) is None:
-                continue  # only between Corten ops (the float ops around it are reported as unlowered)
             try:
                 q_in, q_out = qparams_of(dq), qparams_of(node)
             except LoweringError:
                 continue
-            if (q_in.scale, q_in.zero_point) == (q_out.scale, q_out.zero_point):
+            widths_differ = q_in.dtype != q_out.dtype
+            if src.op != "call_function" or (op_name_of(src.target) is None
+                                             and not (widths_differ and is_lowered_node(src))):
+                continue  # only between Corten ops / views (the float ops around it are reported as unlowered)
+            if q_in == q_out:
                 node.replace_all_uses_with(src)
+                continue
+            if q_in.dtype != torch.int8 or q_out.dtype != torch.int8:
+                # where an int16 region meets an int8 one: one quantized_requantize (TFLite's Requantize)
+                with gm.graph.inserting_before(node):
+                    new = gm.graph.call_function(op("quantized_requantize"), requantize_args(q_in, q_out, src))
+                new.meta.update({k: v for k, v in node.meta.items() if k != "quantization_annotation"})
+                new.meta["corten_source"] = node.name
+                node.replace_all_uses_with(new)
                 continue
             levels = torch.arange(-128, 128, dtype=torch.int8)
             real = torch.ops.corten.dequantize_per_tensor(levels, q_in.scale, q_in.zero_point)

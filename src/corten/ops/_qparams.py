@@ -8,17 +8,27 @@ from dataclasses import dataclass
 
 import torch
 
-from corten.fixed_point import INT8_MAX, INT8_MIN, quantize_multiplier, round_half_away
+from corten.fixed_point import int_range, quantize_multiplier, round_half_away
 
 ADD_LEFT_SHIFT = 20  # TFLite's left shift for int8 add: 255 << 20 still fits in int32
 
 
 @dataclass(frozen=True)
 class QParams:
-    """Per-tensor affine int8 parameters: ``real = scale * (q - zero_point)``."""
+    """Per-tensor affine parameters: ``real = scale * (q - zero_point)``; ``dtype`` int8 (asymmetric)
+    or int16 (TFLite's 16x8 scheme: symmetric, zero point 0, range [-32768, 32767])."""
 
     scale: float
     zero_point: int
+    dtype: torch.dtype = torch.int8
+
+    @property
+    def qmin(self) -> int:
+        return int_range(self.dtype)[0]
+
+    @property
+    def qmax(self) -> int:
+        return int_range(self.dtype)[1]
 
     @property
     def offset(self) -> int:
@@ -27,17 +37,17 @@ class QParams:
 
 
 def quantize_value(x: float, q: QParams) -> int:
-    """A real value on the int8 grid of ``q``, saturated (TFLite ``CalculateActivationRangeQuantized``)."""
+    """A real value on the integer grid of ``q``, saturated (TFLite ``CalculateActivationRangeQuantized``)."""
     if math.isinf(x):
-        return INT8_MAX if x > 0 else INT8_MIN
+        return q.qmax if x > 0 else q.qmin
     v = q.zero_point + round_half_away(x / q.scale)
-    return max(INT8_MIN, min(INT8_MAX, v))
+    return max(q.qmin, min(q.qmax, v))
 
 
 def activation_range(q: QParams, lo: float | None, hi: float | None) -> tuple[int, int]:
-    """int8 ``[activation_min, activation_max]`` of a fused clamp to ``[lo, hi]`` (None: unbounded)."""
-    amin = INT8_MIN if lo is None else quantize_value(lo, q)
-    amax = INT8_MAX if hi is None else quantize_value(hi, q)
+    """``[activation_min, activation_max]`` on ``q``'s grid of a fused clamp to ``[lo, hi]`` (None: unbounded)."""
+    amin = q.qmin if lo is None else quantize_value(lo, q)
+    amax = q.qmax if hi is None else quantize_value(hi, q)
     return amin, amax
 
 
@@ -73,3 +83,10 @@ def add_params(s1: float, s2: float, s_out: float) -> AddParams:
     m2, sh2 = quantize_multiplier(s2 / twice_max)
     mo, sho = quantize_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT) * s_out))
     return AddParams(m1, sh1, m2, sh2, mo, sho)
+
+
+def requantize_args(q_in: QParams, q_out: QParams, src) -> tuple:
+    """The arguments of ``quantized_requantize(src, ...)`` from ``q_in``'s grid to ``q_out``'s (TFLite's
+    Requantize: ``out = zp_out + MultiplyByQuantizedMultiplier(q - zp_in, s_in / s_out)``)."""
+    mult, shift = quantize_multiplier(float(q_in.scale) / float(q_out.scale))
+    return (src, -q_in.zero_point, q_out.zero_point, mult, shift, 16 if q_out.dtype == torch.int16 else 8)

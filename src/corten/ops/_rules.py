@@ -20,7 +20,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from corten.errors import LoweringError
-from corten.fixed_point import INT8_MAX, INT8_MIN, round_half_away_t
+from corten.fixed_point import INT8_MAX, INT8_MIN, INT16_MAX, INT16_MIN, round_half_away_t
 from corten.ops._qparams import QParams, activation_range
 from corten.ops.registry import op as corten_op
 
@@ -83,8 +83,15 @@ def qparams_of(q_or_dq: Node) -> QParams:
     scale, zp = q_or_dq.args[1], q_or_dq.args[2]
     if isinstance(scale, Node) or isinstance(zp, Node):
         raise LoweringError(f"{q_or_dq.name}: quantization parameters are not constants")
-    if q_or_dq.args[5] != torch.int8 or q_or_dq.args[3] != INT8_MIN or q_or_dq.args[4] != INT8_MAX:
-        raise LoweringError(f"{q_or_dq.name}: only int8 [-128, 127] quantization is supported")
+    dtype, qmin, qmax = q_or_dq.args[5], q_or_dq.args[3], q_or_dq.args[4]
+    if dtype == torch.int16 and (qmin, qmax) == (INT16_MIN, INT16_MAX):
+        if int(zp) != 0:
+            raise LoweringError(f"{q_or_dq.name}: int16 activations must be symmetric (zero point 0, TFLite's "
+                                f"16x8 scheme), got zero point {int(zp)}")
+        return QParams(float(scale), 0, torch.int16)
+    if dtype != torch.int8 or qmin != INT8_MIN or qmax != INT8_MAX:
+        raise LoweringError(f"{q_or_dq.name}: only int8 [-128, 127] and int16 [-32768, 32767] quantization "
+                            "is supported")
     return QParams(float(scale), int(zp))
 
 
@@ -148,7 +155,7 @@ class Match:
     @property
     def activation_bounds(self) -> tuple[int, int]:
         if self.activation is None:
-            return INT8_MIN, INT8_MAX
+            return self.output.qmin, self.output.qmax
         lo, hi = ACTIVATIONS[self.activation.target](self.activation)
         return activation_range(self.output, lo, hi)
 
@@ -190,6 +197,34 @@ class Match:
             q = round_half_away_t(q)
             return q.clamp(-(2**31) + 1, 2**31 - 1).to(torch.int32)
         return self.quantized_constant(bias_arg)[0].to(torch.int32)
+
+    def bias_int64(self, bias_arg, input_scale: float, weight_scales: torch.Tensor, channels: int) -> torch.Tensor:
+        """The int64 bias of a 16x8 op (TFLite's 16x8 scheme), quantized here from the float bias
+        (the quantizer leaves it float) with scale ``input_scale * weight_scale[c]``; zeros without
+        a bias (CMSIS-NN's s16 kernels add the bias unconditionally in Corten's calls)."""
+        if bias_arg is None:
+            return torch.zeros(channels, dtype=torch.int64)
+        if isinstance(bias_arg, Node) and bias_arg.op == "get_attr":
+            b = self.constant(bias_arg).to(torch.float64)
+        else:  # a quantized constant (dequantized int32): its real value
+            q, scales, _ = self.quantized_constant(bias_arg)
+            b = q.to(torch.float64) * scales
+        q = round_half_away_t(b / (float(input_scale) * weight_scales.to(torch.float64)))
+        limit = 2**40  # far below int64; and |acc * multiplier| stays < 2**63 with 2**22-bounded products
+        if bool((q.abs() > limit).any()):
+            raise LoweringError(f"{self.node.name}: an int64 bias beyond 2**40 steps (the input or weight scale "
+                                "is tiny against the bias); calibrate with representative data")
+        return q.to(torch.int64).expand(channels).contiguous() if q.numel() == 1 else q.to(torch.int64).contiguous()
+
+    @staticmethod
+    def reduced_shift(shift: torch.Tensor) -> torch.Tensor:
+        """The shifts of a 16x8 op: ``arm_nn_requantize_s64`` needs ``shift <= 14``."""
+        from corten.fixed_point import REDUCED_SHIFT_MAX, ScaleError
+
+        if shift.numel() and int(shift.max()) > REDUCED_SHIFT_MAX:
+            raise ScaleError(f"a 16x8 requantization shift of {int(shift.max())} (> {REDUCED_SHIFT_MAX}: the "
+                             "effective scale is >= 2**14)")
+        return shift
 
     # -- building the replacement
     def add_constant(self, tensor: torch.Tensor, hint: str) -> Node:

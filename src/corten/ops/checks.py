@@ -44,9 +44,10 @@ def output_offset(op: str, arg: str, v: int) -> None:
     in_range(op, arg, v, -128, 127)
 
 
-def activation(op: str, lo: int, hi: int) -> None:
-    in_range(op, "activation_min", lo, -128, 127)
-    in_range(op, "activation_max", hi, -128, 127)
+def activation(op: str, lo: int, hi: int, dtype: torch.dtype = torch.int8) -> None:
+    qmin, qmax = (-128, 127) if dtype == torch.int8 else (-32768, 32767)
+    in_range(op, "activation_min", lo, qmin, qmax)
+    in_range(op, "activation_max", hi, qmin, qmax)
     if lo > hi:
         fail(op, "activation_min", f"activation_min {lo} > activation_max {hi}")
 

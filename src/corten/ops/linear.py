@@ -10,13 +10,25 @@ so that ``acc[o] = kernel_sum[o] + sum_k x[k] * weight[o, k]`` equals
 ``bias[o] + sum_k (x[k] + input_offset) * weight[o, k]``.  The op holds no state and does no
 first-inference work.  ``output_multiplier``/``output_shift`` have one entry (per-tensor weights)
 or one per output feature (per-channel weights).
+
+16x8 (TFLite's int16 activations, ``arm_fully_connected_s16``): an int16 input (zero point 0) gives
+an int16 output; ``kernel_sum`` is then the int64 bias (input offset 0), the accumulator is int64
+and the requantization is ``arm_nn_requantize_s64`` with CMSIS-NN's reduced (Q15) multiplier.
 """
 from __future__ import annotations
 
 import torch
 
 from corten.errors import LoweringError
-from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
+from corten.fixed_point import (
+    REDUCED_SHIFT_MAX,
+    clamp_activation,
+    int_range,
+    reduce_multiplier_t,
+    requantize,
+    requantize_s64,
+    wrap_int32_t,
+)
 from corten.ops import checks
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
@@ -36,16 +48,24 @@ def kernel_sum(weight: torch.Tensor, bias: torch.Tensor | None, input_offset: in
 def _check(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
            activation_min, activation_max):
     op = "quantized_linear"
-    checks.dtype(op, "input", input, torch.int8)
+    wide = isinstance(input, torch.Tensor) and input.dtype == torch.int16
+    checks.dtype(op, "input", input, torch.int16 if wide else torch.int8)
     checks.dtype(op, "weight", weight, torch.int8)
     checks.ndim(op, "weight", weight, 2)
     if input.dim() < 1 or input.shape[-1] != weight.shape[1]:
         checks.fail(op, "input", f"last dimension of shape {tuple(input.shape)} must equal in_features {weight.shape[1]}")
-    checks.dtype(op, "kernel_sum", kernel_sum, torch.int32)
+    checks.dtype(op, "kernel_sum", kernel_sum, torch.int64 if wide else torch.int32)
     checks.shape(op, "kernel_sum", kernel_sum, (weight.shape[0],))
+    checks.multipliers(op, output_multiplier, output_shift, weight.shape[0])
+    if wide:  # 16x8: symmetric, the reduced-multiplier requantization shifts by 14 - shift
+        checks.in_range(op, "input_offset", input_offset, 0, 0)
+        checks.in_range(op, "output_offset", output_offset, 0, 0)
+        checks.activation(op, activation_min, activation_max, torch.int16)
+        if checks._has_values(output_shift) and output_shift.numel():
+            checks.in_range(op, "output_shift", int(output_shift.max()), -31, REDUCED_SHIFT_MAX)
+        return
     checks.input_offset(op, "input_offset", input_offset)
     checks.output_offset(op, "output_offset", output_offset)
-    checks.multipliers(op, output_multiplier, output_shift, weight.shape[0])
     checks.activation(op, activation_min, activation_max)
 
 
@@ -63,6 +83,12 @@ def quantized_linear(
 ) -> torch.Tensor:
     _check(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
            activation_min, activation_max)
+    if input.dtype == torch.int16:
+        # Exact in float64: |x * w| <= 2**22 and in_features < 2**31 keep all partial sums < 2**53.
+        dots = (input.to(torch.float64) @ weight.to(torch.float64).T).to(torch.int64)
+        acc = dots + kernel_sum  # int64 in CMSIS-NN (int32 over the first 512 columns: exact, |sum| < 2**31)
+        out = requantize_s64(acc, reduce_multiplier_t(output_multiplier), output_shift.to(torch.int64))
+        return clamp_activation(out, activation_min, activation_max, torch.int16)
     # Exact in float64: |x * w| <= 2**14 and in_features < 2**39 keep all partial sums < 2**53.
     dots = (input.to(torch.float64) @ weight.to(torch.float64).T).to(torch.int64)
     acc = wrap_int32_t(dots + kernel_sum.to(torch.int64))  # the C accumulator is int32 and wraps
@@ -76,7 +102,7 @@ def _(input, weight, kernel_sum, input_offset, output_offset, output_multiplier,
       activation_min, activation_max):
     _check(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
            activation_min, activation_max)
-    return input.new_empty((*input.shape[:-1], weight.shape[0]))
+    return input.new_empty((*input.shape[:-1], weight.shape[0]))  # (int16 in, int16 out)
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_linear",), doc=__doc__))
@@ -87,7 +113,7 @@ family = register_family(OpFamily(FAMILY, ("quantized_linear",), doc=__doc__))
 annotates("weighted", torch.ops.aten.linear.default)
 
 
-@lowers(torch.ops.aten.linear.default)
+@lowers(torch.ops.aten.linear.default, int16=True)
 def lower_linear(m: Match):
     """``aten.linear`` (kept whole by export: no addmm/permute) -> ``quantized_linear``."""
     x = m.inputs[0]
@@ -101,9 +127,17 @@ def lower_linear(m: Match):
     if axis not in (None, 0):
         raise LoweringError(f"weights quantized along axis {axis}; expected per-output-feature (axis 0)")
     bias_arg = m.node.args[2] if len(m.node.args) > 2 else m.node.kwargs.get("bias")
-    bias = m.bias_int32(bias_arg, x.qparams.scale, w_scales)
     mult, shift = per_channel_multipliers(x.qparams.scale, w_scales, m.output.scale)
     weight = weight.to(torch.int8).contiguous()
+    if x.qparams.dtype == torch.int16 or m.output.dtype == torch.int16:
+        if x.qparams.dtype != m.output.dtype:
+            raise LoweringError("a linear layer reads and writes one activation width (int8 or int16)")
+        bias = m.bias_int64(bias_arg, x.qparams.scale, w_scales, weight.shape[0])
+        act_min, act_max = m.activation_bounds
+        return m.call("quantized_linear", x.node, m.add_constant(weight, "weight"), m.add_constant(bias, "kernel_sum"),
+                      0, 0, m.add_constant(mult, "multiplier"), m.add_constant(m.reduced_shift(shift), "shift"),
+                      act_min, act_max)
+    bias = m.bias_int32(bias_arg, x.qparams.scale, w_scales)
     ksum = kernel_sum(weight, bias, x.qparams.offset)
     act_min, act_max = m.activation_bounds
     return m.call("quantized_linear", x.node, m.add_constant(weight, "weight"), m.add_constant(ksum, "kernel_sum"),
@@ -118,6 +152,11 @@ def cmsis_fully_connected_buffer_bytes(isa: str, out_features: int) -> int:
     if isa not in ("plain", "dsp", "mve"):
         raise ValueError(f"isa must be 'plain', 'dsp' or 'mve', got {isa!r}")
     return 4 * out_features if isa == "mve" else 0
+
+
+def cmsis_fully_connected_s16_buffer_bytes(isa: str, out_features: int) -> int:
+    """``arm_fully_connected_s16_get_buffer_size``: 0 on every ISA (the kernel ignores ``ctx``)."""
+    return 0
 
 
 @family.provides("scratch_bytes", "quantized_linear")
@@ -155,6 +194,8 @@ def _emit_linear_c(ctx) -> str:
     per_channel = mult_t.numel() > 1
     x, out = ctx.input("input"), ctx.out()
     w, ks = ctx.const("weight"), ctx.const("kernel_sum")
+    if val.dtype == torch.int16:
+        return _emit_linear_s16(ctx, batches, in_f, out_f, x, out, w, ks, act_min, act_max, per_channel)
     if ctx.kernels == "portable":
         return ctx.block(
             ctx.params("corten_linear_params", "params",
@@ -182,3 +223,47 @@ def _emit_linear_c(ctx) -> str:
         ctx.dims("output_dims", "cmsis_nn_dims", batches, 1, 1, out_f),
         ctx.call(f"{fn}(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {w}, &bias_dims, {ks}, "
                  f"&output_dims, {out})"))
+
+
+def _emit_linear_s16(ctx, batches, in_f, out_f, x, out, w, bias, act_min, act_max, per_channel) -> str:
+    """``corten_linear_s16`` (portable) or ``arm_fully_connected_s16`` (CMSIS-NN).  CMSIS-NN's s16
+    fully connected layer has per-tensor quantization only: per-channel weights are one call per
+    output feature (``output_dims.c = 1``, that feature's multiplier, shift, weights and bias) and
+    batch row."""
+    x16, out16 = f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}"
+    if ctx.kernels == "portable":
+        return ctx.block(
+            ctx.params("corten_linear_params", "params",
+                       dict(output_offset=0, activation_min=act_min, activation_max=act_max)),
+            ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
+                                                     shift=ctx.const("output_shift"), per_channel=int(per_channel))),
+            ctx.call(f"corten_linear_s16(&params, &quant, {batches}, {in_f}, {out_f}, {x16}, {w}, {bias}, {out16})"))
+    mult, shift = ctx.const("output_multiplier"), ctx.const("output_shift")
+    common = [
+        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf="NULL", size=0)),
+        ctx.params("cmsis_nn_fc_params", "params", dict(input_offset=0, filter_offset=0, output_offset=0,
+                                                        activation=dict(min=act_min, max=act_max))),
+        ctx.dims("filter_dims", "cmsis_nn_dims", in_f, 1, 1, 1 if per_channel else out_f),
+        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, 1 if per_channel else out_f),
+    ]
+    if not per_channel:
+        return ctx.block(*common,
+                         ctx.params("cmsis_nn_per_tensor_quant_params", "quant", dict(multiplier=f"{mult}[0]",
+                                                                                      shift=f"{shift}[0]")),
+                         ctx.dims("input_dims", "cmsis_nn_dims", batches, 1, 1, in_f),
+                         ctx.dims("output_dims", "cmsis_nn_dims", batches, 1, 1, out_f),
+                         ctx.call(f"arm_fully_connected_s16(&nn_ctx, &params, &quant, &input_dims, {x16}, "
+                                  f"&filter_dims, {w}, &bias_dims, {bias}, &output_dims, {out16})"))
+    loop = ("int32_t b, o;\n"
+            f"for (b = 0; b < {batches}; b++) {{\n"
+            f"    for (o = 0; o < {out_f}; o++) {{\n"
+            f"        const cmsis_nn_per_tensor_quant_params quant = {{.multiplier = {mult}[o], .shift = {shift}[o]}};\n"
+            "        " + ctx.call(f"arm_fully_connected_s16(&nn_ctx, &params, &quant, &input_dims, "
+                                  f"{x16} + (ptrdiff_t)b * {in_f}, &filter_dims, {w} + (ptrdiff_t)o * {in_f}, "
+                                  f"&bias_dims, {bias} + o, &output_dims, {out16} + (ptrdiff_t)b * {out_f} + o)"
+                                  ).replace("\n", "\n        ") + "\n"
+            "    }\n}")
+    return ctx.block(*common,
+                     ctx.dims("input_dims", "cmsis_nn_dims", 1, 1, 1, in_f),
+                     ctx.dims("output_dims", "cmsis_nn_dims", 1, 1, 1, 1),
+                     loop)

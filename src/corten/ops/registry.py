@@ -107,19 +107,31 @@ def register_family(family: OpFamily) -> OpFamily:
 _LOWERINGS: dict[Any, Callable] = {}
 
 
-def lowers(*aten_targets: Any) -> Callable:
+_INT16: set[Any] = set()
+
+
+def lowers(*aten_targets: Any, int16: bool = False) -> Callable:
     """Decorator for a lowering rule: ``fn(match) -> torch.fx.Node`` replaces a quantized ATen op
     (``torch.ops.aten.conv2d.default``, ...) by Corten ops.  The rule lives in the op family module
-    of the ops it produces; :mod:`corten.lowering` finds it here."""
+    of the ops it produces; :mod:`corten.lowering` finds it here.  ``int16=True``: the rule also
+    lowers int16 activations (TFLite's 16x8 scheme); the quantizer gives int16 only to such ops
+    and the lowering refuses int16 tensors at the others."""
 
     def deco(fn: Callable) -> Callable:
         for t in aten_targets:
             if t in _LOWERINGS:
                 raise ValueError(f"two lowering rules for {t}")
             _LOWERINGS[t] = fn
+            if int16:
+                _INT16.add(t)
         return fn
 
     return deco
+
+
+def supports_int16(aten_target: Any) -> bool:
+    """Whether the lowering rule of ``aten_target`` handles int16 activations."""
+    return aten_target in _INT16
 
 
 def lowering_rule(aten_target: Any) -> Callable | None:

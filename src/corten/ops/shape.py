@@ -33,13 +33,16 @@ def _check_shared(m: Match) -> None:
         raise LoweringError("a shape-only op must keep its input's quantization parameters")
 
 
-@lowers(*RESHAPES)
+@lowers(*RESHAPES, int16=True)
 def lower_reshape(m: Match):
     _check_shared(m)
     shape = list(m.node.meta["val"].shape)
     in_shape = list(m.inputs[0].node.meta["val"].shape)
     if in_shape == shape:
         return m.inputs[0].node
+    if m.output.dtype != torch.int8 and not shapes_share_bytes(in_shape, shape):
+        raise LoweringError(f"a reshape {in_shape} -> {shape} of int16 activations that moves bytes (an NHWC "
+                            "layout copy); keep this reshape in an int8 region (precision={...: 'int8'})")
     if not shapes_share_bytes(in_shape, shape) and (
             (not storage_is_logical(in_shape) and not storage_is_logical(shape)) or composes_with_copy(m)):
         # both sides channels-last permuted (no layout copy does it), or a copy of bytes another
@@ -48,7 +51,7 @@ def lower_reshape(m: Match):
     return m.call_aten(aten.reshape.default, m.inputs[0].node, shape)
 
 
-@lowers(*IDENTITIES)
+@lowers(*IDENTITIES, int16=True)
 def lower_identity(m: Match):
     """Eval-mode dropout, clone and friends are no-ops on the int8 tensor: they vanish."""
     _check_shared(m)

@@ -36,7 +36,7 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-from corten.fixed_point import INT8_MAX, INT8_MIN
+from corten.fixed_point import INT8_MAX, INT8_MIN, INT16_MAX, INT16_MIN
 from corten.ops._rules import ACTIVATIONS  # the fusable activations: fused into the op before them
 from corten.quantizer.observers import observer_class
 
@@ -57,6 +57,20 @@ def activation_qspec(is_qat: bool, observer: str = "histogram") -> QuantizationS
         ctr = observer_class(observer).with_args(eps=2**-12)
     return QuantizationSpec(dtype=torch.int8, quant_min=INT8_MIN, quant_max=INT8_MAX,
                             qscheme=torch.per_tensor_affine, observer_or_fake_quant_ctr=ctr)
+
+
+# int16 scales are 256x finer than int8 ones: the int8 floor of 2**-12 would cap their precision
+INT16_EPS = 2**-24
+
+
+def activation_qspec16(is_qat: bool, observer: str = "histogram") -> QuantizationSpec:
+    """TFLite's 16x8 activations: int16 per-tensor *symmetric* (zero point 0), range [-32768, 32767]."""
+    if is_qat:
+        ctr = FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAverageMinMaxObserver, eps=INT16_EPS)
+    else:
+        ctr = observer_class(observer).with_args(eps=INT16_EPS)
+    return QuantizationSpec(dtype=torch.int16, quant_min=INT16_MIN, quant_max=INT16_MAX,
+                            qscheme=torch.per_tensor_symmetric, observer_or_fake_quant_ctr=ctr)
 
 
 def weight_qspec(is_qat: bool, ch_axis: int = 0) -> QuantizationSpec:
@@ -131,11 +145,14 @@ class CortenQuantizer(Quantizer):
     ``"percentile"``, ``"mse"``).  Program outputs are observed with min/max in PTQ whatever
     ``observer`` says: a clipped logit can no longer win the argmax."""
 
-    def __init__(self, is_qat: bool = False, aten_passes: bool | None = None, observer: str = "histogram"):
+    def __init__(self, is_qat: bool = False, aten_passes: bool | None = None, observer: str = "histogram",
+                 precision="int8"):
         super().__init__()
         self.is_qat = is_qat
         observer_class(observer)  # validates the name
         self.observer = observer
+        self.precision = check_precision(precision)
+        self.int16_nodes: list[str] = []  # the compute nodes annotated int16 (for reports)
         # The ATen passes fold inference BatchNorms; QAT trains through its BatchNorms, which
         # prepare_qat_pt2e folds itself, so they are off by default there.
         self.aten_passes = (not is_qat) if aten_passes is None else aten_passes
@@ -161,7 +178,10 @@ class CortenQuantizer(Quantizer):
         import corten.ops  # noqa: F401  (the families declare their annotations on import)
         from corten.ops.registry import annotation_for
 
-        act = activation_qspec(self.is_qat, self.observer)
+        from corten.ops.registry import supports_int16
+
+        act8 = act = activation_qspec(self.is_qat, self.observer)
+        act16 = activation_qspec16(self.is_qat, self.observer)
         # Compute ops first; shared-qparam ops last, so that their producers are annotated.
         for shared_pass in (False, True):
             for node in model.graph.nodes:
@@ -173,6 +193,13 @@ class CortenQuantizer(Quantizer):
                 if not (_float_tensors_only(node, constant_indices=ann.kind == "shared")
                         or (ann.kind == "shared" and _has_float_input(node))):
                     continue
+                if ann.kind == "shared":  # shared qparams follow the producer's dtype
+                    act = act16 if _producer_dtype(node) == torch.int16 and supports_int16(node.target) else act8
+                elif precision_of(node, self.precision) == "int16" and supports_int16(node.target):
+                    act = act16
+                    self.int16_nodes.append(node.name)
+                else:
+                    act = act8
                 if ann.kind == "weighted":
                     self._annotate_weighted(node, act, ann.weight_axis)
                 elif ann.kind == "binary":
@@ -209,7 +236,7 @@ class CortenQuantizer(Quantizer):
         if weight_axis == 1 and _transposed_groups(node) != 1:
             return  # grouped transposed conv: per-channel scales along axis 1 cover only C_out/groups
         inputs = {x: _input_qspec(x, act), w: weight_qspec(self.is_qat, weight_axis)}
-        if isinstance(bias, Node):
+        if isinstance(bias, Node) and act.dtype == torch.int8:  # (16x8: an int64 bias, quantized in lowering)
             inputs[bias] = bias_qspec(x, w, node)
         chain = _fused_tail(node, allow_bn=self.is_qat)
         if len(chain) == 1:
@@ -278,7 +305,7 @@ def _observe_outputs_unclipped(model: GraphModule) -> None:
     flatten back to the op that sets the qparams)."""
     out = model.graph.output_node()
     pending = [a for a in _flat_args(out) if isinstance(a, Node)]
-    unclipped = activation_qspec(False, "minmax")
+    unclipped = {torch.int8: activation_qspec(False, "minmax"), torch.int16: activation_qspec16(False, "minmax")}
     seen: set[Node] = set()
     while pending:
         node = pending.pop()
@@ -291,7 +318,74 @@ def _observe_outputs_unclipped(model: GraphModule) -> None:
             src = spec.edge_or_node
             pending.append(src[0] if isinstance(src, tuple) else src)
         elif isinstance(spec, QuantizationSpec) and not isinstance(spec, FixedQParamsQuantizationSpec):
-            ann.output_qspec = unclipped
+            ann.output_qspec = unclipped[spec.dtype]
+
+
+# ----------------------------------------------------------------------------- precision (A16W8)
+PRECISIONS = ("int8", "int16")
+
+
+def check_precision(precision):
+    """``"int8"`` | ``"int16"`` | ``{key: "int8" | "int16"}`` where a key is a module-path prefix
+    (``""``: the whole model, ``"encoder"``: ``encoder`` and everything under it; the longest prefix
+    wins) or an ``nn.Module`` subclass (any module of that type; a type beats a path)."""
+    from corten.errors import UsageError
+
+    if isinstance(precision, str):
+        if precision not in PRECISIONS:
+            raise UsageError(f"precision must be 'int8', 'int16', 'auto' or a dict of module path / type -> "
+                             f"'int8' | 'int16', got {precision!r}")
+        return precision
+    if not isinstance(precision, dict):
+        raise UsageError(f"precision must be a string or a dict, got {type(precision).__name__}")
+    for k, v in precision.items():
+        if not (isinstance(k, str) or (isinstance(k, type) and issubclass(k, torch.nn.Module))):
+            raise UsageError(f"precision key {k!r}: expected a module path prefix (str) or an nn.Module subclass")
+        if v not in PRECISIONS:
+            raise UsageError(f"precision[{k!r}] = {v!r}: expected 'int8' or 'int16'")
+    return dict(precision)
+
+
+def _path_matches(prefix: str, path: str) -> bool:
+    return prefix == "" or path == prefix or path.startswith(prefix + ".")
+
+
+def _type_name(t) -> str:
+    return t if isinstance(t, str) else f"{t.__module__}.{t.__qualname__}"
+
+
+def precision_of(node: Node, precision) -> str:
+    """The precision ``precision`` (see :func:`check_precision`) asks for ``node``."""
+    if isinstance(precision, str):
+        return precision
+    from corten.ops._rules import module_path
+
+    stack = [v for v in (node.meta.get("nn_module_stack") or {}).values() if isinstance(v, tuple) and len(v) > 1]
+    for t, want in precision.items():  # module types first: innermost module of that type
+        if isinstance(t, type) and any(_type_name(v[1]) == _type_name(t) for v in stack):
+            return want
+    path = module_path(node)
+    best = None
+    for k, want in precision.items():
+        if isinstance(k, str) and _path_matches(k, path) and (best is None or len(k) > len(best[0])):
+            best = (k, want)
+    return best[1] if best else "int8"
+
+
+def _producer_dtype(node: Node) -> torch.dtype:
+    """The dtype of the first float input's quantization (following shared specs back)."""
+    tensors = [a for a in _flat_args(node) if isinstance(a, Node) and _is_float(a)]
+    seen: set = set()
+    src = tensors[0] if tensors else None
+    while isinstance(src, Node) and src not in seen:
+        seen.add(src)
+        spec = getattr(src.meta.get("quantization_annotation"), "output_qspec", None)
+        if isinstance(spec, SharedQuantizationSpec):
+            e = spec.edge_or_node
+            src = e[0] if isinstance(e, tuple) else e
+            continue
+        return getattr(spec, "dtype", torch.int8) if spec is not None else torch.int8
+    return torch.int8
 
 
 def _transposed_groups(node: Node) -> int:

@@ -21,15 +21,16 @@ KERNEL_FLAVOURS = ("portable", "cmsis-nn")
 
 
 def tensor_to_c_bytes(t: torch.Tensor) -> bytes:
-    """int8 tensor -> the bytes of its C buffer (NHWC for 4-D)."""
+    """int8 / int16 tensor -> the bytes of its C buffer (NHWC for 4-D; int16 little-endian, as Cortex-M)."""
     if t.dim() == 4:
         t = t.permute(0, 2, 3, 1)
     return t.contiguous().numpy().tobytes()
 
 
-def c_bytes_to_tensor(data: bytes, shape: tuple[int, ...]) -> torch.Tensor:
-    """The bytes of a C buffer -> int8 tensor of logical ``shape`` (channels_last for 4-D)."""
-    arr = torch.from_numpy(np.frombuffer(bytearray(data), dtype=np.int8).copy())
+def c_bytes_to_tensor(data: bytes, shape: tuple[int, ...], bits: int = 8) -> torch.Tensor:
+    """The bytes of a C buffer -> int8 (``bits=16``: int16, little-endian) tensor of logical
+    ``shape`` (channels_last for 4-D)."""
+    arr = torch.from_numpy(np.frombuffer(bytearray(data), dtype=np.int8 if bits == 8 else "<i2").copy())
     if len(shape) == 4:
         n, c, h, w = shape
         return arr.reshape(n, h, w, c).permute(0, 3, 1, 2)
@@ -151,5 +152,5 @@ class ProgramRunner:
         else:
             res = run_on_qemu(sources, includes, defines, data, lib.output_bytes, target.name, run_dir,
                               cflags=cflags, **kwargs)
-        outs = [c_bytes_to_tensor(res.output[t.offset:t.offset + t.nbytes], t.shape) for t in lib.outputs]
+        outs = [c_bytes_to_tensor(res.output[t.offset:t.offset + t.nbytes], t.shape, t.bits) for t in lib.outputs]
         return outs, CRun(on, target.name if on == "qemu" else None, kernels, res.wall_s, res.instructions, res)

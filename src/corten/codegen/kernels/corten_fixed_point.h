@@ -73,6 +73,31 @@ static inline int32_t corten_requantize(int32_t val, int32_t multiplier, int32_t
     return corten_divide_by_power_of_two(corten_doubling_high_mult_no_sat(shifted, multiplier), right);
 }
 
+/** CMSIS-NN's REDUCE_MULTIPLIER: a Q31 multiplier rounded to the Q15 one of the s16 kernels. */
+static inline int32_t corten_reduce_multiplier(int32_t multiplier)
+{
+    return multiplier < 0x7FFF0000 ? (multiplier + (1 << 15)) >> 16 : 0x7FFF;
+}
+
+/**
+ * arm_nn_requantize_s64: ((int32_t)((val * reduced_multiplier) >> (14 - shift)) + 1) >> 1, shift <= 14
+ * (the 64 -> 32 bit narrowing wraps; the final add is done in 64 bits, so INT32_MAX cannot overflow).
+ */
+static inline int32_t corten_requantize_s64(int64_t val, int32_t reduced_multiplier, int32_t shift)
+{
+    const int64_t product = val * (int64_t)reduced_multiplier;
+    const int32_t n = 14 - shift;
+    const int64_t shifted = product < 0 ? ~(~product >> n) : product >> n; /* arithmetic shift */
+    const int32_t narrowed = corten_u32_to_i32((uint32_t)(uint64_t)shifted);
+    return (int32_t)(((int64_t)narrowed + 1) >> 1);
+}
+
+/** Clamp to [act_min, act_max] and narrow to int16 (the s16 kernels have no output offset). */
+static inline int16_t corten_clamp_s16(int32_t v, int32_t act_min, int32_t act_max)
+{
+    return (int16_t)(v < act_min ? act_min : (v > act_max ? act_max : v));
+}
+
 /**
  * Add the output offset (with int32 wrap-around) and clamp to [act_min, act_max].
  */

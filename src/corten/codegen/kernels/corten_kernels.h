@@ -122,6 +122,25 @@ int corten_linear_s8(const corten_linear_params *params, const corten_quant *qua
                      int32_t in_features, int32_t out_features, const int8_t *input, const int8_t *weight,
                      const int32_t *kernel_sum, int8_t *output);
 
+/**
+ * 16x8 fully connected (arm_fully_connected_s16 arithmetic): int16 input (zero point 0), int8 weights
+ * [out_features, in_features], optional int64 bias (NULL: none); acc = bias[o] + sum_k x[k] * w[o][k]
+ * in int64, out = clamp(arm_nn_requantize_s64(acc, REDUCE_MULTIPLIER(m[o]), shift[o])).
+ * params->output_offset must be 0.
+ */
+int corten_linear_s16(const corten_linear_params *params, const corten_quant *quant, int32_t batches,
+                      int32_t in_features, int32_t out_features, const int16_t *input, const int8_t *weight,
+                      const int64_t *bias, int16_t *output);
+
+/**
+ * Requantize between an int8 and an int16 grid (TFLite's Requantize): out = clamp(output_offset +
+ * arm_nn_requantize(q + input_offset, multiplier, shift)) on the output's range; one of input8/input16
+ * and one of output8/output16 is non-NULL (int8 -> int16 or int16 -> int8).
+ */
+int corten_requantize_s8_s16(const int8_t *input8, const int16_t *input16, int32_t input_offset,
+                             int32_t output_offset, int32_t multiplier, int32_t shift, int8_t *output8,
+                             int16_t *output16, int32_t size);
+
 /** Elementwise add of two same-size int8 tensors; output may be the same buffer as either input. */
 int corten_add_s8(const corten_add_params *params, const int8_t *input1, const int8_t *input2,
                   int8_t *output, int32_t size);

@@ -3,6 +3,8 @@
  *
  * acc[o] = kernel_sum[o] + sum_k x[k] * w[o][k] (int32 wrap-around), where the compiler has folded
  * bias + input_offset * rowsum(w) into kernel_sum; then requantize + output offset + clamp.
+ * corten_linear_s16: the 16x8 variant (arm_fully_connected_s16): int64 accumulator and bias,
+ * arm_nn_requantize_s64 with the reduced multiplier, no offsets.
  */
 #include <stddef.h>
 
@@ -38,6 +40,34 @@ int corten_linear_s8(const corten_linear_params *params, const corten_quant *qua
                 y[o + g] = corten_finish(total, o + g, quant->multiplier, quant->shift, quant->per_channel,
                                          params->output_offset, params->activation_min, params->activation_max);
             }
+        }
+    }
+    return CORTEN_OK;
+}
+
+int corten_linear_s16(const corten_linear_params *params, const corten_quant *quant, int32_t batches,
+                      int32_t in_features, int32_t out_features, const int16_t *input, const int8_t *weight,
+                      const int64_t *bias, int16_t *output)
+{
+    int32_t b, o, k;
+    if (params == NULL || quant == NULL || quant->multiplier == NULL || quant->shift == NULL || input == NULL ||
+        weight == NULL || output == NULL || batches < 0 || in_features < 1 || out_features < 1 ||
+        params->output_offset != 0) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (b = 0; b < batches; b++) {
+        const int16_t *x = input + (ptrdiff_t)b * in_features;
+        int16_t *y = output + (ptrdiff_t)b * out_features;
+        for (o = 0; o < out_features; o++) {
+            const int8_t *w = weight + (ptrdiff_t)o * in_features;
+            const int32_t q = quant->per_channel ? o : 0;
+            int64_t acc = bias != NULL ? bias[o] : 0;
+            for (k = 0; k < in_features; k++) {
+                acc += (int64_t)((int32_t)x[k] * (int32_t)w[k]);
+            }
+            y[o] = corten_clamp_s16(corten_requantize_s64(acc, corten_reduce_multiplier(quant->multiplier[q]),
+                                                          quant->shift[q]),
+                                    params->activation_min, params->activation_max);
         }
     }
     return CORTEN_OK;

@@ -1,0 +1,268 @@
+"""16x8 (int16 activations, int8 weights, int64 bias; TFLite's scheme on CMSIS-NN's s16 kernels).
+
+* fixed point: ``reduce_multiplier`` / ``requantize_s64`` vs ``naive_s16``;
+* ``quantized_linear`` on int16 and ``quantized_requantize`` (int8 <-> int16) vs ``naive_s16``;
+* ``corten.compile(precision=...)``: int16 everywhere, per module path / type, refusals; the C library
+  (portable kernels, host) byte-identical to the reference, int16 edges included;
+* CMSIS-NN's own s16 unit-test vectors (TFLite-generated) as an external oracle (``CMSIS_NN_PATH``).
+"""
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import naive_s16
+from conftest import CMSIS_NN_PATH, needs_cmsis_nn, needs_gcc, needs_qemu
+from corten.errors import CortenOpError, UsageError
+from corten.fixed_point import reduce_multiplier, reduce_multiplier_t, requantize_s64, requantize_s64_scalar
+
+linear = torch.ops.corten.quantized_linear
+requant = torch.ops.corten.quantized_requantize
+
+
+# ----------------------------------------------------------------------------- fixed point
+def test_reduce_multiplier_and_requantize_s64_match_naive():
+    rng = random.Random(0)
+    edge_mults = [0, 1 << 30, (1 << 31) - 1, 0x7FFF0000 - 1, 0x7FFF0000, 0x7FFF8000]
+    mults = edge_mults + [rng.randint(1 << 30, (1 << 31) - 1) for _ in range(200)]
+    for m in mults:
+        assert reduce_multiplier(m) == naive_s16.reduce_multiplier(m)
+    t = torch.tensor(mults, dtype=torch.int64)
+    assert reduce_multiplier_t(t).tolist() == [naive_s16.reduce_multiplier(m) for m in mults]
+    vals = [0, 1, -1, 2**40, -(2**40), 12345, -12345] + [rng.randint(-(2**44), 2**44) for _ in range(2000)]
+    for v in vals:
+        m, s = naive_s16.reduce_multiplier(rng.choice(mults)), rng.randint(-31, 14)
+        want = naive_s16.requantize_s64(v, m, s)
+        assert requantize_s64_scalar(v, m, s) == want
+        assert int(requantize_s64(torch.tensor([v]), m, s)[0]) == want
+
+
+# ----------------------------------------------------------------------------- reference kernels
+def _random_linear_s16(rng: random.Random):
+    batch, k, n_out = rng.randint(1, 3), rng.randint(1, 40), rng.randint(1, 9)
+    x = [[rng.randint(-32768, 32767) for _ in range(k)] for _ in range(batch)]
+    w = [[rng.randint(-127, 127) for _ in range(k)] for _ in range(n_out)]
+    per_channel = rng.random() < 0.7
+    n_q = n_out if per_channel else 1
+    mult = [rng.choice([rng.randint(1 << 30, (1 << 31) - 1), 0x7FFF0000 + 5]) for _ in range(n_q)]
+    shift = [rng.randint(-22, -8) for _ in range(n_q)]
+    bias = [rng.randint(-(2**30), 2**30) for _ in range(n_out)]
+    lo = rng.choice([-32768, rng.randint(-32768, 0)])
+    hi = rng.choice([32767, rng.randint(lo, 32767)])
+    return x, w, bias, mult, shift, lo, hi
+
+
+def test_linear_s16_matches_naive():
+    rng = random.Random(1)
+    for _ in range(400):
+        x, w, bias, mult, shift, lo, hi = _random_linear_s16(rng)
+        got = linear(torch.tensor(x, dtype=torch.int16), torch.tensor(w, dtype=torch.int8),
+                     torch.tensor(bias, dtype=torch.int64), 0, 0, torch.tensor(mult, dtype=torch.int32),
+                     torch.tensor(shift, dtype=torch.int32), lo, hi)
+        assert got.dtype == torch.int16
+        assert got.tolist() == naive_s16.linear_s16(x, w, bias, mult, shift, lo, hi)
+
+
+def test_linear_s16_refuses_offsets_wide_shifts_and_int32_bias():
+    x, w = torch.zeros(1, 4, dtype=torch.int16), torch.zeros(2, 4, dtype=torch.int8)
+    m, s, b = torch.full((2,), 1 << 30, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(CortenOpError, match="input_offset"):
+        linear(x, w, b, 3, 0, m, s, -32768, 32767)
+    with pytest.raises(CortenOpError, match="output_shift"):
+        linear(x, w, b, 0, 0, m, s + 15, -32768, 32767)
+    with pytest.raises(CortenOpError, match="kernel_sum"):
+        linear(x, w, b.to(torch.int32), 0, 0, m, s, -32768, 32767)
+
+
+def test_requantize_matches_naive():
+    rng = random.Random(2)
+    for _ in range(300):
+        wide_in = rng.random() < 0.5
+        n = rng.randint(1, 50)
+        if wide_in:
+            vals, in_off = [rng.randint(-32768, 32767) for _ in range(n)], 0
+            out_off, bits = rng.randint(-128, 127), 8
+            mult, shift = rng.randint(1 << 30, (1 << 31) - 1), rng.randint(-16, -4)
+            x = torch.tensor(vals, dtype=torch.int16)
+        else:
+            vals, in_off = [rng.randint(-128, 127) for _ in range(n)], rng.randint(-127, 128)
+            out_off, bits = 0, 16
+            mult, shift = rng.randint(1 << 30, (1 << 31) - 1), rng.randint(0, 10)
+            x = torch.tensor(vals, dtype=torch.int8)
+        got = requant(x, in_off, out_off, mult, shift, bits)
+        assert got.dtype == (torch.int8 if bits == 8 else torch.int16)
+        assert got.tolist() == naive_s16.requantize_width(vals, in_off, out_off, mult, shift, bits)
+    with pytest.raises(CortenOpError, match="bits"):
+        requant(torch.zeros(3, dtype=torch.int8), 0, 0, 1 << 30, 0, 8)
+
+
+def test_edge_ops_int16():
+    x = torch.tensor([0.0, 0.5, -0.5, 1.5, 1e9, -1e9, 123.25])
+    q = torch.ops.corten.quantize_per_tensor(x, 0.5, 0, 16)
+    assert q.dtype == torch.int16 and q.tolist() == [0, 1, -1, 3, 32767, -32768, 247]  # ties away from zero
+    assert torch.ops.corten.dequantize_per_tensor(q, 0.5, 0, 16).tolist() == [0.0, 0.5, -0.5, 1.5, 16383.5, -16384.0, 123.5]
+    with pytest.raises(CortenOpError, match="zero_point"):
+        torch.ops.corten.quantize_per_tensor(x, 0.5, 3, 16)
+
+
+# ----------------------------------------------------------------------------- compile(precision=...)
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.enc = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 6))
+        self.mid = nn.Linear(6, 10)
+        self.dec = nn.Sequential(nn.ReLU(), nn.Linear(10, 12))
+        for p in self.parameters():
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+    def forward(self, x):
+        return self.dec(self.mid(self.enc(x)))
+
+
+def _compile(precision, **kw):
+    import corten
+
+    m = MLP().eval()
+    x = torch.randn(2, 12, generator=torch.Generator().manual_seed(1))
+    calib = torch.randn(16, 2, 12, generator=torch.Generator().manual_seed(2))
+    return m, x, corten.compile(m, (x,), calibration=list((c,) for c in calib), precision=precision, **kw)
+
+
+@pytest.fixture(scope="module")
+def int16_program():
+    return _compile("int16")
+
+
+def test_int16_program_is_int16_end_to_end_and_closer_to_float(int16_program):
+    m, x, prog16 = int16_program
+    _, _, prog8 = _compile("int8")
+    assert prog16.op_counts() == {"quantize_per_tensor": 1, "quantized_linear": 4, "dequantize_per_tensor": 1}
+    assert prog16.inputs[0].bits == 16 and prog16.outputs[0].bits == 16
+    assert prog16.run_int8(x)[0].dtype == torch.int16
+    assert prog16.memory.tensors  # planned with 2-byte elements
+    with torch.no_grad():
+        ref = m(x)
+    err16 = float((prog16.run(x) - ref).norm() / ref.norm())
+    err8 = float((prog8.run(x) - ref).norm() / ref.norm())
+    assert err16 < err8 / 1.5, (err16, err8)  # (what is left is the int8 weights' rounding)
+
+
+def test_precision_by_path_and_type_inserts_requantize():
+    _, _, prog = _compile({"": "int16", "mid": "int8"})
+    assert prog.op_counts()["quantized_requantize"] == 2  # int16 -> int8 before mid, int8 -> int16 after
+    _, _, prog = _compile({nn.Linear: "int16", "": "int8"})
+    assert "quantized_requantize" not in prog.op_counts()
+    _, x, prog = _compile({"enc": "int16"})
+    assert prog.op_counts()["quantized_requantize"] == 1 and prog.outputs[0].bits == 8 and prog.inputs[0].bits == 16
+    assert prog.info["precision"]["int16_nodes"]
+
+
+@pytest.mark.parametrize("bad", ["int4", "fp16", {"enc": "int32"}, {3: "int16"}, ["int16"]])
+def test_bad_precision_is_refused(bad):
+    import corten
+
+    with pytest.raises(UsageError, match="precision"):
+        corten.compile(MLP(), (torch.randn(1, 12),), precision=bad)
+
+
+def test_ops_without_int16_kernels_stay_int8():
+    import corten
+
+    class ConvNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.fc = nn.Linear(4 * 6 * 6, 5)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+    x = torch.randn(1, 3, 8, 8)
+    prog = corten.compile(ConvNet().eval(), (x,), precision="int16")
+    assert not prog.unlowered_ops()
+
+
+@needs_gcc
+def test_int16_c_bytes_equal_reference_on_host(int16_program):
+    m, x, prog = int16_program
+    got = prog.c_run(x, on="host", kernels="portable")
+    exp = prog.run_int8(x)
+    assert got.outputs[0].dtype == torch.int16 and torch.equal(got.outputs[0], exp[0])
+
+
+@needs_gcc
+def test_mixed_program_c_bytes_equal_reference_on_host():
+    _, x, prog = _compile({"": "int16", "mid": "int8"})
+    assert torch.equal(prog.c_run(x, on="host", kernels="portable").outputs[0], prog.run_int8(x)[0])
+
+
+@needs_gcc
+def test_int16_header_helpers_take_int16(tmp_path, int16_program):
+    _, _, prog = int16_program
+    prog.emit_c(tmp_path, kernels="portable")
+    header = (tmp_path / "model.h").read_text()
+    assert "static inline int16_t model_quantize_input(float x)" in header
+    assert "static inline float model_dequantize_output(int16_t q)" in header
+
+
+@needs_qemu
+def test_deep_ae_int16_on_qemu_m4_portable():
+    """The MLPerf Tiny autoencoder in 16x8 on Cortex-M4 (portable kernels), bytes identical."""
+    import corten
+    from corten.zoo import get_model
+
+    model, example = get_model("deep-ae")
+    prog = corten.compile(model, example, name="deep_ae", precision="int16")
+    x = torch.randn(example[0].shape, generator=torch.Generator().manual_seed(3))
+    run = prog.c_run(x, on="qemu", target="cortex-m4", kernels="portable")
+    assert torch.equal(run.outputs[0], prog.run_int8(x)[0])
+    g, rel = torch.Generator().manual_seed(10_000), []
+    for _ in range(10):  # as benchmarks/agreement.py measures it (int8: ~0.19; int8 weights alone ~0.063)
+        x = torch.randn(example[0].shape, generator=g)
+        with torch.no_grad():
+            ref = model(x)
+        rel.append(float((prog.run(x) - ref).norm() / ref.norm()))
+    assert sum(rel) / len(rel) < 0.08, rel
+
+
+@needs_cmsis_nn
+def test_cmsis_nn_path_int16_linear_bytes_equal_on_host(int16_program):
+    m, x, prog = int16_program
+    got = prog.c_run(x, on="host", kernels="cmsis-nn", cmsis_nn_path=CMSIS_NN_PATH)
+    assert torch.equal(got.outputs[0], prog.run_int8(x)[0])
+
+
+# ----------------------------------------------------------------------------- CMSIS-NN's TFLite vectors
+def _c_arrays(path: Path) -> dict[str, list[int]]:
+    text = path.read_text()
+    return {m.group(1): [int(v) for v in re.findall(r"-?\d+", m.group(2))]
+            for m in re.finditer(r"const\s+\w+\s+(\w+)\[\d+\]\s*=\s*\{([^}]*)\}", text)}
+
+
+def _c_defines(path: Path) -> dict[str, int]:
+    return {k: int(v) for k, v in re.findall(r"#define\s+(\w+)\s+(-?\d+)", path.read_text())}
+
+
+@needs_cmsis_nn
+@pytest.mark.parametrize("case", ["fully_connected_int16", "fully_connected_int16_big", "fc_int16_slow"])
+def test_linear_s16_matches_cmsis_nn_test_vectors(case):
+    d = Path(CMSIS_NN_PATH) / "Tests/UnitTest/TestCases/TestData" / case
+    cfg, P = _c_defines(d / "config_data.h"), case.upper()
+    arrays = {}
+    for f in ("input_data.h", "weights_data.h", "biases_data.h", "output_ref_data.h"):
+        arrays.update(_c_arrays(d / f))
+    depth, out_ch, batches = cfg[f"{P}_ACCUMULATION_DEPTH"], cfg[f"{P}_OUT_CH"], cfg[f"{P}_INPUT_BATCHES"]
+    x = torch.tensor(arrays[f"{case}_input"], dtype=torch.int16).reshape(batches, depth)
+    w = torch.tensor(arrays[f"{case}_weights"], dtype=torch.int8).reshape(out_ch, depth)
+    b = torch.tensor(arrays[f"{case}_biases"], dtype=torch.int64)
+    got = linear(x, w, b, 0, 0, torch.tensor([cfg[f"{P}_OUTPUT_MULTIPLIER"]], dtype=torch.int32),
+                 torch.tensor([cfg[f"{P}_OUTPUT_SHIFT"]], dtype=torch.int32),
+                 cfg[f"{P}_OUT_ACTIVATION_MIN"], cfg[f"{P}_OUT_ACTIVATION_MAX"])
+    assert got.reshape(-1).tolist() == arrays[f"{case}_output_ref"]
