@@ -46,14 +46,30 @@ AddParams = _int_struct("AddParams", ["input1_offset", "input1_multiplier", "inp
 LinearParams = _int_struct("LinearParams", ["output_offset", "activation_min", "activation_max"])
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def _build(tmp_path_factory, *defines: str):
     out = tmp_path_factory.mktemp("kernels") / "libcorten_kernels.so"
     sources = sorted(str(p) for p in KERNELS_DIR.glob("*.c"))
-    cmd = ["gcc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I", str(KERNELS_DIR),
-           *sources, "-o", str(out)]
+    cmd = ["gcc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", *defines, "-I",
+           str(KERNELS_DIR), *sources, "-o", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return ctypes.CDLL(str(out))
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    return _build(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def plain_dot_lib(tmp_path_factory):
+    """The kernels with the plain multiply-accumulate dot products Arm builds use by default
+    (CORTEN_DOT_BLOCKS=0, see corten_internal.h): the same bytes as the blocked host form."""
+    return _build(tmp_path_factory, "-DCORTEN_DOT_BLOCKS=0")
+
+
+@pytest.fixture(params=["blocks", "plain"])
+def dot_lib(request):
+    return request.getfixturevalue("lib" if request.param == "blocks" else "plain_dot_lib")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -165,7 +181,8 @@ def _conv_case(rng, g, depthwise):
 
 
 @pytest.mark.parametrize("depthwise", [False, True], ids=["conv2d", "depthwise"])
-def test_conv_matches_reference(lib, depthwise):
+def test_conv_matches_reference(dot_lib, depthwise):
+    lib = dot_lib
     rng = random.Random(1 + depthwise)
     g = torch.Generator().manual_seed(1 + depthwise)
     for case_index in range(120):
@@ -215,7 +232,8 @@ def test_conv_rejects_null_and_bad_shapes(lib):
 
 
 # ----------------------------------------------------------------------------- linear
-def test_linear_matches_reference(lib):
+def test_linear_matches_reference(dot_lib):
+    lib = dot_lib
     from corten.ops.linear import kernel_sum
 
     rng = random.Random(3)
