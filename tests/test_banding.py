@@ -30,3 +30,182 @@ def test_asymmetric_conv_padding_equals_explicitly_padded_input(pad, stride):
     assert torch.equal(y, conv(xp, w, b, [stride] * 2, [0, 0], [1, 1], 3, -2, m, sh, -128, 127))
     yd = dw(x, wd, b[:5], [stride] * 2, pad, [1, 1], 1, 3, -2, m[:5], sh[:5], -128, 127)
     assert torch.equal(yd, dw(xp, wd, b[:5], [stride] * 2, [0, 0], [1, 1], 1, 3, -2, m[:5], sh[:5], -128, 127))
+
+
+# ============================================================================ banded programs
+import shutil  # noqa: E402
+
+from corten.errors import BudgetError  # noqa: E402
+from corten.memory import constant_tensor, plan_memory  # noqa: E402
+from corten.memory.tensors import DEQUANTIZE, QUANTIZE  # noqa: E402
+from corten.memory.views import RESHAPE, alias_offset  # noqa: E402
+from corten.ops.registry import op_name_of  # noqa: E402
+
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+
+
+def c_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's C bytes (NHWC for 4-D), independent of the planner."""
+    t = t.permute(0, 2, 3, 1) if t.dim() == 4 else t
+    return t.contiguous().reshape(-1).view(torch.int8) if t.dtype == torch.int8 else \
+        t.contiguous().reshape(-1).to(torch.int8)
+
+
+def replay_on_planned_bytes(ep, plan, x):
+    """The independent checker of a plan (banded, in-place cats and adds included): run the program
+    step by step on byte buffers filled with garbage (scratch re-filled at each step), every
+    tensor read from and written to where the plan put it.  Every read must see exactly the bytes
+    the reference computes for that tensor (so nothing live was overwritten), every view and
+    every in-place cat must already hold its bytes where the plan says, and the outputs match."""
+    gen = torch.Generator().manual_seed(5)
+    garbage = lambda n: torch.randint(-128, 128, (n,), generator=gen, dtype=torch.int8)  # noqa: E731
+    bufs = {("arena", 0): garbage(plan.arena_bytes)}
+    for a in plan.tensors.values():
+        if a.region != "arena":
+            k = (a.region, a.index)
+            bufs[k] = garbage(max(a.nbytes + a.offset, bufs[k].numel() if k in bufs else 0))
+
+    def at(name):
+        a = plan.tensors[name]
+        return bufs[(a.region, a.index if a.region != "arena" else 0)], a.offset, a.nbytes
+
+    ref, placed = {}, set(plan.placed_cats)
+    user_inputs = list(ep.graph_signature.user_inputs)
+    outputs = []
+    for n in ep.graph.nodes:
+        if n.op == "placeholder":
+            c = constant_tensor(ep, n)
+            ref[n.name] = c if c is not None else x[user_inputs.index(n.name)]
+            continue
+        if n.op == "output":
+            outputs = [ref[a.name] for a in n.args[0]]
+            continue
+        args = [ref[a.name] if isinstance(a, torch.fx.Node) else
+                [ref[b.name] for b in a] if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.fx.Node)
+                else a for a in n.args]
+        for a in n.all_input_nodes:  # every activation read sees its producer's bytes
+            if a.name in plan.tensors:
+                buf, off, nb = at(a.name)
+                assert torch.equal(buf[off:off + nb], c_bytes(ref[a.name])), (n.name, "reads", a.name)
+        y = n.target(*args, **n.kwargs)
+        ref[n.name] = y
+        name = op_name_of(n.target)
+        if n.name not in plan.tensors or name in (QUANTIZE, DEQUANTIZE):
+            if name == QUANTIZE:
+                buf, off, nb = at(n.name)
+                buf[off:off + nb] = c_bytes(y)
+            continue
+        buf, off, nb = at(n.name)
+        view = (n.target == RESHAPE and alias_offset(n) is not None) or \
+            (n.target != RESHAPE and alias_offset(n) is not None) or n.name in placed
+        if view:
+            assert torch.equal(buf[off:off + nb], c_bytes(y)), (n.name, "view / in-place cat bytes")
+            continue
+        if n.name in plan.scratch:
+            s = plan.scratch[n.name]
+            bufs[("arena", 0)][s.offset:s.offset + s.nbytes] = garbage(s.nbytes)
+        buf[off:off + nb] = c_bytes(y)
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def small_mv2():
+    from corten.zoo import get_model
+
+    model, example = get_model("mv2-0.35-96")
+    return corten.compile(model, example, target="cortex-m55", name="mv2_small")
+
+
+def test_no_budget_keeps_todays_plan(small_mv2):
+    assert small_mv2.schedule is None
+    assert small_mv2.fit_arena(small_mv2.memory.arena_bytes) is small_mv2  # fits: unchanged
+    assert "quantized_cat" not in small_mv2.op_counts()
+
+
+def test_budget_bands_mv2_small_byte_exact_and_checked(small_mv2):
+    budget = 64 * 1024
+    banded = small_mv2.fit_budget(budget)
+    plan = banded.memory
+    assert plan.arena_bytes <= budget < small_mv2.memory.arena_bytes
+    sched = banded.schedule
+    assert sched.segments and 0 < sched.extra_macs_pct < 25
+    assert plan.placed_cats and len(plan.placed_cats) == len(sched.segments)
+    report = plan.report()
+    assert "banded segment" in report and "bands of" in report
+    x = torch.randn(small_mv2.inputs[0].shape, generator=torch.Generator().manual_seed(3))
+    want = small_mv2.run_int8(x)
+    got = banded.run_int8(x)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    outs = replay_on_planned_bytes(banded.ep, plan, [x])
+    assert torch.equal(outs[0], small_mv2.run(x))
+    # the portable plan too (no scratch: a different packing)
+    replay_on_planned_bytes(banded.ep, banded.memory_for("portable"), [x])
+
+
+@needs_gcc
+def test_banded_mv2_small_host_c_byte_exact(small_mv2, tmp_path):
+    banded = small_mv2.fit_budget(64 * 1024)
+    x = torch.randn(small_mv2.inputs[0].shape, generator=torch.Generator().manual_seed(4))
+    run = banded.c_run(x, kernels="portable")
+    assert all(torch.equal(a, b) for a, b in zip(small_mv2.run_int8(x), run.outputs))
+    banded.save(tmp_path / "p")
+    again = corten.load(tmp_path / "p")  # the schedule survives save/load
+    assert again.schedule is not None and again.memory.arena_bytes == banded.memory.arena_bytes
+    png = banded.memory.plot(tmp_path / "timeline.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_budget_error_names_smallest_arena_and_layer(small_mv2):
+    with pytest.raises(BudgetError) as e:
+        small_mv2.fit_budget(2048)
+    msg = str(e.value)
+    assert "smallest found is" in msg and "max_arena is 2,048 B" in msg and "The step that sets it" in msg
+    assert "Raise max_arena" in msg
+
+
+def test_flash_budget_still_refuses(small_mv2):
+    with pytest.raises(BudgetError, match="flash"):
+        small_mv2.fit_budget(None, max_flash=1000)
+
+
+class _PoolNet(torch.nn.Module):
+    """Conv, max pool, a residual block with an average pool, ReLU6, a strided depthwise conv, head."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1), nn.ReLU())
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.a = nn.Sequential(nn.Conv2d(16, 32, 1), nn.ReLU6(), nn.AvgPool2d(3, 1, 1, count_include_pad=False),
+                               nn.Conv2d(32, 16, 1))
+        self.dw = nn.Sequential(nn.Conv2d(16, 16, 5, 2, 2, groups=16), nn.Hardswish(), nn.Conv2d(16, 24, 1))
+        self.head = nn.Linear(24, 5)
+
+    def forward(self, x):
+        x = self.pool(self.stem(x))
+        x = x + self.a(x)
+        x = self.dw(x)
+        return self.head(x.mean((2, 3)))
+
+
+@needs_gcc
+def test_any_cnn_with_pools_fits_a_budget_byte_exact(tmp_path):
+    torch.manual_seed(0)
+    model = _PoolNet().eval()
+    example = (torch.randn(1, 3, 40, 36),)
+    calib = [(torch.randn(1, 3, 40, 36),) for _ in range(4)]
+    plain = corten.compile(model, example, calibration=calib, name="poolnet")
+    before = plain.memory.arena_bytes
+    budget = before * 3 // 4
+    banded = corten.compile(model, example, calibration=calib, name="poolnet", max_arena=budget)
+    plan = banded.memory
+    assert plan.arena_bytes <= budget
+    ops = {op for s in banded.schedule.segments for op in s.nodes}
+    assert any("pool" in n for n in ops)  # the max pool runs in bands too
+    x = torch.randn(example[0].shape, generator=torch.Generator().manual_seed(2))
+    want = plain.run_int8(x)
+    assert all(torch.equal(a, b) for a, b in zip(want, banded.run_int8(x)))
+    replay_on_planned_bytes(banded.ep, plan, [x])
+    replay_on_planned_bytes(banded.ep, banded.memory_for("portable", "cortex-m4"), [x])
+    run = banded.c_run(x, kernels="portable")
+    assert all(torch.equal(a, b) for a, b in zip(want, run.outputs))

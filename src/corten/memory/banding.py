@@ -27,6 +27,7 @@ When nothing fits, a min-max variant gives the smallest peak reachable and the s
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -35,8 +36,13 @@ from corten.errors import BudgetError
 from corten.memory.tensors import ProgramTensors, analyse
 
 CONV = ("quantized_conv2d", "quantized_depthwise_conv2d")
+POOLS = ("quantized_avg_pool2d", "quantized_max_pool2d")
+SPATIAL = CONV + POOLS  # ops with a window along H
+PAD_ARG = {"quantized_conv2d": 4, "quantized_depthwise_conv2d": 4, "quantized_avg_pool2d": 3,
+           "quantized_max_pool2d": 3}
+CEIL_MODE_ARG = {"quantized_avg_pool2d": 6, "quantized_max_pool2d": 7}
 ELEMENTWISE = ("quantized_add", "quantized_lut")
-BANDABLE = CONV + ELEMENTWISE
+BANDABLE = SPATIAL + ELEMENTWISE
 MAX_SEGMENT_STEPS = 40
 BAND_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -112,23 +118,33 @@ def _shape(node) -> tuple[int, ...]:
     return tuple(int(d) for d in node.meta["val"].shape)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _shape_c(node) -> tuple[int, ...]:  # the search's hot path (nodes do not change while it runs)
+    return _shape(node)
+
+
+@functools.lru_cache(maxsize=1 << 16)
 def _op(node) -> str:
     from corten.ops.registry import op_name_of
 
     return op_name_of(node.target) or ""
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _conv_geometry(node):
-    """(kernel_h, stride_h, dilation_h, (top, left, bottom, right)) of a conv/depthwise node."""
-    weight = node.args[1]
-    kh = _shape(weight)[1]  # OHWI or [1, kH, kW, C]
+    """(kernel_h, stride_h, dilation_h, (top, left, bottom, right)) of a conv/depthwise/pool node."""
+    op = _op(node)
+    if op in POOLS:
+        dil = node.args[6] if op == "quantized_max_pool2d" and len(node.args) > 6 and node.args[6] else [1, 1]
+        return int(node.args[1][0]), int(node.args[2][0]), int(dil[0]), _pads4(node.args[3])
+    kh = _shape(node.args[1])[1]  # OHWI or [1, kH, kW, C]
     return kh, int(node.args[3][0]), int(node.args[5][0]), _pads4(node.args[4])
 
 
 def input_rows(node, lo: int, hi: int, in_h: int) -> tuple[int, int, int, int]:
     """The input rows ``[a, b)`` output rows ``[lo, hi)`` of ``node`` read, and the band's own
     (top, bottom) padding."""
-    if _op(node) not in CONV:
+    if _op(node) not in SPATIAL:
         return lo, hi, 0, 0
     kh, s, d, (top, _, _, _) = _conv_geometry(node)
     a, b = lo * s - top, (hi - 1) * s - top + d * (kh - 1) + 1
@@ -139,8 +155,8 @@ def _macs(node, rows: int) -> int:
     op = _op(node)
     if op not in CONV:
         return 0
-    _, c_out, _, w_out = _shape(node)
-    wshape = _shape(node.args[1])
+    _, c_out, _, w_out = _shape_c(node)
+    wshape = _shape_c(node.args[1])
     per_pixel = wshape[1] * wshape[2] * (wshape[3] if op == "quantized_conv2d" else 1)
     return rows * w_out * c_out * per_pixel
 
@@ -150,13 +166,13 @@ def total_macs(prog: ProgramTensors) -> int:
     total = 0
     for node, op in zip(prog.steps, prog.op_names):
         if op in CONV:
-            total += _macs(node, _shape(node)[2])
+            total += _macs(node, _shape_c(node)[2])
         elif op == "quantized_linear":
-            out = _shape(node)
-            total += int(torch.Size(out).numel()) * _shape(node.args[1])[-1]
+            out = _shape_c(node)
+            total += int(torch.Size(out).numel()) * _shape_c(node.args[1])[-1]
         elif op == "quantized_grouped_conv2d":
-            n, c, h, w = _shape(node)
-            ws = _shape(node.args[1])
+            n, c, h, w = _shape_c(node)
+            ws = _shape_c(node.args[1])
             total += n * c * h * w * ws[1] * ws[2] * ws[3]
     return total
 
@@ -178,15 +194,17 @@ class _Model:
         node, op = self.steps[i], self.prog.op_names[i]
         if op not in BANDABLE:
             return False
-        out = _shape(node)
+        out = _shape_c(node)
         if len(out) != 4 or out[0] != 1 or out[2] < 2:
             return False
         args = self.act_args[i]
-        if op in CONV:
-            if len(args) != 1 or len(_shape(args[0])) != 4:
-                return False
-            return True
-        return bool(args) and all(_shape(a) == out for a in args)
+        if op in POOLS:
+            k = CEIL_MODE_ARG[op]
+            if len(node.args) > k and node.args[k]:
+                return False  # ceil mode: the last window's overhang depends on the input size
+        if op in SPATIAL:
+            return len(args) == 1 and len(_shape_c(args[0])) == 4
+        return bool(args) and all(_shape_c(a) == out for a in args)
 
     def _users_are_steps(self, i: int) -> bool:
         return all(u.name in self.index for u in self.steps[i].users)
@@ -209,7 +227,7 @@ class _Model:
                 continue
             a_lo, a_hi = need[node.name]
             for arg in self.act_args[k]:
-                r0, r1, _, _ = input_rows(node, a_lo, a_hi, _shape(arg)[2])
+                r0, r1, _, _ = input_rows(node, a_lo, a_hi, _shape_c(arg)[2])
                 if arg.name in self.index and i <= self.index[arg.name] <= j:
                     old = need.get(arg.name)
                     need[arg.name] = (r0, r1) if old is None else (min(old[0], r0), max(old[1], r1))
@@ -226,34 +244,45 @@ class _Model:
                 total += cls.nbytes
         return total
 
-    def estimate(self, i: int, j: int, rows: int) -> tuple[int, int, int]:
-        """(estimated peak bytes, extra MACs, halo rows) of segment ``i..j`` in bands of ``rows``."""
-        key = (i, j, rows)
+    def estimate(self, i: int, j: int, rows: int, exact: bool = False) -> tuple[int, int, int]:
+        """(estimated peak bytes, extra MACs, halo rows) of segment ``i..j`` in bands of ``rows``.
+        The search probes the first two, the middle and the last band and counts every other band's
+        MACs as the middle one's (``exact``: every band, for the chosen segments)."""
+        key = (i, j, rows, exact)
         if key in self._cache:
             return self._cache[key]
-        h = _shape(self.steps[j])[2]
+        h = _shape_c(self.steps[j])[2]
         starts = list(range(0, h, rows))
         base = self.whole_bytes(i, j)
         macs = 0
         peak = 0
         halo = 0
-        probe = {0, len(starts) // 2, len(starts) - 1}
-        for bi, r0 in enumerate(starts):
+        probe = {0, 1, len(starts) // 2, len(starts) - 1}
+        visit = range(len(starts)) if exact else sorted(probe)
+        mid_macs = 0
+        for bi in visit:
+            r0 = starts[bi]
             need = self.band_need(i, j, r0, min(r0 + rows, h))
+            band_macs = 0
             for k in range(i, j + 1):
                 nm = self.steps[k].name
                 if nm in need:
-                    macs += _macs(self.steps[k], need[nm][1] - need[nm][0])
+                    band_macs += _macs(self.steps[k], need[nm][1] - need[nm][0])
+            macs += band_macs
+            if bi == len(starts) // 2:
+                mid_macs = band_macs
             if bi in probe:
                 peak = max(peak, base + self._band_peak(i, j, need))
                 if bi == len(starts) // 2:
                     first = self.steps[i]
                     a = self.act_args[i][0]
                     lo, hi = need[first.name]
-                    r_lo, r_hi, _, _ = input_rows(first, lo, hi, _shape(a)[2])
+                    r_lo, r_hi, _, _ = input_rows(first, lo, hi, _shape_c(a)[2])
                     share = (r_hi - r_lo)
-                    halo = max(0, share - rows * _shape(a)[2] // h)
-        unbanded = sum(_macs(self.steps[k], _shape(self.steps[k])[2]) for k in range(i, j + 1))
+                    halo = max(0, share - rows * _shape_c(a)[2] // h)
+        if not exact:
+            macs += mid_macs * (len(starts) - len(probe & set(range(len(starts)))))
+        unbanded = sum(_macs(self.steps[k], _shape_c(self.steps[k])[2]) for k in range(i, j + 1))
         out = (peak, macs - unbanded, halo)
         self._cache[key] = out
         return out
@@ -264,7 +293,7 @@ class _Model:
         size, last_use = {}, {}
         for k in range(i, j + 1):
             node = self.steps[k]
-            n, c, _, w = _shape(node)
+            n, c, _, w = _shape_c(node)
             lo, hi = need.get(node.name, (0, 0))
             size[node.name] = -(-(hi - lo) * w * c // 16) * 16 if k != j else 0
             for a in self.act_args[k]:
@@ -292,11 +321,17 @@ def search(ep, scratch: list[int], live: list[int], budget: int) -> tuple[Schedu
     choices, peak, peak_step = fit
     segs = []
     for (i, j, rows) in choices:
-        p, extra, halo = model.estimate(i, j, rows)
+        p, extra, halo = model.estimate(i, j, rows, exact=True)
         h = _shape(prog.steps[j])[2]
         segs.append(Segment(i, j, rows, -(-h // rows), tuple(x.name for x in prog.steps[i:j + 1]),
                             _shape(prog.steps[j]), halo, extra, p))
+    _clear_caches()
     return Schedule(segs, total_macs(prog), budget), peak, peak_step
+
+
+def _clear_caches() -> None:
+    for f in (_shape_c, _op, _conv_geometry):
+        f.cache_clear()
 
 
 def _dp(model: _Model, n: int, budget: int | None):
@@ -394,9 +429,10 @@ def apply_schedule(gm: torch.fx.GraphModule, schedule: Schedule) -> torch.fx.Gra
                             src = graph.call_function(strided, (src, [n_, c_, x1 - x0, w_], [(x1 - x0) * w_ * c_],
                                                                 [1], (x0 - s0) * w_ * c_))
                         args[pos] = src
-                        if _op(node) in CONV:
-                            _, left, _, right = _pads4(node.args[4])
-                            args[4] = [top, left] if (top, left) == (bottom, right) else [top, left, bottom, right]
+                        if _op(node) in SPATIAL:
+                            k = PAD_ARG[_op(node)]
+                            _, left, _, right = _pads4(node.args[k])
+                            args[k] = [top, left] if (top, left) == (bottom, right) else [top, left, bottom, right]
                     new = graph.call_function(node.target, tuple(args), dict(node.kwargs))
                     env[node.name] = (new, lo)
                 outs.append(env[last.name][0])
@@ -407,6 +443,7 @@ def apply_schedule(gm: torch.fx.GraphModule, schedule: Schedule) -> torch.fx.Gra
             graph.erase_node(node)
     graph.lint()
     gm.recompile()
+    _clear_caches()
     return gm
 
 
@@ -422,13 +459,16 @@ def _activation_positions(node) -> list[int]:
 
 
 def budget_error(target: str, budget: int, best_arena: int, schedule: Schedule, peak_step_desc: str,
-                 arena_before: int) -> BudgetError:
+                 arena_before: int, plan) -> BudgetError:
+    banded = (f"the smallest found is {best_arena:,} B with {len(schedule.segments)} banded segment(s) "
+              f"(+{schedule.extra_macs_pct:.1f}% MACs)" if schedule.segments and best_arena < arena_before
+              else "no banded schedule makes it smaller")
     return BudgetError(
-        f"model does not fit {target}: no schedule found with an arena of at most {budget:,} B "
-        f"(max_arena); the smallest found is {best_arena:,} B (layer by layer {arena_before:,} B, "
-        f"{len(schedule.segments)} banded segment(s), +{schedule.extra_macs_pct:.1f}% MACs). "
-        f"{peak_step_desc}. Raise max_arena to at least {best_arena:,} B, or shrink that layer "
-        "(input resolution, width, expansion ratio) or choose a target with more memory.")
+        f"model does not fit {target or 'the target'}: arena needs {best_arena:,} B of RAM but max_arena is "
+        f"{budget:,} B (over by {best_arena - budget:,} B): layer by layer it needs {arena_before:,} B and "
+        f"{banded}. {peak_step_desc}; {plan.peak_description()}. Raise max_arena to at least "
+        f"{best_arena:,} B, or shrink that layer (input resolution, width, expansion ratio), or choose a "
+        "target with more memory.")
 
 
 def fit(ep, module: torch.fx.GraphModule, example_inputs: tuple, budget: int, plan_fn, target_name: str = ""):
@@ -446,7 +486,8 @@ def fit(ep, module: torch.fx.GraphModule, example_inputs: tuple, budget: int, pl
     scratch = [plan0.scratch[nm].nbytes if nm in plan0.scratch else 0 for nm in plan0.step_nodes]
     live = list(plan0.steps)
     goal = budget
-    best = None  # (arena, ep, schedule, plan)
+    best = (plan0.arena_bytes, ep, Schedule([], 0, budget, plan0.arena_bytes, plan0.arena_bytes), plan0)
+    peak_step = -1
     for _ in range(4):
         schedule, est_peak, peak_step = search(ep, scratch, live, goal)
         schedule.arena_before, schedule.budget = plan0.arena_bytes, budget
@@ -455,7 +496,7 @@ def fit(ep, module: torch.fx.GraphModule, example_inputs: tuple, budget: int, pl
         new_ep = torch.export.export(apply_schedule(module, schedule), example_inputs)
         plan = plan_fn(new_ep, True)
         schedule.arena_after = plan.arena_bytes
-        if best is None or plan.arena_bytes < best[0]:
+        if plan.arena_bytes < best[0]:
             best = (plan.arena_bytes, new_ep, schedule, plan)
         if plan.arena_bytes <= budget:
             plan.schedule = schedule
@@ -463,14 +504,9 @@ def fit(ep, module: torch.fx.GraphModule, example_inputs: tuple, budget: int, pl
         if est_peak > goal:  # even the estimate does not fit: this is the smallest reachable
             break
         goal -= plan.arena_bytes - budget + 16
-    if best is None:
-        schedule, est_peak, peak_step = search(ep, scratch, live, 0)
-        schedule.arena_before = plan0.arena_bytes
-        best = (plan0.arena_bytes, ep, schedule, plan0)
     arena, _, schedule, plan = best
     steps = analyse(ep).steps
-    _, _, worst = search(ep, scratch, live, 0)
-    node = steps[worst] if 0 <= worst < len(steps) else None
+    node = steps[peak_step] if 0 <= peak_step < len(steps) else None
     where = (f"The step that sets it: '{node.name}' ({_op(node)}, output {list(_shape(node))}), whose "
              f"input, output and scratch (or band working set) must be live together") if node is not None else ""
-    raise budget_error(target_name, budget, arena, schedule, where, plan0.arena_bytes)
+    raise budget_error(target_name, budget, arena, schedule, where, plan0.arena_bytes, plan)
