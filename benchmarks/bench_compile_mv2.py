@@ -59,7 +59,8 @@ def corten_compile_and_save(model, example_inputs, calibration, out_dir: Path, t
                             seed: int) -> tuple[StageClock, object]:
     """``corten compile``'s work: ``corten.compile`` then save program, stage graphs and report.
 
-    Returns a clock with the compiler's own per-stage wall times (``prog.info["timings_s"]``),
+    Returns a clock with the compiler's own per-stage wall and CPU times (``prog.info["timings_s"]``,
+    ``prog.info["cpu_timings_s"]``),
     the whole compile's wall and CPU time under ``"compile"``, the saving under ``"save"`` and the
     memory plan for the report under ``"memory plan"``.
     """
@@ -90,6 +91,8 @@ def corten_compile_and_save(model, example_inputs, calibration, out_dir: Path, t
     clock.time("memory plan", memory_plan)
     for stage, seconds in prog.info.get("timings_s", {}).items():
         clock.wall[stage] = seconds
+    for stage, seconds in prog.info.get("cpu_timings_s", {}).items():
+        clock.cpu[stage] = seconds
     return clock, prog
 
 

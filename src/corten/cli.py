@@ -322,6 +322,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``corten`` command.  Called with ``argv=None`` (the ``corten`` console script,
+    ``python -m corten.cli``) it ends the process itself once the command is done, see
+    :func:`_exit_now`; called with a list (tests, other Python code) it returns the exit code."""
+    code = _run(argv)
+    if argv is None:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """End the process without the interpreter's teardown.
+
+    Everything the command wrote is closed by then; what is left is freeing hundreds of
+    thousands of Python objects of torch, torchao and the compiled graphs, one by one, which costs
+    about a second (measured: ``benchmarks/bench_compile_mv2.py``'s CLI row).  The ``atexit``
+    handlers (temporary-directory finalizers, torch's own) and the logging handlers still run, and
+    the standard streams are flushed, before ``os._exit``."""
+    import atexit
+    import logging
+    import os
+
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a closed pipe etc.: fall back to the normal exit
+        sys.exit(code)
+    os._exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -79,6 +79,12 @@ def graph_text(gm_or_ep) -> str:
     return gm.print_readable(print_output=False, include_stride=False, include_device=False)
 
 
+def _clock() -> tuple[float, float]:
+    """(wall, process CPU) seconds: the stage timings keep both (CPU time is what a shared
+    machine does not inflate by waiting for a core)."""
+    return time.perf_counter(), time.process_time()
+
+
 def _progress_printer(enabled: bool | Callable[[str], None]) -> Callable[[str], None]:
     if callable(enabled):
         return enabled
@@ -260,7 +266,8 @@ class Pipeline:
         self.name = check_program_name(name)
         self.say = _progress_printer(progress)
         self.graphs: dict[str, str] = {}  # stage -> graph text ("exported", "bn_fused", "quantized", "lowered")
-        self.timings: dict[str, float] = {}
+        self.timings: dict[str, float] = {}  # stage -> wall seconds
+        self.cpu_timings: dict[str, float] = {}  # stage -> this process's CPU seconds
         self.exported: torch.export.ExportedProgram | None = None
         self.float_module: torch.fx.GraphModule | None = None  # the captured graph (explains calibration failures)
         self.quantizer: CortenQuantizer | None = None
@@ -273,12 +280,14 @@ class Pipeline:
         self.unlowered: list = []
         self.program: Program | None = None
 
-    def _timed(self, key: str, t0: float) -> None:
-        self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - t0
+    def _timed(self, key: str, t0: tuple[float, float]) -> None:
+        wall, cpu = _clock()
+        self.timings[key] = self.timings.get(key, 0.0) + wall - t0[0]
+        self.cpu_timings[key] = self.cpu_timings.get(key, 0.0) + cpu - t0[1]
 
     # ------------------------------------------------------------------ stages
     def capture(self) -> "Pipeline":
-        t0 = time.perf_counter()
+        t0 = _clock()
         self.say(f"corten: capturing {type(self.model).__name__} with torch.export")
         from corten.validation import check_exported
 
@@ -294,7 +303,7 @@ class Pipeline:
 
         if self.exported is None:
             self.capture()
-        t0 = time.perf_counter()
+        t0 = _clock()
         self.quantizer = CortenQuantizer(observer=self.observer, precision=self.precision)
         self.float_module = unguarded_module(self.exported)
         with _torchao_warnings():
@@ -310,7 +319,7 @@ class Pipeline:
 
         if self.prepared is None:
             self.prepare()
-        t0 = time.perf_counter()
+        t0 = _clock()
         if samples is not None:
             samples = check_samples(samples, self.example_inputs)
         elif self.calibration is not None:
@@ -332,14 +341,14 @@ class Pipeline:
 
         if self.calibration_samples == 0 and not self._calibrated:
             self.calibrate()
-        t0 = time.perf_counter()
+        t0 = _clock()
         # convert_pt2e draws from torch's global RNG: give it its own seeded stream and leave the
         # caller's generator state as it was.
         with _torchao_warnings(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             self.converted = convert_pt2e(self.prepared)
         self._timed("quantize", t0)
-        t0 = time.perf_counter()
+        t0 = _clock()
         propagate_shapes(self.converted, self.example_inputs)
         self.graphs["quantized"] = graph_text(self.converted)
         self._timed("lower", t0)
@@ -350,7 +359,7 @@ class Pipeline:
         (the Tester runs it as the fake-quantized reference); otherwise it is lowered in place."""
         if self.converted is None:
             self.convert()
-        t0 = time.perf_counter()
+        t0 = _clock()
         self.say("corten: lowering to Corten ops")
         self.pass_manager = CortenPassManager()
         if keep_converted:
@@ -374,7 +383,7 @@ class Pipeline:
             self.lower()
         if self.unlowered and not allow_unlowered:
             raise UnsupportedOpsError(self.model_name, self.unlowered)
-        t0 = time.perf_counter()
+        t0 = _clock()
         program_ep = torch.export.export(self.lowered, self.example_inputs)
         node_sources = _node_sources(self.lowered, program_ep)
         self.graphs["lowered"] = graph_text(program_ep)
@@ -382,7 +391,8 @@ class Pipeline:
         self.program = Program(program_ep, self.target, name=self.name, stages=dict(self.graphs),
                                unlowered=self.unlowered,
                                info={"calibration_samples": self.calibration_samples, "seed": self.seed,
-                                     "timings_s": dict(self.timings), "node_sources": node_sources,
+                                     "timings_s": dict(self.timings),
+                                     "cpu_timings_s": dict(self.cpu_timings), "node_sources": node_sources,
                                      "observer": self.observer,
                                      **({"precision": _precision_info(self.precision, self.quantizer)}
                                         if self.precision != "int8" else {}),
@@ -488,7 +498,7 @@ def _compile_qat(qat: torch.fx.GraphModule, example_inputs, target, calibration,
                           "ranges learnt in fine-tuning")
     p = Pipeline(qat, example_inputs, target, None, seed, name=name, progress=progress)
     p.model_name = qat.meta["corten_qat"].get("model", p.model_name)
-    t0 = time.perf_counter()
+    t0 = _clock()
     p.say("corten: converting the QAT module")
     p.converted = convert_qat(qat)
     for n in p.converted.graph.nodes:  # the QAT graph was traced with a dynamic batch: shapes anew
