@@ -36,18 +36,34 @@ def load_model_spec(spec: str):
     sys.path.insert(0, str(path.parent.resolve()))
     try:
         mod_spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise CliError(f"{path}:{e.lineno}: cannot load the model file: SyntaxError: {e.msg}") from e
+    except Exception as e:  # noqa: BLE001 - the user's module: say which file and what it raised
+        raise CliError(f"{path}: importing it raised {type(e).__name__}: {e}{_user_frame(e, path)}") from e
     finally:
         sys.path.pop(0)
     factory = getattr(module, func, None)
     if not callable(factory):
         raise CliError(f"{path}: has no function {func!r} (it must return (model, example_inputs))")
-    result = factory()
+    try:
+        result = factory()
+    except Exception as e:  # noqa: BLE001 - the user's factory
+        raise CliError(f"{path}:{func}() raised {type(e).__name__}: {e}{_user_frame(e, path)}; it must "
+                       "return (model, example_inputs)") from e
     if not (isinstance(result, tuple) and len(result) == 2):
         raise CliError(f"{path}:{func}() must return (model, example_inputs), got {type(result).__name__}")
     model, example_inputs = result
     from corten.validation import as_input_tuple
 
     return model, as_input_tuple(example_inputs, f"{path}:{func}()'s example_inputs"), path.stem
+
+
+def _user_frame(exc: BaseException, path: Path) -> str:
+    """`` (at file.py:LINE)``: the last frame of ``exc``'s traceback inside the user's ``path``."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+    return f" (at {path}:{frames[-1].lineno})" if frames else ""
 
 
 def cmd_models(args) -> int:
@@ -73,6 +89,8 @@ def cmd_compile(args) -> int:
         raise CliError(f"program name {name!r} is not a C identifier; pass --name NAME (letters, digits, _)")
     source = str(args.model)
     check_destination(Path(args.out), name, args.force, "--force", source)  # before minutes of compiling
+    if not args.calib_data and args.calib < 1:
+        raise CliError(f"--calib {args.calib}: give at least 1 calibration sample (or --calib-data FILE.npy)")
     if args.calib_data:
         calibration, calib_text = _calibration_file(args.calib_data, example_inputs), f"{args.calib_data}"
     else:

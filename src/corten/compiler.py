@@ -101,16 +101,27 @@ def _calibrate(prepared: torch.fx.GraphModule, samples, say: Callable[[str], Non
     from corten.validation import explain_calibration_failure
 
     if callable(samples):
+        import inspect
+
+        from corten.validation import observed_any
+
         say("  calibrating with the given callable")
+        where = getattr(samples, "__qualname__", type(samples).__name__)
         try:
-            samples(prepared)
+            result = samples(prepared)
+            if inspect.isgenerator(result):  # a generator function: its body runs as it is iterated
+                for _ in result:
+                    pass
         except Exception as exc:  # noqa: BLE001 - the user's code: say where it failed
             if type(exc).__module__.startswith("corten"):
                 raise
-            where = getattr(samples, "__qualname__", type(samples).__name__)
             raise UsageError(f"the calibration callable {where}(model) raised {type(exc).__name__}: {exc}; it must "
                              "run the prepared model on calibration inputs shaped like the example inputs "
                              "(see the traceback above for where)") from exc
+        if not observed_any(prepared):
+            raise UsageError(f"the calibration callable {where}(model) returned without running the model: no "
+                             "observer saw a value, so every int8 range would be made up; call model(x) on "
+                             "calibration inputs shaped like the example inputs inside it")
         return 0
     n = len(samples)
     width = 30
@@ -157,6 +168,12 @@ def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) 
                                          "data-dependent control flow cannot be compiled to a fixed sequence of "
                                          "kernels; compute both branches and select with arithmetic, or move "
                                          "the control flow outside the model"))
+            continue
+        if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            refused.append(UnloweredNode(node.name, op_display_name(node.target), source_location(node),
+                                         "it reads a tensor's value into a Python number (.item(), float(t), "
+                                         "int(t), .tolist()), which the compiled program cannot do: keep it a "
+                                         "tensor (e.g. x * x.max() instead of x * x.max().item())"))
             continue
         if _dynamic(node) and not any(_dynamic(a) for a in node.all_input_nodes):  # where it starts
             refused.append(UnloweredNode(node.name, op_display_name(node.target), source_location(node),

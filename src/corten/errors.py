@@ -111,12 +111,16 @@ class CRunTimeout(CRunError):
     """The harness (or QEMU) did not finish within the timeout."""
 
 
+class CmsisNnNotFoundError(CortenError, FileNotFoundError):
+    """``cmsis_nn_path`` / ``CMSIS_NN_PATH`` does not name a CMSIS-NN source tree."""
+
+
 class UnsupportedTargetError(CRunnerError, ValueError):
     """The target is a valid Corten target but has no emulated board."""
 
 
 __all__ = [
-    "AtenPassError", "BudgetError", "CBuildError", "CRunError", "CRunTimeout", "CRunnerError", "CaptureError",
+    "AtenPassError", "BudgetError", "CBuildError", "CmsisNnNotFoundError", "CRunError", "CRunTimeout", "CRunnerError", "CaptureError",
     "CodegenError", "CortenError", "CortenOpError", "LoweringError", "MemoryPlanError", "ProgramFileError",
     "ProgramNotFoundError", "QuantizationError", "UnsupportedOpsError", "UnsupportedTargetError", "UsageError",
 ]

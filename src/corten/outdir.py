@@ -47,10 +47,33 @@ def _existing_program(d: Path) -> tuple[str, str | None] | None:
     return None
 
 
+def resolve_destination(dest: Path) -> Path:
+    """``dest`` with a symbolic link as its last component followed (also a dangling one): the
+    program is written where the link points, and the link is kept."""
+    return Path(os.path.realpath(dest)) if dest.is_symlink() else dest
+
+
+def _protected(dest: Path) -> str | None:
+    """Why ``dest`` must never be replaced whole (even with ``force``), or None."""
+    real = os.path.realpath(dest)
+    cwd = os.path.realpath(os.getcwd())
+    if real == os.path.realpath(os.sep):
+        return "is the file system root"
+    if real == os.path.realpath(os.path.expanduser("~")):
+        return "is your home directory"
+    if cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep):
+        return "is the current directory" if cwd == real else "contains the current directory"
+    return None
+
+
 def check_destination(dest: Path, name: str | None, force: bool, flag: str = "force=True",
                       source: str | None = None) -> None:
     """Refuse a destination that cannot (or must not) be replaced by program ``name`` (compiled
     from ``source``, e.g. the CLI's MODEL argument, when known)."""
+    dest = resolve_destination(dest)
+    if dest.is_dir() and (why := _protected(dest)) is not None:
+        raise OutputDirError(f"{dest}: {why}, which Corten never replaces (even with {flag}); choose a new "
+                             f"directory for the program, e.g. {Path(dest) / 'corten-out'}")
     if dest.exists() and not dest.is_dir():
         raise OutputDirError(f"{dest}: exists and is not a directory; choose another output directory "
                              "(or remove the file)")
@@ -76,12 +99,15 @@ def staged_dir(dest: str | Path, name: str | None = None, force: bool = False,
 
     ``dest`` may not exist (it is created, with its parents), be empty, or hold a Corten program
     called ``name`` (replaced whole); anything else needs ``force``."""
-    dest = as_dir_path(dest)
+    dest = resolve_destination(as_dir_path(dest))
     check_destination(dest, name, force, flag, source)
     parent = dest.parent if str(dest.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.corten-tmp-", dir=parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700: the program directory gets the usual permissions
     except OSError as e:
         raise OutputDirError(f"{dest}: cannot create the output directory ({e.strerror or e}); "
                              "choose a writable location") from None

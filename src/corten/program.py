@@ -166,8 +166,11 @@ class Program:
         """A copy of the program whose outputs are the int8 tensors before each final dequantize."""
         if self._int8_module is None:
             import copy
+            import warnings
 
-            gm = copy.deepcopy(self.module())
+            with warnings.catch_warnings():  # torch's pytree specs warn about their own deprecations when copied
+                warnings.simplefilter("ignore", FutureWarning)
+                gm = copy.deepcopy(self.module())
             out = gm.graph.output_node()
             dq = torch.ops.corten.dequantize_per_tensor.default
             new = [a.args[0] if isinstance(a, torch.fx.Node) and a.target == dq else a for a in out.args[0]]

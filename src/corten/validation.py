@@ -70,6 +70,11 @@ def check_example_inputs(example_inputs: tuple) -> None:
         if not isinstance(x, torch.Tensor):
             raise CaptureError(f"example_inputs[{i}] is a {type(x).__name__}, not a tensor; "
                                "pass a tuple of float32 tensors")
+        if x.layout != torch.strided:
+            raise CaptureError(f"example_inputs[{i}] is a {x.layout} tensor; pass dense tensors (x.to_dense())")
+        if x.device.type != "cpu":
+            raise CaptureError(f"example_inputs[{i}] is on device {x.device}; Corten captures and calibrates on "
+                               "the CPU: pass CPU tensors holding real values (x.cpu())")
         if x.dtype != torch.float32:
             raise CaptureError(f"example_inputs[{i}] has dtype {x.dtype}; Corten quantizes float32 "
                                "models: pass float32 tensors (x.float())")
@@ -252,6 +257,18 @@ def _observed_label(src: torch.fx.Node) -> str:
     if src.op == "placeholder":
         return f"model input {src.name!r}"
     return f"tensor {src.name!r} ({getattr(src.target, '__name__', src.target)}) {_where(src)}"
+
+
+def observed_any(prepared: torch.fx.GraphModule) -> bool:
+    """True when at least one activation observer has seen a value (observers start at
+    ``min_val = +inf``, ``max_val = -inf``, or empty); a graph without observers counts as observed."""
+    seen = None
+    for mod, _, _ in _observers(prepared):
+        lo, hi = mod.min_val, mod.max_val
+        seen = bool(seen)
+        if lo.numel() and hi.numel() and float(lo.min()) <= float(hi.max()):
+            return True
+    return seen is None
 
 
 def check_observers(prepared: torch.fx.GraphModule, model_name: str) -> None:

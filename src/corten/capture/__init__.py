@@ -42,6 +42,13 @@ GUARDS_FN_NAME = "_guards_fn"  # submodule torch.export's .module() adds to chec
 def _check_model(model: object) -> None:
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture expects a torch.nn.Module, got {type(model).__name__}")
+    for kind, named in (("parameter", model.named_parameters), ("buffer", model.named_buffers)):
+        for name, t in named():
+            if t.device.type != "cpu" or t.layout != torch.strided:
+                where = f"on device {t.device}" if t.device.type != "cpu" else f"a {t.layout} tensor"
+                raise CaptureError(f"{type(model).__name__}: {kind} {name!r} is {where}; Corten reads the "
+                                   "weights' values on the CPU: load real weights and call model.cpu() (dense "
+                                   "tensors) before compiling")
     training = [name or type(model).__name__ for name, m in model.named_modules() if m.training]
     if training:
         shown = ", ".join(training[:3]) + (f" and {len(training) - 3} more" if len(training) > 3 else "")

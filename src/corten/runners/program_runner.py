@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from corten.errors import UsageError
+from corten.errors import CmsisNnNotFoundError, UsageError
 from corten.runners.common import CRunResult, harness_defines
 
 KERNEL_FLAVOURS = ("portable", "cmsis-nn")
@@ -43,7 +43,7 @@ def cmsis_nn_sources(cmsis_nn_path: str | Path) -> tuple[list[Path], list[Path]]
     # Integer kernels only: the float ones (*_f16.c, *_f32.c) need CMSIS-NN's float build options.
     sources = sorted(p for p in root.glob("Source/*/*.c") if not p.name.endswith(("_f16.c", "_f32.c")))
     if not sources or not (root / "Include" / "arm_nnfunctions.h").exists():
-        raise FileNotFoundError(f"{root}: not a CMSIS-NN tree (expected Include/arm_nnfunctions.h and "
+        raise CmsisNnNotFoundError(f"{root}: not a CMSIS-NN tree (expected Include/arm_nnfunctions.h and "
                                 "Source/*/*.c); set CMSIS_NN_PATH / cmsis_nn_path to your CMSIS-NN checkout")
     return sources, [root / "Include"]
 
