@@ -46,3 +46,94 @@ def requantize_width(values, input_offset, output_offset, multiplier, shift, bit
     """TFLite Requantize between int8 and int16 grids, elementwise on a flat list."""
     lo, hi = (-128, 127) if bits == 8 else (-32768, 32767)
     return [min(max(i32(requantize(v + input_offset, multiplier, shift) + output_offset), lo), hi) for v in values]
+
+
+def _s16_out(acc, o, multiplier, shift, act_min, act_max):
+    q = o if len(multiplier) > 1 else 0
+    return min(max(requantize_s64(acc, reduce_multiplier(multiplier[q]), shift[q]), act_min), act_max)
+
+
+def conv2d_s16(x, w, bias, stride, padding, dilation, multiplier, shift, act_min, act_max):
+    """``arm_convolve_s16``: NHWC ``x[n][h][w][c]`` int16, OHWI ``w[o][kh][kw][c]``, int64 bias; zero padding."""
+    n_, h_, w_, c_ = len(x), len(x[0]), len(x[0][0]), len(x[0][0][0])
+    c_out, kh, kw = len(w), len(w[0]), len(w[0][0])
+    ho = (h_ + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (w_ + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    out = []
+    for n in range(n_):
+        rows = []
+        for oy in range(ho):
+            cols = []
+            for ox in range(wo):
+                px = []
+                for o in range(c_out):
+                    acc = bias[o] if bias is not None else 0
+                    for ky in range(kh):
+                        for kx in range(kw):
+                            iy = oy * stride[0] - padding[0] + ky * dilation[0]
+                            ix = ox * stride[1] - padding[1] + kx * dilation[1]
+                            if 0 <= iy < h_ and 0 <= ix < w_:
+                                for c in range(c_):
+                                    acc += x[n][iy][ix][c] * w[o][ky][kx][c]
+                    px.append(_s16_out(acc, o, multiplier, shift, act_min, act_max))
+                cols.append(px)
+            rows.append(cols)
+        out.append(rows)
+    return out
+
+
+def depthwise_s16(x, w, bias, stride, padding, dilation, ch_mult, multiplier, shift, act_min, act_max):
+    """``arm_depthwise_conv_s16``: ``w[kh][kw][c_out]``, output channel ``c * ch_mult + m`` reads ``c``."""
+    n_, h_, w_ = len(x), len(x[0]), len(x[0][0])
+    kh, kw, c_out = len(w), len(w[0]), len(w[0][0])
+    ho = (h_ + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (w_ + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    out = []
+    for n in range(n_):
+        rows = []
+        for oy in range(ho):
+            cols = []
+            for ox in range(wo):
+                px = []
+                for o in range(c_out):
+                    acc = bias[o] if bias is not None else 0
+                    for ky in range(kh):
+                        for kx in range(kw):
+                            iy = oy * stride[0] - padding[0] + ky * dilation[0]
+                            ix = ox * stride[1] - padding[1] + kx * dilation[1]
+                            if 0 <= iy < h_ and 0 <= ix < w_:
+                                acc += x[n][iy][ix][o // ch_mult] * w[ky][kx][o]
+                    px.append(_s16_out(acc, o, multiplier, shift, act_min, act_max))
+                cols.append(px)
+            rows.append(cols)
+        out.append(rows)
+    return out
+
+
+def pool_s16(x, kernel, stride, padding, act_min, act_max, is_avg):
+    """``arm_avgpool_s16`` (average of the in-input taps, rounded away from zero) / ``arm_max_pool_s16``."""
+    n_, h_, w_, c_ = len(x), len(x[0]), len(x[0][0]), len(x[0][0][0])
+    ho = (h_ + 2 * padding[0] - kernel[0]) // stride[0] + 1
+    wo = (w_ + 2 * padding[1] - kernel[1]) // stride[1] + 1
+    out = []
+    for n in range(n_):
+        rows = []
+        for oy in range(ho):
+            cols = []
+            for ox in range(wo):
+                px = []
+                for c in range(c_):
+                    vals = [x[n][iy][ix][c]
+                            for iy in range(oy * stride[0] - padding[0], oy * stride[0] - padding[0] + kernel[0])
+                            for ix in range(ox * stride[1] - padding[1], ox * stride[1] - padding[1] + kernel[1])
+                            if 0 <= iy < h_ and 0 <= ix < w_]
+                    if is_avg:
+                        s, k = sum(vals), len(vals)
+                        v = (s + k // 2) // k if s > 0 else -((k // 2 - s) // k)  # C truncating division
+                    else:
+                        v = max(vals)
+                    px.append(min(max(v, act_min), act_max))
+                cols.append(px)
+            rows.append(cols)
+        out.append(rows)
+    return out

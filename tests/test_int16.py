@@ -172,21 +172,35 @@ def test_bad_precision_is_refused(bad):
         corten.compile(MLP(), (torch.randn(1, 12),), precision=bad)
 
 
+class ConvFlatten(nn.Module):
+    def __init__(self, act=torch.relu):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(4 * 6 * 6, 5)
+        self.act = act
+
+    def forward(self, x):
+        return self.fc(self.act(self.conv(x)).flatten(1))
+
+
 def test_ops_without_int16_kernels_stay_int8():
     import corten
 
-    class ConvNet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(3, 4, 3)
-            self.fc = nn.Linear(4 * 6 * 6, 5)
-
-        def forward(self, x):
-            return self.fc(torch.relu(self.conv(x)).flatten(1))
-
     x = torch.randn(1, 3, 8, 8)
-    prog = corten.compile(ConvNet().eval(), (x,), precision="int16")
-    assert not prog.unlowered_ops()
+    prog = corten.compile(ConvFlatten(torch.sigmoid).eval(), (x,), precision="int16")
+    ops = prog.op_counts()
+    assert not prog.unlowered_ops() and ops["quantized_lut"] >= 1  # sigmoid: int8 table between int16 layers
+    assert ops["quantized_requantize"] == 2
+
+
+@needs_gcc
+def test_int16_flatten_of_nhwc_is_a_layout_copy_in_c():
+    import corten
+
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(7))
+    prog = corten.compile(ConvFlatten().eval(), (x,), precision="int16")
+    assert "quantized_requantize" not in prog.op_counts() and prog.inputs[0].bits == 16
+    assert torch.equal(prog.c_run(x, on="host", kernels="portable").outputs[0], prog.run_int8(x)[0])
 
 
 @needs_gcc
@@ -266,3 +280,191 @@ def test_linear_s16_matches_cmsis_nn_test_vectors(case):
                  torch.tensor([cfg[f"{P}_OUTPUT_SHIFT"]], dtype=torch.int32),
                  cfg[f"{P}_OUT_ACTIVATION_MIN"], cfg[f"{P}_OUT_ACTIVATION_MAX"])
     assert got.reshape(-1).tolist() == arrays[f"{case}_output_ref"]
+
+
+# ----------------------------------------------------------------------------- conv, depthwise, pools (s16)
+def _rand_nhwc(rng, n, h, w, c, lo=-32768, hi=32767):
+    return [[[[rng.randint(lo, hi) for _ in range(c)] for _ in range(w)] for _ in range(h)] for _ in range(n)]
+
+
+def _nchw(x, dtype=torch.int16):
+    return torch.tensor(x, dtype=dtype).permute(0, 3, 1, 2)
+
+
+def _nhwc_list(t):
+    return t.permute(0, 2, 3, 1).tolist()
+
+
+def _rand_quant(rng, c_out):
+    mult = [rng.randint(1 << 30, (1 << 31) - 1) for _ in range(c_out)]
+    shift = [rng.randint(-22, -10) for _ in range(c_out)]
+    lo = rng.choice([-32768, rng.randint(-32768, 0)])
+    return mult, shift, lo, rng.choice([32767, rng.randint(max(lo, 0), 32767)])
+
+
+def test_conv2d_and_depthwise_s16_match_naive():
+    conv, dw = torch.ops.corten.quantized_conv2d, torch.ops.corten.quantized_depthwise_conv2d
+    rng = random.Random(3)
+    for _ in range(25):
+        n, h, w, c = rng.randint(1, 2), rng.randint(3, 6), rng.randint(3, 6), rng.randint(1, 5)
+        kh, kw = rng.randint(1, 3), rng.randint(1, 3)
+        stride, dil = [rng.randint(1, 2), rng.randint(1, 2)], [rng.randint(1, 2), 1]
+        pad = [rng.randint(0, kh // 2), rng.randint(0, kw // 2)]
+        if h + 2 * pad[0] < dil[0] * (kh - 1) + 1 or w + 2 * pad[1] < kw:
+            continue
+        x = _rand_nhwc(rng, n, h, w, c)
+        c_out = rng.randint(1, 4)
+        wt = [[[[rng.randint(-127, 127) for _ in range(c)] for _ in range(kw)] for _ in range(kh)] for _ in range(c_out)]
+        bias = [rng.randint(-(2**34), 2**34) for _ in range(c_out)]
+        mult, shift, lo, hi = _rand_quant(rng, c_out)
+        got = conv(_nchw(x), torch.tensor(wt, dtype=torch.int8), torch.tensor(bias, dtype=torch.int64), stride, pad,
+                   dil, 0, 0, torch.tensor(mult, dtype=torch.int32), torch.tensor(shift, dtype=torch.int32), lo, hi)
+        assert got.dtype == torch.int16
+        assert _nhwc_list(got) == naive_s16.conv2d_s16(x, wt, bias, stride, pad, dil, mult, shift, lo, hi)
+        cm = rng.randint(1, 2)
+        wd = [[[rng.randint(-127, 127) for _ in range(c * cm)] for _ in range(kw)] for _ in range(kh)]
+        bias = [rng.randint(-(2**34), 2**34) for _ in range(c * cm)]
+        mult, shift, lo, hi = _rand_quant(rng, c * cm)
+        got = dw(_nchw(x), torch.tensor([wd], dtype=torch.int8), torch.tensor(bias, dtype=torch.int64), stride, pad,
+                 dil, cm, 0, 0, torch.tensor(mult, dtype=torch.int32), torch.tensor(shift, dtype=torch.int32), lo, hi)
+        assert _nhwc_list(got) == naive_s16.depthwise_s16(x, wd, bias, stride, pad, dil, cm, mult, shift, lo, hi)
+
+
+def test_pools_s16_match_naive():
+    rng = random.Random(4)
+    for _ in range(60):
+        n, h, w, c = rng.randint(1, 2), rng.randint(2, 6), rng.randint(2, 6), rng.randint(1, 4)
+        kernel = [rng.randint(1, min(3, h)), rng.randint(1, min(3, w))]
+        stride = [rng.randint(1, 2), rng.randint(1, 2)]
+        pad = [rng.randint(0, (kernel[0] - 1) // 2), rng.randint(0, (kernel[1] - 1) // 2)]
+        x = _rand_nhwc(rng, n, h, w, c)
+        lo = rng.choice([-32768, rng.randint(-32768, 0)])
+        for is_avg, op in ((True, torch.ops.corten.quantized_avg_pool2d), (False, torch.ops.corten.quantized_max_pool2d)):
+            got = op(_nchw(x), kernel, stride, pad, lo, 32767)
+            assert got.dtype == torch.int16
+            assert _nhwc_list(got) == naive_s16.pool_s16(x, kernel, stride, pad, lo, 32767, is_avg)
+
+
+class TinyCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(2, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU())
+        self.dw = nn.Sequential(nn.Conv2d(6, 6, 3, stride=2, padding=1, groups=6), nn.ReLU(),
+                                nn.Conv2d(6, 8, 1), nn.ReLU())
+        self.pool = nn.MaxPool2d(2)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = self.pool(self.dw(self.stem(x)))
+        return self.head(torch.nn.functional.avg_pool2d(x, 2).flatten(1))
+
+
+@pytest.fixture(scope="module")
+def cnn_programs():
+    import corten
+
+    torch.manual_seed(0)
+    m = TinyCNN().eval()
+    x = torch.randn(1, 2, 8, 8, generator=torch.Generator().manual_seed(5))
+    calib = [(torch.randn(1, 2, 8, 8, generator=torch.Generator().manual_seed(6 + i)),) for i in range(8)]
+    return x, {p if isinstance(p, str) else "mixed": corten.compile(m, (x,), calibration=calib, precision=p)
+               for p in ("int16", {"stem": "int16"})}
+
+
+def test_cnn_int16_lowers_fully(cnn_programs):
+    _, progs = cnn_programs
+    ops = progs["int16"].op_counts()
+    assert not progs["int16"].unlowered_ops() and "quantized_requantize" not in ops
+    assert ops["quantized_depthwise_conv2d"] == 1 and ops["quantized_max_pool2d"] == 1
+    assert progs["mixed"].op_counts()["quantized_requantize"] == 1
+
+
+@needs_gcc
+@pytest.mark.parametrize("which", ["int16", "mixed"])
+def test_cnn_int16_c_bytes_equal_on_host(cnn_programs, which):
+    x, progs = cnn_programs
+    prog = progs[which]
+    assert torch.equal(prog.c_run(x, on="host", kernels="portable").outputs[0], prog.run_int8(x)[0])
+
+
+@needs_cmsis_nn
+@pytest.mark.parametrize("which", ["int16", "mixed"])
+def test_cnn_int16_cmsis_nn_bytes_equal_on_host(cnn_programs, which):
+    x, progs = cnn_programs
+    prog = progs[which]
+    got = prog.c_run(x, on="host", kernels="cmsis-nn", cmsis_nn_path=CMSIS_NN_PATH)
+    assert torch.equal(got.outputs[0], prog.run_int8(x)[0])
+
+
+def _vectors(case: str) -> tuple[dict, dict]:
+    d = Path(CMSIS_NN_PATH) / "Tests/UnitTest/TestCases/TestData" / case
+    arrays, cfg = {}, {}
+    for f in d.glob("*.h"):
+        arrays.update(_c_arrays(f))
+        cfg.update({k[len(case) + 1:]: v for k, v in _c_defines(f).items() if k.startswith(case.upper() + "_")})
+    return {k[len(case) + 1:]: v for k, v in arrays.items()}, cfg
+
+
+def _pads(cfg, h, w, kh, kw, sy, sx, dy, dx, top, left, prefix="OUTPUT_"):
+    """TFLite's padding as ``[top, left, bottom, right]``: the output size is the vectors' (SAME may
+    put the extra row/column after the data)."""
+    ho, wo = cfg[prefix + "H"], cfg[prefix + "W"]
+    bottom = max(0, (ho - 1) * sy + dy * (kh - 1) + 1 - h - top)
+    right = max(0, (wo - 1) * sx + dx * (kw - 1) + 1 - w - left)
+    return [top, left, bottom, right]
+
+
+def _first(arrays, *names):
+    return next(arrays[n] for n in names if n in arrays)
+
+
+@needs_cmsis_nn
+@pytest.mark.parametrize("case", ["int16xint8", "int16xint8_dilation_1", "int16xint8_dilation_2",
+                                  "int16xint8_dilation_3", "int16xint8_spill", "int16xint8_spill2"])
+def test_conv_s16_matches_cmsis_nn_test_vectors(case):
+    a, cfg = _vectors(case)
+    n, h, w, c = cfg["INPUT_BATCHES"], cfg["INPUT_H"], cfg["INPUT_W"], cfg["IN_CH"]
+    kh, kw, c_out = cfg["FILTER_Y"], cfg["FILTER_X"], cfg["OUT_CH"]
+    x = torch.tensor(a["input"], dtype=torch.int16).reshape(n, h, w, c).permute(0, 3, 1, 2)
+    wt = torch.tensor(a["weights"], dtype=torch.int8).reshape(c_out, kh, kw, c)
+    got = torch.ops.corten.quantized_conv2d(
+        x, wt, torch.tensor(_first(a, "bias", "biases"), dtype=torch.int64), [cfg["STRIDE_Y"], cfg["STRIDE_X"]],
+        _pads(cfg, h, w, kh, kw, cfg["STRIDE_Y"], cfg["STRIDE_X"], cfg["DILATION_Y"], cfg["DILATION_X"], cfg["PAD_Y"],
+              cfg["PAD_X"]), [cfg["DILATION_Y"], cfg["DILATION_X"]], 0, 0,
+        torch.tensor(_first(a, "output_multiplier", "output_mult"), dtype=torch.int32),
+        torch.tensor(a["output_shift"], dtype=torch.int32), cfg["OUT_ACTIVATION_MIN"], cfg["OUT_ACTIVATION_MAX"])
+    assert got.permute(0, 2, 3, 1).reshape(-1).tolist() == _first(a, "output_ref", "output")
+
+
+@needs_cmsis_nn
+@pytest.mark.parametrize("case", ["dw_int16xint8", "dw_int16xint8_dilation", "dw_int16xint8_mult4",
+                                  "dw_int16xint8_fast", "dw_int16xint8_fast_stride", "dw_int16xint8_fast_spill",
+                                  "dw_int16xint8_fast_test_bias",
+                                  "dw_int16xint8_fast_multiple_batches_uneven_buffers"])
+def test_depthwise_s16_matches_cmsis_nn_test_vectors(case):
+    a, cfg = _vectors(case)
+    n, h, w, c = cfg["INPUT_BATCHES"], cfg["INPUT_H"], cfg["INPUT_W"], cfg["IN_CH"]
+    kh, kw, c_out = cfg["FILTER_Y"], cfg["FILTER_X"], cfg["OUT_CH"]
+    x = torch.tensor(a["input"], dtype=torch.int16).reshape(n, h, w, c).permute(0, 3, 1, 2)
+    got = torch.ops.corten.quantized_depthwise_conv2d(
+        x, torch.tensor(a["weights"], dtype=torch.int8).reshape(1, kh, kw, c_out),
+        torch.tensor(_first(a, "biases", "bias"), dtype=torch.int64), [cfg["STRIDE_Y"], cfg["STRIDE_X"]],
+        _pads(cfg, h, w, kh, kw, cfg["STRIDE_Y"], cfg["STRIDE_X"], cfg.get("DILATION_Y", 1), cfg.get("DILATION_X", 1),
+              cfg["PAD_Y"], cfg["PAD_X"]), [cfg.get("DILATION_Y", 1), cfg.get("DILATION_X", 1)], cfg["CH_MULT"], 0, 0,
+        torch.tensor(_first(a, "output_mult", "output_multiplier"), dtype=torch.int32),
+        torch.tensor(a["output_shift"], dtype=torch.int32), cfg["OUT_ACTIVATION_MIN"], cfg["OUT_ACTIVATION_MAX"])
+    assert got.permute(0, 2, 3, 1).reshape(-1).tolist() == _first(a, "output_ref", "output")
+
+
+@needs_cmsis_nn
+@pytest.mark.parametrize("case", ["avgpooling_int16", "avgpooling_int16_1", "avgpooling_int16_2", "avgpooling_int16_3",
+                                  "maxpool_int16", "maxpool_int16_1", "maxpool_int16_2"])
+def test_pools_s16_match_cmsis_nn_test_vectors(case):
+    a, cfg = _vectors(case)
+    h, w, c = cfg["INPUT_H"], cfg["INPUT_W"], cfg["INPUT_C"]
+    op = torch.ops.corten.quantized_avg_pool2d if case.startswith("avg") else torch.ops.corten.quantized_max_pool2d
+    x = torch.tensor(a["input_tensor"], dtype=torch.int16).reshape(-1, h, w, c).permute(0, 3, 1, 2)
+    kh, kw, sy, sx = cfg["FILTER_H"], cfg["FILTER_W"], cfg["STRIDE_H"], cfg["STRIDE_W"]
+    got = op(x, [kh, kw], [sy, sx], _pads(cfg, h, w, kh, kw, sy, sx, 1, 1, cfg["PADDING_H"], cfg["PADDING_W"]),
+             cfg["ACTIVATION_MIN"], cfg["ACTIVATION_MAX"])
+    assert got.permute(0, 2, 3, 1).reshape(-1).tolist() == a["output"]

@@ -476,10 +476,13 @@ class _Generator:
         else:
             raise CodegenError(f"reshape node {node.name!r} {in_shape} -> {out_shape} permutes channels-last bytes "
                                "on both sides; flatten to 2-D first")
-        out = self.buffer_expr(node)
+        out, inp = self.buffer_expr(node), self.buffer_expr(src)
+        if src.meta["val"].dtype == torch.int16:  # 16x8: 2-byte elements
+            fn = fn.replace("_s8", "_s16")
+            out, inp = f"(int16_t *)(void *){out}", f"(const int16_t *)(const void *){inp}"
         return ("{\n"
                 f"    const corten_dims dims = {{.n = {dims[0]}, .h = {dims[1]}, .w = {dims[2]}, .c = {dims[3]}}};\n"
-                f"    if ({fn}(&dims, {self.buffer_expr(src)}, {out}) != 0) {{\n"
+                f"    if ({fn}(&dims, {inp}, {out}) != 0) {{\n"
                 f"        return {index}; /* step {index} failed */\n"
                 "    }\n}")
 

@@ -16,7 +16,14 @@ from typing import Sequence
 import torch
 
 from corten.errors import LoweringError
-from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
+from corten.fixed_point import (
+    REDUCED_SHIFT_MAX,
+    clamp_activation,
+    reduce_multiplier_t,
+    requantize,
+    requantize_s64,
+    wrap_int32_t,
+)
 from corten.ops import checks
 from corten.ops._qparams import QParams, add_params
 from corten.ops._rules import DQ_PER_TENSOR, Int8Value, Match
@@ -133,16 +140,19 @@ def pads4(padding) -> tuple[int, int, int, int]:
 
 def check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                       output_multiplier, output_shift, activation_min, activation_max, c_out,
-                      asymmetric: bool = False):
+                      asymmetric: bool = False, s16: bool = False):
     """The checks conv2d, depthwise, grouped and transposed convolutions share (names ``op``).
     ``asymmetric``: ``padding`` may also be ``[top, left, bottom, right]`` (conv2d and depthwise:
-    the row bands of a banded schedule, see :mod:`corten.memory.banding`)."""
-    checks.dtype(op, "input", input, torch.int8)
+    the row bands of a banded schedule, see :mod:`corten.memory.banding`).  ``s16``: int16 inputs
+    are the 16x8 variant (int64 bias, no offsets)."""
+    # 16x8 (s16 kernels: conv2d and depthwise, ``s16=True``); every other convolution is int8 only
+    wide = s16 and isinstance(input, torch.Tensor) and input.dtype == torch.int16
+    checks.dtype(op, "input", input, torch.int16 if wide else torch.int8)
     checks.ndim(op, "input", input, 4)
     checks.dtype(op, "weight", weight, torch.int8)
     checks.ndim(op, "weight", weight, 4)
     if bias is not None:
-        checks.dtype(op, "bias", bias, torch.int32)
+        checks.dtype(op, "bias", bias, torch.int64 if wide else torch.int32)
         checks.shape(op, "bias", bias, (c_out,))
     checks.pair(op, "stride", stride, 1)
     if asymmetric and len(padding) == 4:
@@ -151,14 +161,27 @@ def check_conv_common(op, input, weight, bias, stride, padding, dilation, input_
     else:
         checks.pair(op, "padding", padding, 0)
     checks.pair(op, "dilation", dilation, 1)
+    checks.multipliers(op, output_multiplier, output_shift, c_out)
+    if wide:
+        check_s16_stage(op, input_offset, output_offset, output_shift, activation_min, activation_max)
+        return
     checks.input_offset(op, "input_offset", input_offset)
     checks.output_offset(op, "output_offset", output_offset)
-    checks.multipliers(op, output_multiplier, output_shift, c_out)
     checks.activation(op, activation_min, activation_max)
 
 
-def empty_nchw(n, c, h, w, device):
-    return torch.empty((n, c, h, w), dtype=torch.int8, device=device).contiguous(memory_format=torch.channels_last)
+def check_s16_stage(op, input_offset, output_offset, output_shift, activation_min, activation_max) -> None:
+    """The output stage of a 16x8 kernel: no offsets (symmetric int16), int16 activation bounds,
+    shifts <= 14 (``arm_nn_requantize_s64``)."""
+    checks.in_range(op, "input_offset", input_offset, 0, 0)
+    checks.in_range(op, "output_offset", output_offset, 0, 0)
+    checks.activation(op, activation_min, activation_max, torch.int16)
+    if checks._has_values(output_shift) and output_shift.numel():
+        checks.in_range(op, "output_shift", int(output_shift.max()), -31, REDUCED_SHIFT_MAX)
+
+
+def empty_nchw(n, c, h, w, device, dtype: torch.dtype = torch.int8):
+    return torch.empty((n, c, h, w), dtype=dtype, device=device).contiguous(memory_format=torch.channels_last)
 
 
 # Elements per block of the output stage: a block's int64 temporaries (~10 of them) stay in the
@@ -167,15 +190,24 @@ FINISH_BLOCK_ELEMENTS = 1 << 17
 
 
 def finish_accumulators(acc: torch.Tensor, bias, output_multiplier, output_shift, output_offset,
-                        activation_min, activation_max) -> torch.Tensor:
-    """int64 NHWC accumulators -> int8 NCHW (channels_last) output, block of rows by block."""
+                        activation_min, activation_max, s16: bool = False) -> torch.Tensor:
+    """int64 NHWC accumulators -> int8 NCHW (channels_last) output, block of rows by block.  ``s16``
+    (16x8: int64 ``bias``): ``arm_nn_requantize_s64`` with the reduced multiplier, int16 output."""
     n, ho, wo, c = acc.shape
     rows = acc.reshape(n * ho * wo, c)
-    out = torch.empty((n, ho, wo, c), dtype=torch.int8)
+    wide = s16
+    out = torch.empty((n, ho, wo, c), dtype=torch.int16 if wide else torch.int8)
     out_rows = out.view(n * ho * wo, c)
     mult, shift = output_multiplier.to(torch.int64), output_shift.to(torch.int64)
     bias = bias.to(torch.int64) if bias is not None else None
     step = max(1, FINISH_BLOCK_ELEMENTS // c)
+    if wide:
+        reduced = reduce_multiplier_t(mult)
+        for r0 in range(0, rows.shape[0], step):
+            block = rows[r0:r0 + step]
+            block = requantize_s64(block + bias if bias is not None else block, reduced, shift)  # int64: no wrap
+            out_rows[r0:r0 + step] = clamp_activation(block, activation_min, activation_max, torch.int16)
+        return out.permute(0, 3, 1, 2)
     for r0 in range(0, rows.shape[0], step):
         block = rows[r0:r0 + step]
         if bias is not None:

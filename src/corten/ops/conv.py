@@ -95,7 +95,7 @@ def _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, 
     op = "quantized_conv2d"
     check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                       output_multiplier, output_shift, activation_min, activation_max, weight.shape[0],
-                      asymmetric=True)
+                      asymmetric=True, s16=True)
     if weight.shape[3] != input.shape[1]:
         checks.fail(op, "weight", f"OHWI weight has C_in={weight.shape[3]} but input has {input.shape[1]} channels")
     return _out_hw(op, input, weight.shape[1], weight.shape[2], stride, padding, dilation)
@@ -120,7 +120,7 @@ def quantized_conv2d(
                   output_multiplier, output_shift, activation_min, activation_max)
     acc = conv2d_accumulators(input, weight, stride, padding, dilation, input_offset)
     return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min,
-                               activation_max)
+                               activation_max, s16=input.dtype == torch.int16)
 
 
 @quantized_conv2d.register_fake
@@ -128,7 +128,7 @@ def _(input, weight, bias, stride, padding, dilation, input_offset, output_offse
       output_multiplier, output_shift, activation_min, activation_max):
     ho, wo = _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                            output_multiplier, output_shift, activation_min, activation_max)
-    return empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
+    return empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device, input.dtype)
 
 
 # ----------------------------------------------------------------------------- depthwise
@@ -142,11 +142,13 @@ def depthwise_accumulators(input, weight, stride, padding, dilation, depth_multi
     if kh * kw > 65792:
         checks.fail("quantized_depthwise_conv2d", "weight", f"kernel of {kh}x{kw} taps overflows int32 sums")
     ho, wo = _out_hw("quantized_depthwise_conv2d", input, kh, kw, stride, padding, dilation)
-    x = _offset_padded_nhwc(input, input_offset, padding, torch.int32)
+    # (16x8: |product| <= 2**22, summed in int64)
+    acc_dtype = torch.int64 if input.dtype == torch.int16 else torch.int32
+    x = _offset_padded_nhwc(input, input_offset, padding, acc_dtype)
     if depth_multiplier > 1:
         x = x.repeat_interleave(depth_multiplier, dim=3)
-    w = weight.to(torch.int32)
-    acc = torch.zeros((x.shape[0], ho, wo, c_out), dtype=torch.int32)
+    w = weight.to(acc_dtype)
+    acc = torch.zeros((x.shape[0], ho, wo, c_out), dtype=acc_dtype)
     for i in range(kh):
         for j in range(kw):
             r0, c0 = i * dilation[0], j * dilation[1]
@@ -160,7 +162,7 @@ def _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multi
     op = "quantized_depthwise_conv2d"
     check_conv_common(op, input, weight, bias, stride, padding, dilation, input_offset, output_offset,
                       output_multiplier, output_shift, activation_min, activation_max, weight.shape[3],
-                      asymmetric=True)
+                      asymmetric=True, s16=True)
     if depth_multiplier < 1:
         checks.fail(op, "depth_multiplier", f"must be >= 1, got {depth_multiplier}")
     if weight.shape[0] != 1:
@@ -190,7 +192,7 @@ def quantized_depthwise_conv2d(
                      output_offset, output_multiplier, output_shift, activation_min, activation_max)
     acc = depthwise_accumulators(input, weight, stride, padding, dilation, depth_multiplier, input_offset)
     return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min,
-                               activation_max)
+                               activation_max, s16=input.dtype == torch.int16)
 
 
 @quantized_depthwise_conv2d.register_fake
@@ -198,7 +200,7 @@ def _(input, weight, bias, stride, padding, dilation, depth_multiplier, input_of
       output_multiplier, output_shift, activation_min, activation_max):
     ho, wo = _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset,
                               output_offset, output_multiplier, output_shift, activation_min, activation_max)
-    return empty_nchw(input.shape[0], weight.shape[3], ho, wo, input.device)
+    return empty_nchw(input.shape[0], weight.shape[3], ho, wo, input.device, input.dtype)
 
 
 # ----------------------------------------------------------------------------- grouped conv2d
@@ -312,7 +314,7 @@ def _same_pad(m: Match, x_node, padding: list[int]):
     return m.call("quantized_pad", x_node, [0, 0, top, left], [0, 0, bottom, right], zp), [0, 0]
 
 
-@lowers(torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding)
+@lowers(torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, int16=True)
 def lower_conv2d(m: Match):
     """``aten.conv2d``: groups 1 -> ``quantized_conv2d``; groups == C_in -> depthwise; other groups ->
     ``quantized_grouped_conv2d``.  String padding (the ``conv2d.padding`` overload) becomes explicit,
@@ -343,10 +345,21 @@ def _lower_conv(m: Match, x_node, weight, w_scales, a, c_in: int, stride, paddin
     x = m.inputs[0]
     c_out, c_in_per_group = weight.shape[0], weight.shape[1]
     groups = int(a["groups"])
-    bias = m.bias_int32(a["bias"], x.qparams.scale, w_scales)
+    s16 = x.qparams.dtype == torch.int16 or m.output.dtype == torch.int16
     mult, shift = per_channel_multipliers(x.qparams.scale, w_scales, m.output.scale)
     if mult.numel() == 1 and c_out > 1:
         mult, shift = mult.expand(c_out).clone(), shift.expand(c_out).clone()
+    if s16:  # 16x8: int16 in and out, int64 bias (always present), shifts <= 14
+        if x.qparams.dtype != m.output.dtype:
+            raise LoweringError("a convolution reads and writes one activation width (int8 or int16)")
+        if not (groups == 1 or (groups == c_in and c_in_per_group == 1)):
+            raise LoweringError("a grouped convolution has no int16 (16x8) kernel; keep it int8")
+        if len(padding) == 4 or x_node is not m.inputs[0].node:
+            raise LoweringError("a 16x8 convolution takes symmetric padding only; keep it int8")
+        bias = m.bias_int64(a["bias"], x.qparams.scale, w_scales, c_out)
+        shift = m.reduced_shift(shift)
+    else:
+        bias = m.bias_int32(a["bias"], x.qparams.scale, w_scales)
     act_min, act_max = m.activation_bounds
     common_tail = (x.qparams.offset, m.output.zero_point, m.add_constant(mult, "multiplier"),
                    m.add_constant(shift, "shift"), act_min, act_max)
@@ -532,12 +545,32 @@ def _nhwc(node) -> tuple[int, int, int, int]:
     return int(n), int(h), int(w), int(c)
 
 
+def conv2d_s16_scratch_bytes(isa: str, c_in: int, kh: int, kw: int) -> int:
+    """``arm_convolve_wrapper_s16_get_buffer_size``: two int16 im2col columns (plain/DSP) or four
+    columns rounded up to 8-lane int16 vectors (MVE).  ``arm_convolve_s16`` needs it on every ISA."""
+    _check_isa(isa)
+    cols = c_in * kh * kw
+    return 4 * (-(-cols // 8) * 8) * 2 if isa == "mve" else 2 * cols * 2
+
+
+def depthwise_s16_scratch_bytes(isa: str, c_in: int, kh: int, kw: int, ch_mult: int, dilation) -> int:
+    """``arm_depthwise_conv_wrapper_s16_get_buffer_size``: the fast kernel's buffer (depth multiplier
+    1, no dilation, fewer than 512 taps) on DSP (one int16 column) and MVE (four, + 8 bytes of
+    over-read), nothing otherwise."""
+    _check_isa(isa)
+    if not (ch_mult == 1 and tuple(dilation) == (1, 1) and kh * kw < 512) or isa == "plain":
+        return 0
+    return 4 * c_in * kh * kw * 2 + 8 if isa == "mve" else c_in * kh * kw * 2
+
+
 @family.provides("scratch_bytes", "quantized_conv2d")
 def _conv2d_scratch(node, target) -> int:
     # args: input, weight [C_out, kH, kW, C_in], bias, stride, padding, dilation, ...
     inp, weight, _, stride, padding, dilation = node.args[:6]
     _, kh, kw, _ = weight.meta["val"].shape
     _, ho, wo, _ = _nhwc(node)
+    if inp.meta["val"].dtype == torch.int16:
+        return conv2d_s16_scratch_bytes(target.isa, _nhwc(inp)[3], int(kh), int(kw))
     return conv2d_scratch_bytes(target.isa, _nhwc(inp), (int(kh), int(kw)), (ho, wo), stride, pads4(padding)[:2],
                                 dilation)
 
@@ -548,6 +581,8 @@ def _depthwise_scratch(node, target) -> int:
     inp, weight, _, stride, padding, dilation = node.args[:6]
     _, kh, kw, c_out = weight.meta["val"].shape
     _, ho, wo, _ = _nhwc(node)
+    if inp.meta["val"].dtype == torch.int16:
+        return depthwise_s16_scratch_bytes(target.isa, _nhwc(inp)[3], int(kh), int(kw), int(node.args[6]), dilation)
     return depthwise_scratch_bytes(target.isa, _nhwc(inp), (int(kh), int(kw)), (ho, wo), int(c_out),
                                    stride, pads4(padding)[:2], dilation)
 
@@ -588,9 +623,14 @@ def _emit_conv_c(ctx) -> str:
     if taps > 65792:
         ctx.fail(f"a window of {taps} products may overflow the int32 accumulator")
     x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight")
+    s16 = ctx.arg("input").meta["val"].dtype == torch.int16
+    if s16:
+        x, out = f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}"
     if ctx.kernels == "portable":
         per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
         fn = "corten_depthwise_conv2d_s8" if depthwise else "corten_conv2d_s8"
+        if s16:
+            fn = fn.replace("_s8", "_s16")
         return ctx.block(
             ctx.params("corten_conv_params", "params", dict(
                 stride_h=sh, stride_w=sw, pad_h=ph, pad_w=pw, dilation_h=dh, dilation_w=dw, depth_multiplier=mult,
@@ -606,8 +646,11 @@ def _emit_conv_c(ctx) -> str:
     mults = _per_channel_const(ctx, "output_multiplier", c_out)
     shifts = _per_channel_const(ctx, "output_shift", c_out)
     bias = ctx.const("bias") if ctx.arg("bias") is not None else \
-        ctx.derived_const("zero_bias", torch.zeros(c_out, dtype=torch.int32))
+        ctx.derived_const("zero_bias", torch.zeros(c_out, dtype=torch.int64 if s16 else torch.int32))
     buf, size = ctx.scratch()
+    if s16:
+        return _emit_conv_s16_cmsis(ctx, depthwise, (n, h, w, c_in), (ho, wo, c_out), filt, (sh, sw, ph, pw, dh, dw),
+                                    mult, (act_min, act_max), x, out, wname, mults, shifts, bias, buf, size)
     if depthwise:
         params = ctx.params("cmsis_nn_dw_conv_params", "params", dict(
             input_offset=in_off, output_offset=out_off, ch_mult=mult, stride=dict(w=sw, h=sh),
@@ -629,6 +672,42 @@ def _emit_conv_c(ctx) -> str:
         ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c_out),
         ctx.call(f"{fn}(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {wname}, &bias_dims, {bias}, "
                  f"&output_dims, {out})"))
+
+
+def _emit_conv_s16_cmsis(ctx, depthwise, in_nhwc, out_hwc, filt, geometry, mult, act, x, out, wname, mults, shifts,
+                         bias, buf, size) -> str:
+    """``arm_convolve_wrapper_s16`` (int64 bias through ``cmsis_nn_bias_data``) or
+    ``arm_depthwise_conv_wrapper_s16`` (int64 bias pointer)."""
+    n, h, w, c_in = in_nhwc
+    ho, wo, c_out = out_hwc
+    sh, sw, ph, pw, dh, dw = geometry
+    act_min, act_max = act
+    common = dict(input_offset=0, output_offset=0)
+    if depthwise:
+        params = ctx.params("cmsis_nn_dw_conv_params", "params", dict(
+            **common, ch_mult=mult, stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph), dilation=dict(w=dw, h=dh),
+            activation=dict(min=act_min, max=act_max)))
+        call = (f"arm_depthwise_conv_wrapper_s16(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {wname}, "
+                f"&bias_dims, {bias}, &output_dims, {out})")
+        extra = []
+    else:
+        params = ctx.params("cmsis_nn_conv_params", "params", dict(
+            **common, stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph), dilation=dict(w=dw, h=dh),
+            activation=dict(min=act_min, max=act_max)))
+        extra = [ctx.params("cmsis_nn_bias_data", "bias_data", dict(data=f"(const void *){bias}", is_int32_bias=0))]
+        call = (f"arm_convolve_wrapper_s16(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {wname}, "
+                f"&bias_dims, &bias_data, &output_dims, {out})")
+    return ctx.block(
+        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
+        params,
+        ctx.params("cmsis_nn_per_channel_quant_params", "quant",
+                   dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
+        *extra,
+        ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c_in),
+        ctx.dims("filter_dims", "cmsis_nn_dims", *filt),
+        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
+        ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c_out),
+        ctx.call(call))
 
 
 @family.provides("emit_c", "quantized_grouped_conv2d")

@@ -63,7 +63,8 @@ def pool_out_size(size: int, k: int, stride: int, before: int, after: int, dilat
 
 def _check(op, input, kernel_size, stride, padding, activation_min, activation_max, dilation=(1, 1),
            ceil_mode=False, divisor_override=0):
-    checks.dtype(op, "input", input, torch.int8)
+    wide = isinstance(input, torch.Tensor) and input.dtype == torch.int16  # 16x8: arm_{avg,max}pool_s16
+    checks.dtype(op, "input", input, torch.int16 if wide else torch.int8)
     checks.ndim(op, "input", input, 4)
     kh, kw = checks.pair(op, "kernel_size", kernel_size, 1)
     sh, sw = checks.pair(op, "stride", stride, 1)
@@ -76,7 +77,9 @@ def _check(op, input, kernel_size, stride, padding, activation_min, activation_m
     if max(top, bottom) >= dh * (kh - 1) + 1 or max(left, right) >= dw * (kw - 1) + 1:
         checks.fail(op, "padding", f"padding {list(padding)} must be smaller than the kernel {list(kernel_size)}")
     checks.in_range(op, "divisor_override", int(divisor_override), 0, 2**24)
-    checks.activation(op, activation_min, activation_max)
+    checks.activation(op, activation_min, activation_max, input.dtype)
+    if wide and kh * kw >= 65536:
+        checks.fail(op, "kernel_size", f"a {kh}x{kw} window of int16 values overflows the int32 sum")
     ho = pool_out_size(int(input.shape[2]), kh, sh, top, bottom, dh, ceil_mode)
     wo = pool_out_size(int(input.shape[3]), kw, sw, left, right, dw, ceil_mode)
     if ho < 1 or wo < 1:
@@ -107,7 +110,7 @@ def _nhwc_padded(input, kernel_size, stride, padding, ho, wo, value, dtype, dila
 
 
 def _empty(input, ho, wo):
-    return torch.empty((input.shape[0], input.shape[1], ho, wo), dtype=torch.int8,
+    return torch.empty((input.shape[0], input.shape[1], ho, wo), dtype=input.dtype,
                        device=input.device).contiguous(memory_format=torch.channels_last)
 
 
@@ -156,7 +159,7 @@ def quantized_avg_pool2d(
     count = avg_divisors(int(input.shape[2]), int(input.shape[3]), kernel_size, stride, padding, ho, wo,
                          count_include_pad, divisor_override)
     out = rounded_average(total, count) + zp
-    return clamp_activation(out, activation_min, activation_max).permute(0, 3, 1, 2)
+    return clamp_activation(out, activation_min, activation_max, input.dtype).permute(0, 3, 1, 2)
 
 
 @quantized_avg_pool2d.register_fake
@@ -181,9 +184,9 @@ def quantized_max_pool2d(
     dilation = [1, 1] if dilation is None else dilation
     ho, wo = _check("quantized_max_pool2d", input, kernel_size, stride, padding, activation_min, activation_max,
                     dilation, ceil_mode)
-    x = _nhwc_padded(input, kernel_size, stride, padding, ho, wo, -129, torch.int16, dilation)  # padding never wins
+    x = _nhwc_padded(input, kernel_size, stride, padding, ho, wo, -32769, torch.int32, dilation)  # padding never wins
     out = _window_view(x, kernel_size, stride, ho, wo, dilation).amax(dim=(3, 4))
-    return clamp_activation(out, activation_min, activation_max).permute(0, 3, 1, 2)
+    return clamp_activation(out, activation_min, activation_max, input.dtype).permute(0, 3, 1, 2)
 
 
 @quantized_max_pool2d.register_fake
@@ -311,7 +314,7 @@ def _check_pool_padding(what: str, kernel, padding, dilation=(1, 1)):
             raise LoweringError(f"{what}: padding {list(padding)} must be at most half the kernel {list(kernel)}")
 
 
-@lowers(_aten.avg_pool2d.default)
+@lowers(_aten.avg_pool2d.default, int16=True)
 def lower_avg_pool2d(m: Match):
     """``avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)``:
     every combination (PyTorch's divisors, see the module docstring)."""
@@ -331,7 +334,7 @@ def is_uniform(size: int, out: int) -> bool:
     return size % out == 0
 
 
-@lowers(_aten.adaptive_avg_pool2d.default, _aten.adaptive_max_pool2d.default)
+@lowers(_aten.adaptive_avg_pool2d.default, _aten.adaptive_max_pool2d.default, int16=True)
 def lower_adaptive_pool2d(m: Match):
     """Adaptive pools: a strided pool when the windows are uniform (CMSIS-NN applies), else the
     adaptive op with PyTorch's windows."""
@@ -342,6 +345,8 @@ def lower_adaptive_pool2d(m: Match):
     oh, ow = oh or h, ow or w  # None in output_size keeps the input size
     x = m.inputs[0].node
     lo, hi = m.activation_bounds
+    if m.output.dtype == torch.int16 and not (is_uniform(h, oh) and is_uniform(w, ow)):
+        raise LoweringError("an adaptive pool with non-uniform windows has no int16 kernel; keep it int8")
     if is_uniform(h, oh) and is_uniform(w, ow):
         kernel = [h // oh, w // ow]
         if is_avg:
@@ -350,7 +355,7 @@ def lower_adaptive_pool2d(m: Match):
     return m.call("quantized_adaptive_avg_pool2d" if is_avg else "quantized_adaptive_max_pool2d", x, [oh, ow], lo, hi)
 
 
-@lowers(_aten.max_pool2d.default)
+@lowers(_aten.max_pool2d.default, int16=True)
 def lower_max_pool2d(m: Match):
     """``max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)``: any dilation and ceil_mode."""
     _same_qparams(m)
@@ -505,10 +510,14 @@ def _emit_pool_c(ctx) -> str:
     divisor = int(_opt(ctx, "divisor_override", 0)) if is_avg else 0
     dilation = [1, 1] if is_avg else [int(v) for v in (_opt(ctx, "dilation", None) or [1, 1])]
     x, out = ctx.input("input"), ctx.out()
+    s16 = ctx.arg("input").meta["val"].dtype == torch.int16
+    suffix = "s16" if s16 else "s8"
+    if s16:
+        x, out = f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}"
     if ctx.kernels == "cmsis-nn" and cmsis_compatible((h, w), kernel, stride, padding, ho, wo, ceil_mode,
                                                       include_pad, divisor, dilation):
         buf, size = ctx.scratch()
-        fn = "arm_avgpool_s8" if is_avg else "arm_max_pool_s8"
+        fn = f"arm_avgpool_{suffix}" if is_avg else f"arm_max_pool_{suffix}"
         return ctx.block(
             ctx.params("cmsis_nn_context", "nn_ctx", {"buf": buf, "size": size}),
             ctx.params("cmsis_nn_pool_params", "params", {"stride": {"w": sw, "h": sh}, "padding": {"w": left, "h": top},
@@ -520,7 +529,7 @@ def _emit_pool_c(ctx) -> str:
     if ctx.kernels != "portable":
         ctx.portable_kernel("a pooling variant arm_avgpool_s8 / arm_max_pool_s8 do not compute (ceil_mode, "
                             "count_include_pad, divisor_override, dilation or asymmetric padding)")
-    fn = "corten_avg_pool2d_s8" if is_avg else "corten_max_pool2d_s8"
+    fn = f"corten_avg_pool2d_{suffix}" if is_avg else f"corten_max_pool2d_{suffix}"
     zp = int(_opt(ctx, "zero_point", 0)) if is_avg else 0
     fields = dict(kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw, pad_h=top, pad_w=left, activation_min=act_min,
                   activation_max=act_max, pad_bottom=bottom, pad_right=right, dilation_h=dilation[0],

@@ -40,11 +40,11 @@ def lower_reshape(m: Match):
     in_shape = list(m.inputs[0].node.meta["val"].shape)
     if in_shape == shape:
         return m.inputs[0].node
-    if m.output.dtype != torch.int8 and not shapes_share_bytes(in_shape, shape):
-        raise LoweringError(f"a reshape {in_shape} -> {shape} of int16 activations that moves bytes (an NHWC "
-                            "layout copy); keep this reshape in an int8 region (precision={...: 'int8'})")
     if not shapes_share_bytes(in_shape, shape) and (
             (not storage_is_logical(in_shape) and not storage_is_logical(shape)) or composes_with_copy(m)):
+        if m.output.dtype != torch.int8:
+            raise LoweringError(f"a reshape {in_shape} -> {shape} of int16 activations that is a strided copy; "
+                                "keep it in an int8 region (precision={'<module path>': 'int8'})")
         # both sides channels-last permuted (no layout copy does it), or a copy of bytes another
         # movement just copied: one strided copy
         return lower_byte_map(m, lambda t: t.reshape(shape), "reshape")

@@ -375,3 +375,116 @@ int corten_grouped_conv2d_s8(const corten_conv_params *params, const corten_quan
     }
     return CORTEN_OK;
 }
+
+/*
+ * 16x8 convolutions (arm_convolve_s16 / arm_depthwise_conv_s16 arithmetic): int16 input and output
+ * (zero point 0), int8 filters, int64 bias; acc = bias[o] + sum over in-input taps of x * w in
+ * int64, out = clamp(arm_nn_requantize_s64(acc, REDUCE_MULTIPLIER(m[o]), shift[o])).  One window
+ * per output pixel and channel: simple loops (the s16 path is for accuracy, not speed).
+ */
+static int corten_conv_s16_args_ok(const corten_conv_params *p, const corten_quant *q, const corten_dims *in_dims,
+                                   const int16_t *in, const corten_dims *f_dims, const int8_t *f,
+                                   const corten_dims *out_dims, const int16_t *out)
+{
+    if (p == NULL || q == NULL || q->multiplier == NULL || q->shift == NULL || in_dims == NULL || in == NULL ||
+        f_dims == NULL || f == NULL || out_dims == NULL || out == NULL) {
+        return 0;
+    }
+    return p->stride_h >= 1 && p->stride_w >= 1 && p->dilation_h >= 1 && p->dilation_w >= 1 && p->pad_h >= 0 &&
+           p->pad_w >= 0 && f_dims->h >= 1 && f_dims->w >= 1 && in_dims->n == out_dims->n &&
+           p->input_offset == 0 && p->output_offset == 0;
+}
+
+static int16_t corten_s16_output(int64_t acc, const int64_t *bias, int32_t o, const corten_quant *q,
+                                 const corten_conv_params *p)
+{
+    const int32_t k = q->per_channel ? o : 0;
+    const int64_t total = acc + (bias != NULL ? bias[o] : 0);
+    return corten_clamp_s16(corten_requantize_s64(total, corten_reduce_multiplier(q->multiplier[k]), q->shift[k]),
+                            p->activation_min, p->activation_max);
+}
+
+int corten_conv2d_s16(const corten_conv_params *params, const corten_quant *quant,
+                      const corten_dims *input_dims, const int16_t *input,
+                      const corten_dims *filter_dims, const int8_t *filter, const int64_t *bias,
+                      const corten_dims *output_dims, int16_t *output)
+{
+    const corten_conv_params *p = params;
+    int32_t b, oy, ox, o, ky, kx, c;
+    if (!corten_conv_s16_args_ok(params, quant, input_dims, input, filter_dims, filter, output_dims, output) ||
+        filter_dims->c != input_dims->c || filter_dims->n != output_dims->c) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (b = 0; b < output_dims->n; b++) {
+        const int16_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * input_dims->c;
+        for (oy = 0; oy < output_dims->h; oy++) {
+            for (ox = 0; ox < output_dims->w; ox++) {
+                int16_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * output_dims->c;
+                corten_window win;
+                corten_window_at(p, oy, ox, filter_dims->h, filter_dims->w, input_dims->h, input_dims->w, &win);
+                for (o = 0; o < output_dims->c; o++) {
+                    const int8_t *w_o = filter + (ptrdiff_t)o * filter_dims->h * filter_dims->w * filter_dims->c;
+                    int64_t acc = 0;
+                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
+                        const int32_t iy = win.iy0 + ky * p->dilation_h;
+                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
+                            const int32_t ix = win.ix0 + kx * p->dilation_w;
+                            const int16_t *x = in_batch + ((ptrdiff_t)iy * input_dims->w + ix) * input_dims->c;
+                            const int8_t *w = w_o + ((ptrdiff_t)ky * filter_dims->w + kx) * filter_dims->c;
+                            int32_t dot = 0; /* at most 2**22 per product: exact for C_in < 512 */
+                            for (c = 0; c < input_dims->c; c++) {
+                                dot += (int32_t)x[c] * (int32_t)w[c];
+                                if ((c & 255) == 255) {
+                                    acc += dot;
+                                    dot = 0;
+                                }
+                            }
+                            acc += dot;
+                        }
+                    }
+                    out_px[o] = corten_s16_output(acc, bias, o, quant, p);
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}
+
+int corten_depthwise_conv2d_s16(const corten_conv_params *params, const corten_quant *quant,
+                                const corten_dims *input_dims, const int16_t *input,
+                                const corten_dims *filter_dims, const int8_t *filter, const int64_t *bias,
+                                const corten_dims *output_dims, int16_t *output)
+{
+    const corten_conv_params *p = params;
+    const int32_t mult = params != NULL ? params->depth_multiplier : 0;
+    int32_t b, oy, ox, o, ky, kx;
+    if (!corten_conv_s16_args_ok(params, quant, input_dims, input, filter_dims, filter, output_dims, output) ||
+        mult < 1 || filter_dims->n != 1 || filter_dims->c != output_dims->c || output_dims->c != input_dims->c * mult) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (b = 0; b < output_dims->n; b++) {
+        const int16_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * input_dims->c;
+        for (oy = 0; oy < output_dims->h; oy++) {
+            for (ox = 0; ox < output_dims->w; ox++) {
+                int16_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * output_dims->c;
+                corten_window win;
+                corten_window_at(p, oy, ox, filter_dims->h, filter_dims->w, input_dims->h, input_dims->w, &win);
+                for (o = 0; o < output_dims->c; o++) {
+                    const int32_t c = o / mult;
+                    int64_t acc = 0;
+                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
+                        const int32_t iy = win.iy0 + ky * p->dilation_h;
+                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
+                            const int32_t ix = win.ix0 + kx * p->dilation_w;
+                            const int16_t x = in_batch[((ptrdiff_t)iy * input_dims->w + ix) * input_dims->c + c];
+                            const int8_t w = filter[((ptrdiff_t)ky * filter_dims->w + kx) * filter_dims->c + o];
+                            acc += (int64_t)((int32_t)x * (int32_t)w);
+                        }
+                    }
+                    out_px[o] = corten_s16_output(acc, bias, o, quant, p);
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}

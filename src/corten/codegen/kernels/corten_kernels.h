@@ -122,6 +122,28 @@ int corten_linear_s8(const corten_linear_params *params, const corten_quant *qua
                      int32_t in_features, int32_t out_features, const int8_t *input, const int8_t *weight,
                      const int32_t *kernel_sum, int8_t *output);
 
+/** 16x8 average / max pool (arm_avgpool_s16 / arm_max_pool_s16 arithmetic, every variant of the s8 ones). */
+int corten_avg_pool2d_s16(const corten_pool_params *params, const corten_dims *input_dims, const int16_t *input,
+                          const corten_dims *output_dims, int16_t *output);
+int corten_max_pool2d_s16(const corten_pool_params *params, const corten_dims *input_dims, const int16_t *input,
+                          const corten_dims *output_dims, int16_t *output);
+
+/**
+ * 16x8 conv2d / depthwise conv2d (arm_convolve_s16 / arm_depthwise_conv_s16 arithmetic): int16 NHWC
+ * input and output (zero point 0; params->input_offset and output_offset must be 0), int8 filters
+ * as the s8 kernels take them, optional int64 bias [C_out]; int64 accumulator, then
+ * clamp(arm_nn_requantize_s64(acc, REDUCE_MULTIPLIER(m[o]), shift[o])).
+ */
+int corten_conv2d_s16(const corten_conv_params *params, const corten_quant *quant,
+                      const corten_dims *input_dims, const int16_t *input,
+                      const corten_dims *filter_dims, const int8_t *filter, const int64_t *bias,
+                      const corten_dims *output_dims, int16_t *output);
+
+int corten_depthwise_conv2d_s16(const corten_conv_params *params, const corten_quant *quant,
+                                const corten_dims *input_dims, const int16_t *input,
+                                const corten_dims *filter_dims, const int8_t *filter, const int64_t *bias,
+                                const corten_dims *output_dims, int16_t *output);
+
 /**
  * 16x8 fully connected (arm_fully_connected_s16 arithmetic): int16 input (zero point 0), int8 weights
  * [out_features, in_features], optional int64 bias (NULL: none); acc = bias[o] + sum_k x[k] * w[o][k]
@@ -165,6 +187,8 @@ int corten_nhwc_to_nchw_s8(const corten_dims *dims, const int8_t *input, int8_t 
 
 /** Copy values held in NCHW order into an NHWC tensor of shape dims (an un-flatten before a conv). */
 int corten_nchw_to_nhwc_s8(const corten_dims *dims, const int8_t *input, int8_t *output);
+int corten_nhwc_to_nchw_s16(const corten_dims *dims, const int16_t *input, int16_t *output);
+int corten_nchw_to_nhwc_s16(const corten_dims *dims, const int16_t *input, int16_t *output);
 
 /** Elementwise table lookup: output[i] = table[input[i] + 128] for `size` bytes (table: int8 [256]);
  *  output may be the same buffer as input (see corten/ops/lut.py). */
