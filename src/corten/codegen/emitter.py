@@ -58,6 +58,9 @@ class IOTensor:
     zero_point: int
     offset: int
     element_bytes: int = 1  # 1: int8, 2: int16 (TFLite's 16x8 edges)
+    # an input the library takes as its first layer reads it (memory.views.input_layout_reshape):
+    # the forward's argument shape; ``shape`` is then the reshaped 4-D tensor the bytes hold (NHWC)
+    source_shape: tuple[int, ...] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -549,7 +552,24 @@ def _dim_macros(p: str, shape: tuple[int, ...]) -> list[str]:
     return [f"#define {p}_RANK {len(shape)} /* row-major */"] + [f"#define {p}_DIM{i} {d}" for i, d in enumerate(shape)]
 
 
+def _input_tensor(g: _Generator, ph, q, offset: int) -> IOTensor:
+    """A program input at the C boundary (an input the program never reads keeps its bytes in the
+    buffer, with scale 1 and zero point 0)."""
+    from corten.memory.views import input_layout_reshape
+
+    scale, zero_point = (float(q.args[1]), int(q.args[2])) if q is not None else (1.0, 0)
+    first = input_layout_reshape(q) if q is not None else None
+    if first is None:
+        return IOTensor(tuple(g._shape(ph)), scale, zero_point, offset, _edge_bytes(q))
+    return IOTensor(tuple(g._shape(first)), scale, zero_point, offset, _edge_bytes(q),
+                    source_shape=tuple(g._shape(ph)))
+
+
 def _io_block(p: str, t: IOTensor, what: str, offset: bool) -> str:
+    if t.source_shape is not None:
+        shape = ", ".join(map(str, t.shape))
+        what += (f": the forward's {list(t.source_shape)} argument as its first layer reads it, i.e. "
+                 f"x.reshape({shape}) in NHWC order (no layout copy runs)")
     lines = [f"/* {what} */", *([f"#define {p}_BYTES {t.nbytes}"] if offset else []), *_dim_macros(p, t.shape),
              f"#define {p}_SCALE {_float_literal(t.scale)}", f"#define {p}_ZERO_POINT {t.zero_point}"]
     if offset:
@@ -889,17 +909,15 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     for key, arr in g.arrays.items():
         hasher.update(f"{key} {arr.ctype} {tuple(arr.tensor.shape)}\n".encode())
         hasher.update(_bytes(arr.tensor))
-    in_node, out_node = g.user_inputs[0], dequant.args[0]
-    in_shape, out_shape = tuple(g._shape(in_node)), tuple(g._shape(out_node))
+    out_node = dequant.args[0]
+    out_shape = tuple(g._shape(out_node))
     in_offs, out_offs = g.io_offsets()
     # an input the program never reads keeps its bytes in the buffer, with scale 1 and zero point 0
-    inputs = tuple(IOTensor(tuple(g._shape(ph)), float(q.args[1]) if q is not None else 1.0,
-                            int(q.args[2]) if q is not None else 0, off, _edge_bytes(q))
-                   for ph, q, off in zip(g.user_inputs, quants, in_offs))
+    inputs = tuple(_input_tensor(g, ph, q, off) for ph, q, off in zip(g.user_inputs, quants, in_offs))
     outputs = tuple(IOTensor(tuple(g._shape(d.args[0])), float(d.args[1]), int(d.args[2]), off, _edge_bytes(d))
                     for d, off in zip(dequants, out_offs))
     lib = dict(
-        input_shape=in_shape, input_scale=inputs[0].scale, input_zero_point=inputs[0].zero_point,
+        input_shape=inputs[0].shape, input_scale=inputs[0].scale, input_zero_point=inputs[0].zero_point,
         output_shape=out_shape, output_scale=float(dequant.args[1]), output_zero_point=int(dequant.args[2]),
         input_bytes=sum(t.nbytes for t in inputs), output_bytes=sum(t.nbytes for t in outputs),
         inputs=inputs, outputs=outputs,

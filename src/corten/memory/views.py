@@ -48,7 +48,38 @@ def reshape_is_alias(node: torch.fx.Node) -> bool:
     if not isinstance(src, torch.fx.Node) or "val" not in src.meta or "val" not in node.meta:
         raise ValueError(f"reshape_is_alias: node {node.name!r} lacks meta['val'] shapes on its input or "
                          "output; run it through torch.export (or FakeTensorProp) first")
+    if input_layout_reshape(src) is node:  # the C input is laid out as this reshape stores it
+        return True
     return shapes_share_bytes(tuple(src.meta["val"].shape), tuple(node.meta["val"].shape))
+
+
+QUANTIZE = "quantize_per_tensor"
+
+
+def input_layout_reshape(quant: torch.fx.Node) -> torch.fx.Node | None:
+    """The reshape whose layout a program input takes at the C boundary, or None.
+
+    When the ``quantize_per_tensor`` of a program input is read only by one ``aten.reshape`` to a
+    4-D tensor whose NHWC storage differs from the input's row-major order (a Conv1d model's
+    ``[N, C, L] -> [N, C, 1, L]``, an un-flatten ``[N, C*H*W] -> [N, C, H, W]`` before a conv), the
+    C input is laid out the way that first layer reads it: the reshaped tensor's NHWC bytes
+    (``[N, L, C]`` for the Conv1d input).  The reshape is then a view of the caller's input
+    buffer and no layout copy runs; the library's input (``IOTensor.shape``, the ``_DIM`` macros)
+    is the reshaped 4-D tensor, and ``IOTensor.source_shape`` the forward's argument shape."""
+    if quant.op != "call_function" or op_name_of(quant.target) != QUANTIZE or len(quant.users) != 1:
+        return None
+    src = quant.args[0]
+    if not isinstance(src, torch.fx.Node) or src.op != "placeholder":
+        return None
+    (user,) = quant.users
+    if user.op != "call_function" or user.target != RESHAPE or "val" not in user.meta or "val" not in quant.meta:
+        return None
+    in_shape, out_shape = tuple(quant.meta["val"].shape), tuple(user.meta["val"].shape)
+    if len(out_shape) != 4 or len(in_shape) == 4 or shapes_share_bytes(in_shape, out_shape):
+        return None
+    if any(u.op == "call_function" and op_name_of(u.target) == DEQUANTIZE for u in user.users):
+        return None  # a program output: nothing runs between the two buffers anyway
+    return user
 
 
 def feeds_program_output(node: torch.fx.Node) -> bool:

@@ -27,6 +27,14 @@ def tensor_to_c_bytes(t: torch.Tensor) -> bytes:
     return t.contiguous().numpy().tobytes()
 
 
+def inputs_to_c_bytes(lib, q_inputs) -> bytes:
+    """The caller's packed input buffer of an emitted library (``lib.inputs[i].offset``): each
+    quantized program input in the C layout of ``lib.inputs[i].shape`` - the forward's argument, or
+    the 4-D tensor its first reshape makes when the library takes the input as that layer reads it
+    (:func:`corten.memory.views.input_layout_reshape`)."""
+    return b"".join(tensor_to_c_bytes(q.reshape(t.shape)) for q, t in zip(q_inputs, lib.inputs))
+
+
 def c_bytes_to_tensor(data: bytes, shape: tuple[int, ...], bits: int = 8) -> torch.Tensor:
     """The bytes of a C buffer -> int8 (``bits=16``: int16, little-endian) tensor of logical
     ``shape`` (channels_last for 4-D)."""
@@ -138,7 +146,7 @@ class ProgramRunner:
             sources += nn_sources
             includes += nn_includes
         q_inputs = self.program.quantize_inputs(*inputs)
-        data = b"".join(tensor_to_c_bytes(q) for q in q_inputs)  # packed at lib.inputs[i].offset
+        data = inputs_to_c_bytes(lib, q_inputs)  # packed at lib.inputs[i].offset
         defines = harness_defines(f"{lib.name}.h", lib.run_symbol, lib.input_bytes, lib.output_bytes,
                                   lib.arena_bytes, lib.arena_align)
         if profile:

@@ -1012,7 +1012,7 @@ def run_host_batch(items, workdir, cflags=SANITIZE) -> dict[int, list[torch.Tens
 
     from corten.runners.common import WARNING_FLAGS, compile_and_link
     from corten.runners.host import HOST_CC
-    from corten.runners.program_runner import c_bytes_to_tensor, host_kernel_objects, tensor_to_c_bytes
+    from corten.runners.program_runner import c_bytes_to_tensor, host_kernel_objects, inputs_to_c_bytes
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -1031,7 +1031,7 @@ def run_host_batch(items, workdir, cflags=SANITIZE) -> dict[int, list[torch.Tens
         includes.append(f'#include "{lib.header.name}"')
         calls.append(f'    failed |= run_one("{seed}", {lib.run_symbol}, {lib.input_bytes}u, {lib.output_bytes}u, '
                      f'{lib.arena_bytes}u, {lib.arena_align}u);')
-        data = b"".join(tensor_to_c_bytes(q) for q in prog.quantize_inputs(*inputs))
+        data = inputs_to_c_bytes(lib, prog.quantize_inputs(*inputs))
         (workdir / f"in_{seed}.bin").write_bytes(data)
     if not libs:
         return results
