@@ -56,6 +56,7 @@ def main() -> None:
           "bytes equal to the reference: yes\n")
 
     print(f"{'target':<12} {'input':>5} {'bytes equal':>11} {'instructions':>15} {'QEMU wall s':>11}")
+    runs: dict[str, list] = {}
     for target in args.targets:
         for i, x in enumerate(inputs):
             got = prog.run_c(x, on="qemu", target=target, kernels=args.kernels, int8=True)[0]
@@ -63,6 +64,16 @@ def main() -> None:
             same = torch.equal(got, expected[i])
             print(f"{target:<12} {i:>5} {'yes' if same else 'NO':>11} {run.instructions:>15,} {run.wall_s:>11.2f}")
             assert same
+            runs.setdefault(target, []).append(run)
+    # the README's rows (input 0 is the zoo example input, the one `make demo` runs)
+    qemu = "; ".join(f"{t.replace('cortex-', '').upper()} {rs[0].instructions:,} instructions (input 0; "
+                     f"{min(r.instructions for r in rs):,}-{max(r.instructions for r in rs):,} over the "
+                     f"{len(rs)} inputs; {rs[0].wall_s:.1f} s wall)" for t, rs in runs.items())
+    print("\nREADME rows:")
+    print(f"| {args.kernels} C, host, -O2, one inference | {best * 1e3:.0f} ms; TFLite Micro reference kernels "
+          f"~{TFLM_HOST_S * 1e3:.0f} ms | `python benchmarks/bench_mv2_firmware.py` |")
+    print(f"| {args.kernels} C, QEMU, {len(inputs)} inputs, bytes identical | {qemu} | "
+          "`python benchmarks/bench_mv2_firmware.py` |")
 
 
 if __name__ == "__main__":
