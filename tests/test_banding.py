@@ -209,3 +209,35 @@ def test_any_cnn_with_pools_fits_a_budget_byte_exact(tmp_path):
     replay_on_planned_bytes(banded.ep, banded.memory_for("portable", "cortex-m4"), [x])
     run = banded.c_run(x, kernels="portable")
     assert all(torch.equal(a, b) for a, b in zip(want, run.outputs))
+
+
+def test_cli_max_arena_searches_and_plots(tmp_path, capsys):
+    from corten.cli import main as cli_main
+
+    net = tmp_path / "net.py"
+    net.write_text("import torch, sys\nsys.path.insert(0, %r)\nfrom test_banding import _PoolNet\n\n"
+                   "def make():\n    torch.manual_seed(0)\n    return _PoolNet().eval(), (torch.randn(1, 3, 40, 36),)\n"
+                   % str(__import__("pathlib").Path(__file__).parent))
+    out, png = tmp_path / "o", tmp_path / "t.png"
+    rc = cli_main(["compile", f"{net}:make", "--out", str(out), "--calib", "2", "--max-arena", "21000",
+                   "--max-flash", "100000", "--plot", str(png)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "budget: fits" in text and "banded segment" in (out / "report.txt").read_text()
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert corten.load(out).schedule is not None
+
+
+@pytest.mark.slow
+def test_mv2_fits_256_kib_byte_exact_on_the_host():
+    """MobileNetV2-224 (1.5 MB layer by layer) in a 256 KiB arena, the same bytes as unbanded."""
+    from corten.zoo import get_model
+
+    model, example = get_model("mv2")
+    plain = corten.compile(model, example, target="cortex-m55", name="mv2")
+    banded = plain.fit_budget(256 * 1024)
+    assert banded.memory.arena_bytes <= 256 * 1024 < plain.memory.arena_bytes
+    assert banded.schedule.extra_macs_pct < 25
+    x = torch.randn(example[0].shape, generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(plain.run_int8(x), banded.run_int8(x)))
+    replay_on_planned_bytes(banded.ep, banded.memory, [x])
