@@ -116,15 +116,20 @@ def small_mv2():
     return corten.compile(model, example, target="cortex-m55", name="mv2_small")
 
 
+@pytest.fixture(scope="module")
+def banded_small(small_mv2):
+    return small_mv2.fit_budget(64 * 1024)
+
+
 def test_no_budget_keeps_todays_plan(small_mv2):
     assert small_mv2.schedule is None
     assert small_mv2.fit_arena(small_mv2.memory.arena_bytes) is small_mv2  # fits: unchanged
     assert "quantized_cat" not in small_mv2.op_counts()
 
 
-def test_budget_bands_mv2_small_byte_exact_and_checked(small_mv2):
+def test_budget_bands_mv2_small_byte_exact_and_checked(small_mv2, banded_small):
     budget = 64 * 1024
-    banded = small_mv2.fit_budget(budget)
+    banded = banded_small
     plan = banded.memory
     assert plan.arena_bytes <= budget < small_mv2.memory.arena_bytes
     sched = banded.schedule
@@ -143,8 +148,8 @@ def test_budget_bands_mv2_small_byte_exact_and_checked(small_mv2):
 
 
 @needs_gcc
-def test_banded_mv2_small_host_c_byte_exact(small_mv2, tmp_path):
-    banded = small_mv2.fit_budget(64 * 1024)
+def test_banded_mv2_small_host_c_byte_exact(small_mv2, banded_small, tmp_path):
+    banded = banded_small
     x = torch.randn(small_mv2.inputs[0].shape, generator=torch.Generator().manual_seed(4))
     run = banded.c_run(x, kernels="portable")
     assert all(torch.equal(a, b) for a, b in zip(small_mv2.run_int8(x), run.outputs))

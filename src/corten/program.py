@@ -266,8 +266,11 @@ class Program:
                                  self.target.name)
         if not schedule.segments:
             return self
-        prog = Program(ep, self.target, name=self.name, stages=dict(self.stages), unlowered=[],
-                       info={**self.info, "schedule": schedule.to_json()})
+        origins = schedule.origins
+        sources = self.info.get("node_sources") or {}
+        info = {**self.info, "schedule": schedule.to_json(),
+                "node_sources": {new: sources[old] for new, old in origins.items() if old in sources}}
+        prog = Program(ep, self.target, name=self.name, stages=dict(self.stages), unlowered=[], info=info)
         return prog
 
     def memory_report(self, kernels: str = "cmsis-nn") -> str:

@@ -80,6 +80,7 @@ class Schedule:
     budget: int | None = None
     arena_before: int = 0
     arena_after: int = 0
+    origins: dict = field(default_factory=dict, repr=False)  # banded node -> unbanded node (after fit)
 
     @property
     def extra_macs(self) -> int:
@@ -393,6 +394,7 @@ def apply_schedule(gm: torch.fx.GraphModule, schedule: Schedule) -> torch.fx.Gra
     in-place ``quantized_cat`` of their rows (see the module docstring)."""
     gm = copy.deepcopy(gm)
     graph = gm.graph
+    origin: dict[str, str] = {}  # band node -> the unbanded node it computes rows of
     nodes = {n.name: n for n in graph.nodes}
     strided = torch.ops.corten.quantized_strided_copy.default
     cat_op = torch.ops.corten.quantized_cat.default
@@ -434,6 +436,7 @@ def apply_schedule(gm: torch.fx.GraphModule, schedule: Schedule) -> torch.fx.Gra
                             _, left, _, right = _pads4(node.args[k])
                             args[k] = [top, left] if (top, left) == (bottom, right) else [top, left, bottom, right]
                     new = graph.call_function(node.target, tuple(args), dict(node.kwargs))
+                    origin[new.name] = node.name
                     env[node.name] = (new, lo)
                 outs.append(env[last.name][0])
             cat = graph.call_function(cat_op, (outs, 2))
@@ -443,8 +446,20 @@ def apply_schedule(gm: torch.fx.GraphModule, schedule: Schedule) -> torch.fx.Gra
             graph.erase_node(node)
     graph.lint()
     gm.recompile()
+    gm.meta["corten_band_origin"] = origin
     _clear_caches()
     return gm
+
+
+def step_origins(gm: torch.fx.GraphModule, ep) -> dict[str, str]:
+    """Re-exported node name -> the unbanded program's node it comes from (band ops: the op they
+    compute rows of), matched in graph order (export keeps the op order; it renames the nodes)."""
+    origin = gm.meta.get("corten_band_origin", {})
+    a = [n for n in gm.graph.nodes if n.op == "call_function"]
+    b = [n for n in ep.graph.nodes if n.op == "call_function"]
+    if len(a) != len(b) or any(x.target != y.target for x, y in zip(a, b)):
+        return {}
+    return {y.name: origin.get(x.name, x.name) for x, y in zip(a, b)}
 
 
 def _activation_positions(node) -> list[int]:
@@ -493,7 +508,9 @@ def fit(ep, module: torch.fx.GraphModule, example_inputs: tuple, budget: int, pl
         schedule.arena_before, schedule.budget = plan0.arena_bytes, budget
         if not schedule.segments:
             break
-        new_ep = torch.export.export(apply_schedule(module, schedule), example_inputs)
+        banded = apply_schedule(module, schedule)
+        new_ep = torch.export.export(banded, example_inputs)
+        schedule.origins = step_origins(banded, new_ep)  # for the program's node sources (not saved)
         plan = plan_fn(new_ep, True)
         schedule.arena_after = plan.arena_bytes
         if plan.arena_bytes < best[0]:
