@@ -125,6 +125,43 @@ class Hooked(nn.Module):
         return self.c(x)
 
 
+class NoGradForward(nn.Module):
+    """forward decorated with @torch.no_grad() (exported as a grad-mode region by torch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3, padding=1)
+
+    @torch.no_grad()
+    def forward(self, x):
+        return self.c(x)
+
+
+class InferenceModeForward(NoGradForward):
+    @torch.inference_mode()
+    def forward(self, x):
+        return self.c(x)
+
+
+class Identity(nn.Module):
+    def forward(self, x):
+        return x
+
+
+class ReluOfInputInPlace(nn.Module):
+    def forward(self, x):
+        return torch.relu_(x) + 1
+
+
+def scaled_conv(w_scale: float, bias: float | None = None):
+    m = conv_net()
+    with torch.no_grad():
+        m[0].weight.mul_(w_scale)
+        if bias is not None:
+            m[0].bias.fill_(bias)
+    return m
+
+
 def on_meta():
     return conv_net().to("meta")
 
@@ -162,13 +199,20 @@ def test_hostile_models_and_inputs_are_refused_by_name(make, inputs, exc, words)
     (conv_net, (X.to(memory_format=torch.channels_last),)),             # channels_last example input
     (conv_net, (X.clone().requires_grad_(),)),                           # an input that requires grad
     (conv_net, (nn.Parameter(X.clone()),)),                              # a Parameter as the input
+    (NoGradForward, (X,)),
+    (InferenceModeForward, (X,)),
+    (Identity, (X,)),
+    (ReluOfInputInPlace, (X,)),
+    (lambda: scaled_conv(1e-39), (X,)),                                  # denormal weights
+    (lambda: scaled_conv(0.0, 0.0), (X,)),                               # all-zero weights and bias
 ], ids=["buffer-counter", "buffer-cache", "varargs", "forward-hook", "non-contiguous", "channels-last",
-        "requires-grad", "parameter-input"])
+        "requires-grad", "parameter-input", "no-grad-forward", "inference-mode-forward", "identity",
+        "inplace-relu-of-input", "denormal-weights", "zero-weights"])
 def test_unusual_models_and_example_layouts_compile_byte_exact(make, inputs):
     model = make().eval()
     p = build(model, inputs)
     with torch.no_grad():
-        float_out = model(X)
+        float_out = model(X.clone())
     assert p.run(X).shape == float_out.shape
     assert byte_exact(p, X)
 
@@ -204,6 +248,11 @@ def test_a_generator_function_as_calibration_callable_is_run_to_the_end():
     assert len(seen) == len(CALIB) and p.info["calibration_samples"] == 0
     assert p.inputs[0].scale == build(conv_net(), calibration=CALIB).inputs[0].scale  # same ranges as the samples
     assert byte_exact(p, X)
+
+
+def test_calibration_values_beyond_float32_histograms_are_refused():
+    raises(CortenError, "input", "calibrat", "rescale",
+           call=lambda: build(conv_net(), calibration=[(x * 1e30,) for (x,) in CALIB]))
 
 
 def test_nan_in_one_late_calibration_sample_is_named():
@@ -257,6 +306,19 @@ def test_misspelled_targets_are_refused_listing_the_valid_ones(prog, target):
     raises(UsageError, f"unknown target {target!r}", "cortex-m55",
            call=lambda: build(conv_net(), target=target))
     raises(UsageError, f"unknown target {target!r}", call=lambda: prog.run_c(X, on="qemu", target=target))
+
+
+def test_emit_c_never_overwrites_the_users_own_build_files(prog, tmp_path):
+    (tmp_path / "Makefile").write_text("all:\n\tmy-firmware-build\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    before = listing(tmp_path)
+    raises(CortenError, "Makefile", "not written by Corten", "directory of its own",
+           call=lambda: prog.emit_c(tmp_path))
+    assert listing(tmp_path) == before  # nothing written, nothing lost
+    lib = prog.emit_c(tmp_path / "c")
+    assert prog.emit_c(tmp_path / "c").header == lib.header  # re-emitting over Corten's own files is fine
+    (tmp_path / "c" / "Makefile").write_text("# my own\n")
+    raises(CortenError, "not written by Corten", call=lambda: prog.emit_c(tmp_path / "c"))
 
 
 # ============================================================================ CLI

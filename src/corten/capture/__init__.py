@@ -99,12 +99,24 @@ def capture(model: nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> torch
     _check_model(model)
     _check_inputs(example_inputs)
     try:
-        return torch.export.export(model, example_inputs)
+        ep = torch.export.export(model, example_inputs)
+        if _sets_grad_mode(ep):
+            # a forward decorated with @torch.no_grad() (or a `with torch.no_grad():` block) exports as a
+            # wrap_with_set_grad_enabled region; exported in no-grad mode the switch is a no-op and the
+            # graph is the plain ops (inference graphs never need gradients)
+            with torch.no_grad():
+                ep = torch.export.export(model, example_inputs)
+        return ep
     except Exception as exc:  # torch raises many types (UserError, Unsupported, RuntimeError, ...)
         raise CaptureError(
             f"torch.export could not capture {type(model).__name__}: {type(exc).__name__}: "
             f"{_first_line(exc)}. Make forward() traceable (no data-dependent Python control flow, "
             "no unsupported ops) and check it runs on the example inputs") from exc
+
+
+def _sets_grad_mode(ep: torch.export.ExportedProgram) -> bool:
+    wrap = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    return wrap is not None and any(n.op == "call_function" and n.target is wrap for n in ep.graph.nodes)
 
 
 def remove_guards_fn(gm: torch.fx.GraphModule) -> bool:

@@ -951,6 +951,15 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     files["CMakeLists.txt"] = build_files.cmakelists()
     for rel, text in kernel_library_files().items():
         files[f"{KERNELS_SUBDIR}/{rel}"] = text
+    for fname, text in files.items():  # never overwrite a file of the user's (their own Makefile, ...)
+        path = out_dir / fname
+        try:
+            old = path.read_text(errors="replace")[:400] if path.is_file() else None
+        except OSError:
+            old = None
+        if old is not None and "Corten" not in old and not text.startswith(old):
+            raise CodegenError(f"{path}: exists and was not written by Corten; emit the C library into a "
+                               f"directory of its own (e.g. {out_dir / 'corten_model'}) or move that file away")
     for fname, text in files.items():
         path = out_dir / fname
         try:
