@@ -21,6 +21,7 @@ from corten.lowering import CortenPassManager, unlowered_nodes
 from corten.ops.registry import lowered_aten_ops
 from corten.quantizer import CortenQuantizer
 from corten.quantizer.quantizer import quantizable_ops
+from corten.quantizer.qat import fast_conv_bn_rewrites
 from corten.testing.tester import count_ops
 
 aten = torch.ops.aten
@@ -238,14 +239,14 @@ def _qat_prepare(quantizer: CortenQuantizer):
     gm = unguarded_module(torch.export.export(TwoConvBnReLU().train(), (torch.randn(2, 3, 8, 8),)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return prepare_qat_pt2e(gm, quantizer)
+        with fast_conv_bn_rewrites():  # Corten's exact shortcut of torchao's conv-bn pattern tracing
+            return prepare_qat_pt2e(gm, quantizer)
 
 
 @pytest.fixture(scope="module")
 def qat():
     """Export in train mode, prepare for QAT with the quantizer's defaults, train two steps,
-    convert, lower (torchao's conv-bn QAT folding makes this the slowest fixture here, ~15 s:
-    it is built once)."""
+    convert, lower (built once)."""
     prepared = _qat_prepare(CortenQuantizer(is_qat=True))
     fake_quants = [m for m in prepared.modules() if isinstance(m, FusedMovingAvgObsFakeQuantize)]
     opt = torch.optim.SGD(prepared.parameters(), lr=0.05)
@@ -258,7 +259,7 @@ def qat():
         opt.step()
     trained = any(not torch.equal(a, p) for a, p in zip(before, prepared.parameters()))
     move_exported_model_to_eval(prepared)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), fast_conv_bn_rewrites():
         warnings.simplefilter("ignore")
         converted = convert_pt2e(prepared)
     x = torch.randn(1, 3, 8, 8)

@@ -15,6 +15,7 @@ calibration is not needed (the fake-quantizers carry the ranges learnt in traini
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 
@@ -35,6 +36,76 @@ def _check_inputs(example_inputs) -> tuple[torch.Tensor, ...]:
         raise CaptureError("prepare_qat: example_inputs must be a non-empty tuple of float32 tensors, "
                            "one per forward() argument")
     return example_inputs
+
+
+# torchao's conv-BatchNorm QAT rewrites (``_fuse_conv_bn_qat`` in prepare, ``_fold_conv_bn_qat`` in
+# convert) trace every pattern variant with ``torch.export`` for each of conv1d, conv2d,
+# conv_transpose1d and conv_transpose2d: 112 exports per convert, about a minute for a one-conv
+# model.  Two exact shortcuts: a conv function with no node in the graph cannot match, so its
+# rewrite is skipped; and a traced pattern depends only on the pattern function (its code and the
+# values it closes over) and the example inputs' shapes, so it is traced once per process.
+_CONV_OP_NAMES = {"conv1d": ("conv1d",), "conv2d": ("conv2d",), "conv_transpose1d": ("conv_transpose1d",),
+                  "conv_transpose2d": ("conv_transpose2d",)}
+_PATTERN_CACHE: dict = {}
+
+
+def _graph_calls(m: torch.fx.GraphModule, conv_fn) -> bool:
+    names = _CONV_OP_NAMES.get(getattr(conv_fn, "__name__", ""))
+    if names is None:
+        return True  # unknown conv function: let torchao look
+    for node in m.graph.nodes:
+        if node.op == "call_function":
+            packet = getattr(node.target, "_overloadpacket", node.target)
+            if getattr(packet, "__name__", "") in names:
+                return True
+    return False
+
+
+def _pattern_key(pattern, example_inputs, is_cuda, kwargs):
+    def value(v):
+        if isinstance(v, torch.Tensor):
+            return ("tensor", tuple(v.shape), v.dtype)
+        return v
+    fn = getattr(pattern, "fn", pattern)  # torchao wraps pattern functions in a module
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        raise TypeError("not a plain function: trace it every time")
+    cells = tuple(value(c.cell_contents) for c in (getattr(fn, "__closure__", None) or ()))
+    return (code, cells, tuple(value(x) for x in example_inputs), is_cuda,
+            tuple(sorted((k, value(v)) for k, v in kwargs.items())))
+
+
+@contextlib.contextmanager
+def fast_conv_bn_rewrites():
+    from torchao.quantization.pt2e import qat_utils
+
+    saved = {name: getattr(qat_utils, name) for name in
+             ("_fuse_conv_bn_qat_helper", "_fold_conv_bn_qat_helper", "_get_aten_graph_module_for_pattern")}
+
+    def only_present(helper):
+        def run(m, conv_fn, example_inputs, is_cuda):
+            return helper(m, conv_fn, example_inputs, is_cuda) if _graph_calls(m, conv_fn) else m
+        return run
+
+    def traced_once(pattern, example_inputs, is_cuda=False, **kwargs):
+        try:
+            key = _pattern_key(pattern, example_inputs, is_cuda, kwargs)
+            hash(key)
+        except (TypeError, ValueError):
+            return saved["_get_aten_graph_module_for_pattern"](pattern, example_inputs, is_cuda, **kwargs)
+        if key not in _PATTERN_CACHE:
+            _PATTERN_CACHE[key] = saved["_get_aten_graph_module_for_pattern"](pattern, example_inputs, is_cuda,
+                                                                              **kwargs)
+        return copy.deepcopy(_PATTERN_CACHE[key])
+
+    qat_utils._fuse_conv_bn_qat_helper = only_present(saved["_fuse_conv_bn_qat_helper"])
+    qat_utils._fold_conv_bn_qat_helper = only_present(saved["_fold_conv_bn_qat_helper"])
+    qat_utils._get_aten_graph_module_for_pattern = traced_once
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(qat_utils, name, fn)
 
 
 def prepare_qat(model: torch.nn.Module, example_inputs, target: str = "cortex-m55") -> torch.fx.GraphModule:
@@ -64,7 +135,8 @@ def prepare_qat(model: torch.nn.Module, example_inputs, target: str = "cortex-m5
     remove_guards_fn(gm)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        prepared = prepare_qat_pt2e(gm, CortenQuantizer(is_qat=True))
+        with fast_conv_bn_rewrites():
+            prepared = prepare_qat_pt2e(gm, CortenQuantizer(is_qat=True))
     move_exported_model_to_train(prepared)
     allow_exported_model_train_eval(prepared)  # so qat.train() / qat.eval() work as on any module
     prepared.meta[QAT_META_KEY] = {"target": target, "model": type(model).__name__,
@@ -116,4 +188,5 @@ def convert_qat(prepared: torch.fx.GraphModule) -> torch.fx.GraphModule:
         for m in model.modules():  # the ranges learnt in training are final
             if hasattr(m, "disable_observer"):
                 m.disable_observer()
-        return convert_pt2e(model)
+        with fast_conv_bn_rewrites():
+            return convert_pt2e(model)
