@@ -33,15 +33,13 @@ def test_asymmetric_conv_padding_equals_explicitly_padded_input(pad, stride):
 
 
 # ============================================================================ banded programs
-import shutil  # noqa: E402
-
 from corten.errors import BudgetError  # noqa: E402
 from corten.memory import constant_tensor, plan_memory  # noqa: E402
 from corten.memory.tensors import DEQUANTIZE, QUANTIZE  # noqa: E402
 from corten.memory.views import RESHAPE, alias_offset  # noqa: E402
 from corten.ops.registry import op_name_of  # noqa: E402
 
-needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+from conftest import needs_cmsis_nn, needs_gcc, needs_qemu  # noqa: E402
 
 
 def c_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -158,6 +156,20 @@ def test_banded_mv2_small_host_c_byte_exact(small_mv2, banded_small, tmp_path):
     assert again.schedule is not None and again.memory.arena_bytes == banded.memory.arena_bytes
     png = banded.memory.plot(tmp_path / "timeline.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_qemu
+def test_banded_mv2_small_on_qemu_m4_portable_byte_exact(small_mv2, banded_small):
+    x = torch.randn(small_mv2.inputs[0].shape, generator=torch.Generator().manual_seed(6))
+    run = banded_small.c_run(x, on="qemu", kernels="portable", target="cortex-m4")
+    assert all(torch.equal(a, b) for a, b in zip(small_mv2.run_int8(x), run.outputs))
+
+
+@needs_cmsis_nn
+def test_banded_mv2_small_host_cmsis_nn_byte_exact(small_mv2, banded_small):
+    x = torch.randn(small_mv2.inputs[0].shape, generator=torch.Generator().manual_seed(7))
+    run = banded_small.c_run(x, kernels="cmsis-nn")
+    assert all(torch.equal(a, b) for a, b in zip(small_mv2.run_int8(x), run.outputs))
 
 
 def test_budget_error_names_smallest_arena_and_layer(small_mv2):
