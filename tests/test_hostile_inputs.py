@@ -462,3 +462,18 @@ def test_cli_run_raises_no_foreign_warnings(compiled, capsys):
         code, err = cli(capsys, "run", compiled)
     assert code == 0, err
     assert [str(w.message) for w in caught if not issubclass(w.category, corten.QuantizationWarning)] == []
+
+
+def test_the_command_exits_fast_with_its_code_and_complete_output(models, tmp_path):
+    """Run as a command, the CLI ends with os._exit after the work (no interpreter teardown): the
+    exit code and every line of output must survive that, on a pipe as on a terminal."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(Path(corten.__file__).resolve().parent.parent))
+    done = subprocess.run([sys.executable, "-m", "corten.cli", "models"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.splitlines()[0].startswith("mv2") and "kwt-tiny" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "corten.cli", "compile", "no-such-model", "--out", str(tmp_path / "o")],
+                         env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown model 'no-such-model'" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "o").exists()
