@@ -4,7 +4,7 @@ build (``Program.kernel_choices``, the fallback section of the compile report).
 The profile build calls ``<name>_profile_step(k)`` after every step; these tests check that its
 rows are the library's steps (module path, op, kernel called, MACs), that they add up to the
 uninstrumented run within 2% on QEMU, and that the instrumented run still reproduces the reference
-bytes.  mv2-0.35-96 is profiled by ``benchmarks/profile_mv2.py`` (README numbers); CI uses ds-cnn.
+bytes.  mv2-0.35-96 is profiled by ``benchmarks/bench_profile.py`` (README numbers); CI uses ds-cnn.
 """
 from __future__ import annotations
 
@@ -147,3 +147,18 @@ def test_profile_cmsis_nn_on_qemu(mixed):
     assert abs(prof.ratio - 1.0) <= 0.02, prof.table()
     assert {r.kernel for r in prof.rows if not r.portable} >= {"arm_convolve_wrapper_s8", "arm_elementwise_mul_s8"}
     assert "portable kernels in this CMSIS-NN build" in prof.table()
+
+
+@needs_qemu
+def test_portable_pointwise_conv_cost_on_m55():
+    """Regression guard for the portable dot product on Cortex-M55 (issue 8: mv2 must not get
+    slower): a 1x1 conv with 64 input channels runs in the plain multiply-accumulate form
+    (CORTEN_DOT_BLOCKS=0 on Arm): 5.95 instructions per MAC with the requantization and the
+    window loops; the blocked host form, which gcc turns into stack shuffles there, costs 8.56."""
+    torch.manual_seed(0)
+    prog = corten.compile(nn.Conv2d(64, 64, 1).eval(), (torch.randn(1, 64, 8, 8),), target="cortex-m55",
+                          calibration=None, seed=0, name="pointwise")
+    prof = prog.profile(on="qemu", kernels="portable", baseline=False)
+    (row,) = [r for r in prof.rows if r.op == "quantized_conv2d"]
+    assert prof.outputs_match and row.kernel == "corten_conv2d_s8"
+    assert row.per_mac < 7.0, prof.table()
