@@ -199,21 +199,34 @@ def readme_block(opts, corten: StageClock, peer: StageClock | None, cli: tuple[f
                    f"(goal <= 0.33x)")
     else:
         compare = f"peer not installed, not measured ({INSTALL_HINT})"
+    stages = ", ".join(f"{s} {corten.cpu[s]:.2f}" for s in (*CORTEN_STAGES, "save") if s in corten.cpu)
     wall, cpu, foreign = cli
     quiet = "nothing but Corten's progress on stderr" if not foreign else f"{len(foreign)} foreign stderr line(s)"
     return ("| what | number | command |\n|---|---|---|\n"
             f"| `corten compile {opts.model}` compile + save, {opts.threads} thread, {opts.calib} calibration samples | "
-            f"{c_cpu:.2f} s CPU ({c_wall:.2f} s wall); {compare} | `python benchmarks/bench_compile_mv2.py` |\n"
+            f"{c_cpu:.2f} s CPU ({c_wall:.2f} s wall; CPU by stage: {stages}); {compare} | "
+            "`python benchmarks/bench_compile_mv2.py` |\n"
             f"| whole `corten compile {opts.model} --out DIR` process (imports, compile, save, exit) | "
             f"{wall:.2f} s wall, {cpu:.2f} s CPU (goal <= 5 s wall on a quiet machine; this one had load "
             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores); {quiet} | same run |")
 
 
+EARLIER_PEER = "(earlier run, the last one with the ExecuTorch peer installed) "
+
+
 def write_readme(path: str, block: str) -> None:
+    """Replace the README's block with ``block``.  Without the peer installed, the last row that
+    compared with the peer (a whole row of that earlier run, marked as such) is kept below it."""
     text = Path(path).read_text()
     pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
-    if not pattern.search(text):
+    found = pattern.search(text)
+    if not found:
         raise SystemExit(f"{path}: no {README_BEGIN} ... {README_END} block to replace")
+    if "Corten / peer CPU" not in block:
+        earlier = [ln for ln in found.group(0).splitlines() if "Corten / peer CPU" in ln]
+        if earlier:
+            row = earlier[0]
+            block += "\n" + (row if EARLIER_PEER in row else row.replace("| ", "| " + EARLIER_PEER, 1))
     Path(path).write_text(pattern.sub(lambda _: f"{README_BEGIN}\n{block}\n{README_END}", text))
     print(f"wrote the measured rows into {path}")
 
