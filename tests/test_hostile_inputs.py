@@ -153,6 +153,19 @@ class ReluOfInputInPlace(nn.Module):
         return torch.relu_(x) + 1
 
 
+class AutocastForward(NoGradForward):
+    def forward(self, x):
+        with torch.autocast("cpu", enabled=False):
+            return self.c(x)
+
+
+class CheckpointedForward(NoGradForward):
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.c, x, use_reentrant=False)
+
+
 def scaled_conv(w_scale: float, bias: float | None = None):
     m = conv_net()
     with torch.no_grad():
@@ -180,9 +193,10 @@ def on_meta():
     (conv_net, ({"x": X},), CaptureError, ["example_inputs[0] is a dict"]),
     (conv_net, ([X, X],), CaptureError, ["example_inputs[0] is a list"]),
     (nn.Conv2d, (X,), CaptureError, ["torch.nn.Module", "type"]),
+    (AutocastForward, (X,), UnsupportedOpsError, ["wrap_with_autocast", "remove the autocast context"]),
 ], ids=["raises-in-forward", "item", "namedtuple-output", "meta-weights", "script-module", "traced-module",
         "data-parallel", "sparse-input", "meta-input", "quantized-input", "dict-input", "list-input",
-        "class-not-instance"])
+        "class-not-instance", "autocast-region"])
 def test_hostile_models_and_inputs_are_refused_by_name(make, inputs, exc, words):
     model = make if make is nn.Conv2d else make()
     if isinstance(model, nn.Module) and not isinstance(model, nn.DataParallel):  # (a fresh wrapper trains)
@@ -200,13 +214,14 @@ def test_hostile_models_and_inputs_are_refused_by_name(make, inputs, exc, words)
     (conv_net, (X.clone().requires_grad_(),)),                           # an input that requires grad
     (conv_net, (nn.Parameter(X.clone()),)),                              # a Parameter as the input
     (NoGradForward, (X,)),
+    (CheckpointedForward, (X,)),
     (InferenceModeForward, (X,)),
     (Identity, (X,)),
     (ReluOfInputInPlace, (X,)),
     (lambda: scaled_conv(1e-39), (X,)),                                  # denormal weights
     (lambda: scaled_conv(0.0, 0.0), (X,)),                               # all-zero weights and bias
 ], ids=["buffer-counter", "buffer-cache", "varargs", "forward-hook", "non-contiguous", "channels-last",
-        "requires-grad", "parameter-input", "no-grad-forward", "inference-mode-forward", "identity",
+        "requires-grad", "parameter-input", "no-grad-forward", "checkpointed-forward", "inference-mode-forward", "identity",
         "inplace-relu-of-input", "denormal-weights", "zero-weights"])
 def test_unusual_models_and_example_layouts_compile_byte_exact(make, inputs):
     model = make().eval()

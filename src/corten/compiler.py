@@ -165,9 +165,7 @@ def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) 
             continue  # (a getitem of a refused op's tuple is reported through that op)
         if isinstance(node.target, torch._ops.HigherOrderOperator):
             refused.append(UnloweredNode(node.name, op_display_name(node.target), source_location(node),
-                                         "data-dependent control flow cannot be compiled to a fixed sequence of "
-                                         "kernels; compute both branches and select with arithmetic, or move "
-                                         "the control flow outside the model"))
+                                         _higher_order_reason(node.target)))
             continue
         if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)):
             refused.append(UnloweredNode(node.name, op_display_name(node.target), source_location(node),
@@ -193,6 +191,21 @@ def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) 
                                f"({op_display_name(a.target) if a.op == 'call_function' else a.op} at "
                                f"{source_location(a)}); Corten programs return float tensors computed in int8: "
                                "do comparisons, argmax and index computations after the program, in the caller")
+
+
+def _higher_order_reason(op) -> str:
+    """Why a higher-order op (a region torch.export keeps as a sub-graph) is refused."""
+    name = getattr(op, "__name__", str(op))
+    if "autocast" in name:
+        return ("a `with torch.autocast(...)` region in forward: Corten quantizes the float32 model itself; "
+                "remove the autocast context (or move it outside the compiled model)")
+    if "grad" in name:
+        return "a grad-mode region in forward: remove the `with torch.set_grad_enabled(...)` around the layers"
+    if name in ("cond", "while_loop", "scan", "map_impl", "map"):
+        return ("data-dependent control flow cannot be compiled to a fixed sequence of kernels; compute both "
+                "branches and select with arithmetic, or move the control flow outside the model")
+    return (f"torch.export kept it as the higher-order op {name!r} (a sub-graph region), which Corten cannot "
+            "compile: write the layers inside it as plain calls in forward")
 
 
 def _dynamic(node: torch.fx.Node) -> bool:
