@@ -468,3 +468,26 @@ def test_pools_s16_match_cmsis_nn_test_vectors(case):
     got = op(x, [kh, kw], [sy, sx], _pads(cfg, h, w, kh, kw, sy, sx, 1, 1, cfg["PADDING_H"], cfg["PADDING_W"]),
              cfg["ACTIVATION_MIN"], cfg["ACTIVATION_MAX"])
     assert got.permute(0, 2, 3, 1).reshape(-1).tolist() == a["output"]
+
+
+# ----------------------------------------------------------------------------- precision="auto"
+def test_auto_precision_moves_worst_layers_until_the_target():
+    import corten
+    from corten.compiler import auto_report
+
+    m = MLP().eval()
+    x = torch.randn(2, 12, generator=torch.Generator().manual_seed(1))
+    calib = [(c,) for c in torch.randn(16, 2, 12, generator=torch.Generator().manual_seed(2))]
+    prog = corten.compile(m, (x,), calibration=calib, precision="auto", precision_target_db=60.0)
+    a = prog.info["precision"]["auto"]
+    assert a["int16_layers"] and a["output_sqnr_db"] > a["int8_output_sqnr_db"]
+    assert [t["layers"] for t in a["tried"]][:2] == [[a["tried"][0]["layers"][0]], a["tried"][1]["layers"]]
+    assert all(len(t["layers"]) in (1, 2, 4) for t in a["tried"])
+    moved = [d["module"] for d in a["int16_layers"]]
+    assert all(d["extra_activation_bytes"] > 0 and d["macs"] > 0 for d in a["int16_layers"])
+    assert "int16:" in auto_report(prog) and moved[0] in auto_report(prog)
+    easy = corten.compile(m, (x,), calibration=calib, precision="auto", precision_target_db=-100.0)
+    assert easy.info["precision"]["auto"]["int16_layers"] == [] and easy.inputs[0].bits == 8
+    budget = easy.memory.arena_bytes  # the int8 arena: every int16 layer needs more
+    tight = corten.compile(m, (x,), calibration=calib, precision="auto", precision_target_db=60.0, max_arena=budget)
+    assert tight.info["precision"]["auto"]["tried"][-1]["over_budget"] and tight.memory.arena_bytes <= budget

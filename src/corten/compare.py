@@ -223,6 +223,7 @@ def compare(program, model: torch.nn.Module, samples: Iterable, threshold_db: fl
 
     modules = {n.name: _module_path(n) for n in ref.graph.nodes}
     acc = {k: [0.0, 0.0, 0.0, 0.0, 0.0, 0] for k in order}  # signal, noise, op noise, max err, sat, count
+    wide: dict[str, bool] = {}  # int16 tensors
     for sample in samples:
         sample = tuple(sample)
         with torch.no_grad():
@@ -235,6 +236,7 @@ def compare(program, model: torch.nn.Module, samples: Iterable, threshold_db: fl
                 if not isinstance(q, torch.Tensor):
                     continue
                 deq[t["float"]] = (q.to(torch.float64) - t["zero_point"]) * t["scale"]
+                wide[k] = q.dtype == torch.int16
             f = _Recorder(ref)
             f.run(*sample)
             alone = _Recorder(ref, {name: v.to(torch.float32).contiguous() for name, v in deq.items()})
@@ -255,8 +257,9 @@ def compare(program, model: torch.nn.Module, samples: Iterable, threshold_db: fl
             a[2] += float(((av - qv) ** 2).sum())
             if qv.numel():
                 a[3] = max(a[3], float((av - qv).abs().max()) / t["scale"])
-            lo = t["scale"] * (-128 - t["zero_point"]) - t["scale"] / 2
-            hi = t["scale"] * (127 - t["zero_point"]) + t["scale"] / 2
+            qmin, qmax = (-32768, 32767) if wide.get(k) else (-128, 127)  # (16x8 tensors)
+            lo = t["scale"] * (qmin - t["zero_point"]) - t["scale"] / 2
+            hi = t["scale"] * (qmax - t["zero_point"]) + t["scale"] / 2
             a[4] += float(((av < lo) | (av > hi)).sum())
             a[5] += qv.numel()
     report = CompareReport(getattr(program, "name", "model"), len(samples))

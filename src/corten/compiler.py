@@ -434,6 +434,141 @@ class Pipeline:
         return self.capture().prepare().calibrate().convert().lower().export(allow_unlowered)
 
 
+AUTO_TARGET_DB = 30.0  # precision="auto": the output SQNR (dB) against the float model it aims for
+AUTO_CANDIDATE_OPS = ("quantized_linear", "quantized_conv2d", "quantized_depthwise_conv2d")
+
+
+def _auto_samples(calibration, example_inputs, seed) -> list[tuple]:
+    """The samples precision="auto" measures on: the calibration samples (at most 32), the example
+    inputs for a calibration callable, or the 8 random ones calibration=None calibrates on."""
+    from corten.validation import as_input_tuple
+
+    example = as_input_tuple(example_inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the compile itself warns about calibration=None)
+        batches = calibration_batches(calibration, example, seed) if calibration is not None else \
+            calibration_batches(None, example, seed)
+    if callable(batches):
+        return [example]
+    return [tuple(b) for b in list(batches)[:32]]
+
+
+def output_sqnr_db(prog: Program, model: torch.nn.Module, samples) -> float:
+    """SQNR (dB) of the program's outputs against the float model's over ``samples``."""
+    import math
+
+    signal = noise = 0.0
+    for sample in samples:
+        with torch.no_grad():
+            ref = model(*sample)
+            got = prog.run(*sample)
+        refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+        gots = got if isinstance(got, (tuple, list)) else (got,)
+        for r, g in zip(refs, gots):
+            signal += float((r.to(torch.float64) ** 2).sum())
+            noise += float(((r.to(torch.float64) - g.to(torch.float64)) ** 2).sum())
+    if noise == 0.0:
+        return math.inf
+    return 10.0 * math.log10(max(signal, 1e-300) / noise)
+
+
+def _auto_candidates(report) -> list[tuple[str, float]]:
+    """Module paths of the int16-capable layers, worst op-alone SQNR first (a program input's own
+    quantization counts for the first layer reading it: its int16 input edge is that input)."""
+    rows = list(report.rows)
+    scores: dict[str, float] = {}
+    for i, r in enumerate(rows):
+        target = r
+        if r.op == "quantize_per_tensor":
+            target = next((x for x in rows[i + 1:] if x.op in AUTO_CANDIDATE_OPS), None)
+        if target is None or target.op not in AUTO_CANDIDATE_OPS or not target.module:
+            continue
+        scores[target.module] = min(scores.get(target.module, float("inf")), r.op_sqnr_db)
+    return sorted(scores.items(), key=lambda kv: kv[1])
+
+
+def _program_costs(prog: Program) -> dict:
+    plan = prog.memory
+    return {"arena_bytes": int(plan.arena_bytes), "constant_bytes": int(getattr(plan, "constant_bytes", 0) or 0)}
+
+
+def _layer_costs(prog8: Program, prog16: Program, modules: list[str]) -> dict[str, dict]:
+    """Per moved layer: its output's extra activation bytes (int16: 2 bytes an element) and MACs."""
+    out: dict[str, dict] = {}
+    tensors = prog16.info.get("tensors") or {}
+    nodes = {n.name: n for n in prog16.module().graph.nodes}
+    for name, t in tensors.items():
+        mod = t.get("module", "")
+        hit = next((m for m in modules if mod == m or mod.startswith(m + ".")), None)
+        if hit is None or t.get("op") not in AUTO_CANDIDATE_OPS or name not in nodes:
+            continue
+        node = nodes[name]
+        val = node.meta.get("val")
+        numel = int(val.numel()) if isinstance(val, torch.Tensor) else 0
+        macs = 0
+        w = node.args[1] if len(node.args) > 1 else None
+        if isinstance(w, torch.fx.Node) and isinstance(w.meta.get("val"), torch.Tensor):
+            wv = w.meta["val"]
+            per_out = int(wv.numel()) // max(1, int(wv.shape[-1] if t["op"] == "quantized_depthwise_conv2d" else wv.shape[0]))
+            macs = numel * per_out
+        out[hit] = {"extra_activation_bytes": numel, "macs": macs}
+    return out
+
+
+def _compile_auto(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
+                  max_arena, max_flash, kernels, target_db) -> Program:
+    """precision="auto" (see :func:`compile`)."""
+    samples = _auto_samples(calibration, example_inputs, seed)
+    base = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress)
+    db8 = output_sqnr_db(base, model, samples)
+    info = {"target_db": target_db, "int8_output_sqnr_db": db8, "int16_layers": [], "tried": [],
+            "int8_costs": _program_costs(base)}
+    best, best_db = base, db8
+    if db8 < target_db and not base.unlowered_ops():
+        report = base.compare(model, samples)
+        candidates = _auto_candidates(report)
+        n = 1
+        while candidates and n <= 2 * len(candidates):
+            chosen = [m for m, _ in candidates[:n]]
+            prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
+                            progress, {m: "int16" for m in chosen})
+            db = output_sqnr_db(prog, model, samples)
+            costs = _program_costs(prog)
+            over = (max_arena is not None and costs["arena_bytes"] > max_arena) or \
+                (max_flash is not None and costs["constant_bytes"] > max_flash)
+            info["tried"].append({"layers": chosen, "output_sqnr_db": db, **costs, "over_budget": bool(over)})
+            if over:
+                break
+            if db > best_db:
+                best, best_db = prog, db
+                info["int16_layers"] = [{"module": m, "op_sqnr_db_int8": s} for m, s in candidates[:n]]
+            if db >= target_db or n >= len(candidates):
+                break
+            n *= 2
+        costs = _layer_costs(base, best, [d["module"] for d in info["int16_layers"]])
+        for d in info["int16_layers"]:
+            d.update(costs.get(d["module"], {}))
+    info["output_sqnr_db"] = best_db
+    info["costs"] = _program_costs(best)
+    best.info["precision"] = {**best.info.get("precision", {"requested": "auto"}), "requested": "auto", "auto": info}
+    return best
+
+
+def auto_report(prog: Program) -> str:
+    """The precision="auto" decisions of ``prog`` as text (also in the compile report)."""
+    a = (prog.info.get("precision") or {}).get("auto")
+    if not a:
+        return "precision: not chosen automatically"
+    lines = [f"precision=auto: output SQNR {a['int8_output_sqnr_db']:.1f} dB in int8 -> {a['output_sqnr_db']:.1f} dB "
+             f"(target {a['target_db']:g} dB); arena {a['int8_costs']['arena_bytes']} -> {a['costs']['arena_bytes']} B"]
+    for d in a["int16_layers"]:
+        lines.append(f"  int16: {d['module']:<28} op SQNR in int8 {d['op_sqnr_db_int8']:7.1f} dB, "
+                     f"+{d.get('extra_activation_bytes', 0)} activation B, {d.get('macs', 0)} MACs")
+    if not a["int16_layers"]:
+        lines.append("  every layer stays int8")
+    return "\n".join(lines)
+
+
 def _precision_info(precision, quantizer) -> dict:
     """What the program records of its precision request: the request (types by name) and the
     compute nodes the quantizer made int16."""
@@ -467,6 +602,7 @@ def compile(
     max_flash: int | None = None,
     kernels: str = "cmsis-nn",
     precision: Any = "int8",
+    precision_target_db: float = AUTO_TARGET_DB,
 ) -> Program:
     """Compile ``model`` to a Corten int8 program for ``target`` (runs every :class:`Pipeline` stage).
 
@@ -480,7 +616,12 @@ def compile(
     ``precision``: ``"int8"`` (default), ``"int16"`` (TFLite's 16x8 scheme: int16 symmetric
     activations, int8 per-channel weights, int64 biases, on the ops that have int16 kernels; the
     others stay int8 with a requantize between) or ``{module path prefix | nn.Module type: "int8" |
-    "int16"}`` (e.g. ``{"": "int8", "encoder": "int16"}``).
+    "int16"}`` (e.g. ``{"": "int8", "encoder": "int16"}``), or ``"auto"``: int8 first; while the
+    output SQNR against the float model (on the calibration samples) is below
+    ``precision_target_db``, the conv/linear layers with the lowest op-alone SQNR
+    (:meth:`Program.compare`) move to int16, 1, 2, 4, ... of them, as long as the arena stays within
+    ``max_arena`` and the constants within ``max_flash``; ``prog.info["precision"]["auto"]`` says
+    which layers went to int16, why, and what it cost (arena bytes, activation bytes, MACs).
     A model with ops Corten cannot lower raises :class:`UnsupportedOpsError` (naming
     each op, its count and source location) unless ``allow_unlowered=True``, which returns a
     partly lowered program whose ``unlowered_ops()`` lists them.
@@ -493,8 +634,12 @@ def compile(
     ``max_flash`` (bytes of constant data): :class:`BudgetError` when the weights do not fit.
     Without either, the plan is today's (no extra compute).
     """
-    prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
-                    precision)
+    if isinstance(precision, str) and precision == "auto":
+        prog = _compile_auto(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
+                             progress, max_arena, max_flash, kernels, precision_target_db)
+    else:
+        prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
+                        precision)
     if (max_arena is None and max_flash is None) or prog.unlowered_ops():
         return prog
     return prog.fit_budget(max_arena, max_flash, kernels)

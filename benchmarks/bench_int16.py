@@ -1,0 +1,179 @@
+"""int8 vs int16 activations (TFLite's 16x8 scheme, ``corten.compile(precision="int16")``): accuracy of
+autoencoders and instruction counts on QEMU (the README's 16x8 tables).
+
+    .venv/bin/python benchmarks/bench_int16.py [--inputs 20] [--no-qemu] [--markdown]
+
+Accuracy: the relative reconstruction error ||program - float|| / ||float|| of each autoencoder
+(mean / max over ``--inputs`` random N(0, 1) inputs, as benchmarks/agreement.py measures it), the
+default calibration (8 random samples), and the same error with the int8 weights alone (float
+activations: the floor A16W8 cannot go below).  Autoencoders: ``deep-ae`` (the zoo's MLPerf Tiny
+model), ``ae-small`` (the same architecture, 128 inputs, hidden 64, 3 layers each side) and
+``conv-ae`` (a conv/depthwise/pool encoder, linear decoder).
+
+Instructions: one inference of ``deep-ae`` and ``ds-cnn`` on QEMU Cortex-M55 and Cortex-M4 in int8
+and int16, portable kernels, and CMSIS-NN's when ``CMSIS_NN_PATH`` names a CMSIS-NN tree; every
+run byte-compared with the reference kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import warnings
+
+import torch
+from torch import nn
+
+
+class ConvAE(nn.Module):
+    """A small conv autoencoder on 1x16x16 maps: conv/depthwise/pool encoder, linear decoder."""
+
+    def __init__(self, generator: torch.Generator):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                     nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8), nn.ReLU(),
+                                     nn.Conv2d(8, 16, 1), nn.ReLU(), nn.AvgPool2d(2))
+        self.decoder = nn.Sequential(nn.Linear(16 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 256))
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * (0.5 if p.dim() == 1 else 1.0)
+                        / max(1.0, float(p[0].numel()) ** 0.5))
+
+    def forward(self, x):
+        return self.decoder(self.encoder(x).flatten(1)).reshape(x.shape)
+
+
+def autoencoder(name: str):
+    from corten.zoo import get_model
+    from corten.zoo.mlperf_tiny import DeepAutoEncoder
+
+    if name == "deep-ae":
+        return get_model("deep-ae")
+    g = torch.Generator().manual_seed(1)
+    if name == "ae-small":
+        m = DeepAutoEncoder(input_dim=128, hidden=64, bottleneck=8, depth=3, generator=g)
+        from corten.zoo.batch_norm_stats import randomize_batch_norm
+        randomize_batch_norm(m, torch.randn(64, 128, generator=g), g)
+        return m.eval(), (torch.randn(1, 128, generator=g),)
+    if name == "conv-ae":
+        m = ConvAE(g)
+        with torch.no_grad():  # running statistics of the BatchNorm from a few batches
+            m.train()
+            for _ in range(4):
+                m(torch.randn(16, 1, 16, 16, generator=g))
+        return m.eval(), (torch.randn(1, 1, 16, 16, generator=g),)
+    raise KeyError(name)
+
+
+def weight_only(model: nn.Module) -> nn.Module:
+    """``model`` with its conv/linear weights rounded to int8 per output channel (float activations),
+    BatchNorms folded first as Corten folds them."""
+    m = copy.deepcopy(model).eval()
+    mods = list(m.modules())
+    for i, mod in enumerate(mods):
+        if isinstance(mod, (nn.Linear, nn.Conv2d)):
+            nxt = mods[i + 1] if i + 1 < len(mods) else None
+            w = mod.weight.detach().clone()
+            b = mod.bias.detach().clone() if mod.bias is not None else torch.zeros(w.shape[0])
+            if isinstance(nxt, (nn.BatchNorm1d, nn.BatchNorm2d)):
+                k = nxt.weight / torch.sqrt(nxt.running_var + nxt.eps)
+                w = w * k.reshape(-1, *([1] * (w.dim() - 1)))
+                b = (b - nxt.running_mean) * k + nxt.bias
+                nxt.weight.data.fill_(1.0), nxt.bias.data.zero_(), nxt.running_mean.zero_()
+                nxt.running_var.fill_(1.0 - nxt.eps)
+            s = w.abs().flatten(1).amax(1).clamp_min(1e-12) / 127
+            s = s.reshape(-1, *([1] * (w.dim() - 1)))
+            mod.weight.data = torch.round(w / s).clamp(-127, 127) * s
+            mod.bias = nn.Parameter(b.detach())
+    return m
+
+
+def rel_errors(model, prog_or_fn, example, n: int) -> list[float]:
+    g = torch.Generator().manual_seed(10_000)
+    out = []
+    for _ in range(n):
+        x = torch.randn(example[0].shape, generator=g)
+        with torch.no_grad():
+            ref = model(x).flatten(1)
+            got = prog_or_fn(x).flatten(1)
+        out.append(float((got - ref).norm() / ref.norm().clamp_min(1e-12)))
+    return out
+
+
+def accuracy_rows(n: int) -> list[dict]:
+    import corten
+
+    rows = []
+    for name in ("deep-ae", "ae-small", "conv-ae"):
+        model, example = autoencoder(name)
+        row = {"model": name}
+        for prec in ("int8", "int16"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prog = corten.compile(model, example, name=name.replace("-", "_"), precision=prec)
+            e = rel_errors(model, prog.run, example, n)
+            row[prec] = (sum(e) / len(e), max(e))
+            row[prec + "_arena"] = prog.memory.arena_bytes
+        wo = weight_only(model)
+        e = rel_errors(model, wo, example, n)
+        row["weights"] = (sum(e) / len(e), max(e))
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def instruction_rows() -> list[dict]:
+    import corten
+    from corten.zoo import get_model
+
+    cmsis = os.environ.get("CMSIS_NN_PATH")
+    rows = []
+    for name in ("deep-ae", "ds-cnn"):
+        model, example = get_model(name)
+        x = torch.randn(example[0].shape, generator=torch.Generator().manual_seed(3))
+        for prec in ("int8", "int16"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prog = corten.compile(model, example, name=name.replace("-", "_"), precision=prec)
+            expected = prog.run_int8(x)
+            for target in ("cortex-m55", "cortex-m4"):
+                for kernels in ("portable", "cmsis-nn") if cmsis else ("portable",):
+                    run = prog.c_run(x, on="qemu", target=target, kernels=kernels, cmsis_nn_path=cmsis)
+                    same = all(torch.equal(a, b) for a, b in zip(expected, run.outputs))
+                    row = {"model": name, "precision": prec, "target": target, "kernels": kernels,
+                           "instructions": run.instructions, "bytes_equal": same,
+                           "arena": prog.memory_for(kernels, target=target).arena_bytes}
+                    rows.append(row)
+                    print(row, flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--inputs", type=int, default=20)
+    ap.add_argument("--no-qemu", action="store_true")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args(argv)
+    acc = accuracy_rows(args.inputs)
+    ins = [] if args.no_qemu else instruction_rows()
+    if args.markdown:
+        print("\n| autoencoder | int8 rel. error (mean / max) | int16 (mean / max) | int8 weights alone | arena int8 / int16 |")
+        print("|---|---|---|---|---|")
+        for r in acc:
+            print(f"| {r['model']} | {r['int8'][0]:.3f} / {r['int8'][1]:.3f} | {r['int16'][0]:.3f} / {r['int16'][1]:.3f} "
+                  f"| {r['weights'][0]:.3f} / {r['weights'][1]:.3f} | {r['int8_arena']:,} / {r['int16_arena']:,} B |")
+        if ins:
+            print("\n| model | target | kernels | int8 instructions | int16 instructions | int16 / int8 | bytes equal |")
+            print("|---|---|---|---|---|---|---|")
+            key = {(r["model"], r["target"], r["kernels"], r["precision"]): r for r in ins}
+            for (m, t, k, p), r in key.items():
+                if p != "int8":
+                    continue
+                r16 = key[(m, t, k, "int16")]
+                print(f"| {m} | {t} | {k} | {r['instructions']:,} | {r16['instructions']:,} | "
+                      f"{r16['instructions'] / r['instructions']:.2f} | {r['bytes_equal'] and r16['bytes_equal']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
