@@ -631,6 +631,8 @@ def compile(
     halos recomputed, :mod:`corten.memory.banding`) that fits with the fewest extra MACs; the
     program then runs that schedule in Python and C, byte-identical to the unbanded one.
     :class:`BudgetError` names the smallest arena found, the layer that sets it and what to change.
+    ``kernels`` ("cmsis-nn" or "portable"): the kernel flavour whose arena (scratch included)
+    ``max_arena`` bounds.
     ``max_flash`` (bytes of constant data): :class:`BudgetError` when the weights do not fit.
     Without either, the plan is today's (no extra compute).
     """
