@@ -205,6 +205,10 @@ class _Model:
                 return False  # ceil mode: the last window's overhang depends on the input size
         if op in SPATIAL:
             return len(args) == 1 and len(_shape_c(args[0])) == 4
+        for a in node.args:  # a constant operand with rows (not an activation) is not sliced: refuse
+            val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+            if isinstance(val, torch.Tensor) and val.dim() == 4 and a.name not in self.prog.class_of:
+                return False
         return bool(args) and all(_shape_c(a) == out for a in args)
 
     def _users_are_steps(self, i: int) -> bool:
