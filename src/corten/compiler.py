@@ -30,6 +30,9 @@ from corten.quantizer.observers import observer_class
 from corten.quantizer.qat import convert_qat, is_qat_module
 from corten.targets import get_target
 
+# the one kind of integer program output: argmax/argmin indices (int32 in the C library, ops/reduce.py)
+INDEX_OUTPUT_OPS = (torch.ops.aten.argmax.default, torch.ops.aten.argmin.default)
+
 
 def unguarded_module(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
     """``ep.module()`` without torch's ``_guards_fn`` input check (static shapes here)."""
@@ -186,11 +189,13 @@ def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) 
             raise CaptureError(f"{model_name}.forward returns {what} as output {i}; a compiled model returns "
                                "float tensors only (a tensor, or a tuple/list/dict of tensors): return "
                                "constants and other values from a Python wrapper around the compiled program")
-        if not val.dtype.is_floating_point:
+        if not val.dtype.is_floating_point and not (isinstance(a, torch.fx.Node) and a.op == "call_function"
+                                                    and a.target in INDEX_OUTPUT_OPS):
             raise CaptureError(f"{model_name}.forward returns a {val.dtype} tensor as output {i} "
                                f"({op_display_name(a.target) if a.op == 'call_function' else a.op} at "
                                f"{source_location(a)}); Corten programs return float tensors computed in int8: "
-                               "do comparisons, argmax and index computations after the program, in the caller")
+                               "return float tensors or argmax/argmin indices (int32 in C) and do other comparisons "
+                               "and index computations after the program, in the caller")
 
 
 def _higher_order_reason(op) -> str:

@@ -57,7 +57,7 @@ class IOTensor:
     scale: float
     zero_point: int
     offset: int
-    element_bytes: int = 1  # 1: int8, 2: int16 (TFLite's 16x8 edges)
+    element_bytes: int = 1  # 1: int8, 2: int16 (TFLite's 16x8 edges), 4: int32 indices (argmax/argmin outputs)
     # an input the library takes as its first layer reads it (memory.views.input_layout_reshape):
     # the forward's argument shape; ``shape`` is then the reshaped 4-D tensor the bytes hold (NHWC)
     source_shape: tuple[int, ...] | None = None
@@ -68,11 +68,32 @@ class IOTensor:
 
     @property
     def ctype(self) -> str:
-        return "int16_t" if self.element_bytes == 2 else "int8_t"
+        return {1: "int8_t", 2: "int16_t", 4: "int32_t"}[self.element_bytes]
 
     @property
     def bits(self) -> int:
         return 8 * self.element_bytes
+
+    @property
+    def int32(self) -> bool:
+        return self.element_bytes == 4
+
+
+def is_index_output(node) -> bool:
+    """True for a program output that is not dequantized: int32 indices (``quantized_argmax``)."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return (isinstance(node, torch.fx.Node) and node.op == "call_function" and op_name_of(node.target) is not None
+            and isinstance(val, torch.Tensor) and val.dtype == torch.int32)
+
+
+def output_tensor(out: torch.fx.Node) -> torch.fx.Node:
+    """The tensor whose bytes a program output holds: the int8 input of its dequantize, or the int32 indices."""
+    return out if is_index_output(out) else out.args[0]
+
+
+def output_qparams(out: torch.fx.Node) -> tuple[float, int]:
+    """(scale, zero point) of a program output; indices have none (1.0, 0)."""
+    return (1.0, 0) if is_index_output(out) else (float(out.args[1]), int(out.args[2]))
 
 
 @dataclass(frozen=True)
@@ -334,7 +355,8 @@ class _Generator:
             quants.append(qs[0] if qs else None)
         self.user_inputs = user_inputs
         outs = [a for a in self.ep.graph.output_node().args[0]]
-        deqs = [a for a in outs if isinstance(a, torch.fx.Node) and op_name_of(a.target) == DEQUANTIZE]
+        deqs = [a for a in outs if isinstance(a, torch.fx.Node)
+                and (op_name_of(a.target) == DEQUANTIZE or is_index_output(a))]
         if not any(q is not None for q in quants) or len(deqs) != len(outs):
             raise CodegenError(f"every program input must be quantized and every output dequantized; the program "
                                f"has {sum(q is not None for q in quants)} quantize nodes and {len(deqs)} of "
@@ -346,10 +368,12 @@ class _Generator:
         def packed(nodes):
             offs, total = [], 0
             for n in nodes:
+                size = 4 if is_index_output(n) else 1
+                total = -(-total // size) * size  # int32 indices start on a multiple of 4
                 offs.append(total)
                 total += self._nbytes(n)
             return offs
-        return packed(self.user_inputs), packed([d.args[0] for d in deqs])
+        return packed(self.user_inputs), packed([output_tensor(d) for d in deqs])
 
     def statements(self) -> tuple[list[str], list[str]]:
         """(C statements of <name>_run, canonical op descriptions for the program hash)."""
@@ -572,6 +596,8 @@ def _io_block(p: str, t: IOTensor, what: str, offset: bool) -> str:
                  f"x.reshape({shape}) in NHWC order (no layout copy runs)")
     lines = [f"/* {what} */", *([f"#define {p}_BYTES {t.nbytes}"] if offset else []), *_dim_macros(p, t.shape),
              f"#define {p}_SCALE {_float_literal(t.scale)}", f"#define {p}_ZERO_POINT {t.zero_point}"]
+    if t.int32:  # argmax/argmin: int32 indices, no quantization (scale 1, zero point 0)
+        lines.insert(1, f"#define {p}_INT32 1 /* int32_t indices, {int(np.prod(t.shape))} values */")
     if offset:
         lines.insert(1, f"#define {p}_OFFSET {t.offset} /* in the packed buffer of {{name}}_run */")
     return "\n".join(lines)
@@ -671,7 +697,8 @@ def _header(g: _Generator, lib: dict, n_steps: int) -> str:
     in_names, out_names = _io_names(g)
     blocks = [_io_block(f"{m}_INPUT", ins[0], f"Input{' 0 (' + in_names[0] + ')' if multi else ''}", False),
               _io_block(f"{m}_OUTPUT", outs[0], f"Output{' 0' if multi else ''}", False)]
-    helpers = [_quant_helper(n, m, "input", "", ins[0]), _quant_helper(n, m, "output", "", outs[0])]
+    helpers = [_quant_helper(n, m, "input", "", ins[0])] + ([] if outs[0].int32 else
+                                                            [_quant_helper(n, m, "output", "", outs[0])])
     io_api = ""
     if multi:
         blocks.append(f"/* Several inputs/outputs: {n}_run_io takes one pointer each ({n}_inputs / {n}_outputs);\n"
@@ -680,7 +707,8 @@ def _header(g: _Generator, lib: dict, n_steps: int) -> str:
         for kind, tensors, names in (("INPUT", ins, in_names), ("OUTPUT", outs, out_names)):
             for i, t in enumerate(tensors):
                 blocks.append(_io_block(f"{m}_{kind}{i}", t, f"{kind.title()} {i} ({names[i]})", True).replace("{name}", n))
-                helpers.append(_quant_helper(n, m, kind.lower(), str(i), t))
+                if not t.int32:  # (int32 indices need no dequantize helper)
+                    helpers.append(_quant_helper(n, m, kind.lower(), str(i), t))
         in_fields = "\n".join(f"    const {t.ctype} *{nm}; /* {m}_INPUT{i}_BYTES bytes */"
                               for i, (nm, t) in enumerate(zip(in_names, ins)))
         out_fields = "\n".join(f"    {t.ctype} *{nm}; /* {m}_OUTPUT{i}_BYTES bytes */"
@@ -909,17 +937,18 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     for key, arr in g.arrays.items():
         hasher.update(f"{key} {arr.ctype} {tuple(arr.tensor.shape)}\n".encode())
         hasher.update(_bytes(arr.tensor))
-    out_node = dequant.args[0]
+    out_node = output_tensor(dequant)
     out_shape = tuple(g._shape(out_node))
     in_offs, out_offs = g.io_offsets()
     # an input the program never reads keeps its bytes in the buffer, with scale 1 and zero point 0
     inputs = tuple(_input_tensor(g, ph, q, off) for ph, q, off in zip(g.user_inputs, quants, in_offs))
-    outputs = tuple(IOTensor(tuple(g._shape(d.args[0])), float(d.args[1]), int(d.args[2]), off, _edge_bytes(d))
+    outputs = tuple(IOTensor(tuple(g._shape(output_tensor(d))), *output_qparams(d), off,
+                             4 if is_index_output(d) else _edge_bytes(d))
                     for d, off in zip(dequants, out_offs))
     lib = dict(
         input_shape=inputs[0].shape, input_scale=inputs[0].scale, input_zero_point=inputs[0].zero_point,
-        output_shape=out_shape, output_scale=float(dequant.args[1]), output_zero_point=int(dequant.args[2]),
-        input_bytes=sum(t.nbytes for t in inputs), output_bytes=sum(t.nbytes for t in outputs),
+        output_shape=out_shape, output_scale=output_qparams(dequant)[0], output_zero_point=output_qparams(dequant)[1],
+        input_bytes=sum(t.nbytes for t in inputs), output_bytes=max(t.offset + t.nbytes for t in outputs),
         inputs=inputs, outputs=outputs,
         arena_bytes=int(plan.arena_bytes), arena_align=int(getattr(plan, "alignment", 16) or 16),
         constant_bytes=sum(a.tensor.numel() * a.tensor.element_size() for a in g.arrays.values()),

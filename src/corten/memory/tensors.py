@@ -207,6 +207,13 @@ def analyse(ep: ExportedProgram, in_place_cats: bool = False) -> ProgramTensors:
             elif node.name in step_of:
                 cls.last = max(cls.last, step_of[node.name])
 
+    for i, o in enumerate(outputs):  # int32 indices (argmax) are program outputs without a dequantize
+        if isinstance(o, torch.fx.Node) and o.op == "call_function" and op_name_of(o.target) not in (None, DEQUANTIZE) \
+                and o.name in class_of:
+            root = class_of[o.name]
+            classes[root].last = end
+            dequantized.setdefault(root, []).append(i)
+
     copies: list[tuple[str, int]] = []
     for root, cls in classes.items():
         outs = sorted(dequantized.get(root, []))

@@ -86,6 +86,8 @@ def feeds_program_output(node: torch.fx.Node) -> bool:
     """True when a program output (a ``dequantize_per_tensor``) reads ``node``'s bytes, directly or
     through reshape aliases."""
     for user in node.users:
+        if user.op == "output":  # (int32 indices are program outputs themselves)
+            return True
         if user.op == "call_function" and op_name_of(user.target) == DEQUANTIZE:
             return True
         if user.op == "call_function" and user.target == RESHAPE and reshape_is_alias(user) and \

@@ -10,6 +10,11 @@ with the multiplier of ``s_in / s_out`` (sum) or ``s_in / (s_out * count)`` (mea
 of up to 2**23 int8 values cannot overflow.  A mean over H and W of NCHW (a global average pool)
 and over L of NCL keep lowering to ``quantized_avg_pool2d`` (CMSIS-NN's ``arm_avgpool_s8``).
 
+``quantized_argmax`` (``torch.argmax`` / ``argmin`` over one dim, with or without keepdim, as the
+program's output) returns **int32** indices: the first index of the largest (smallest) int8 value,
+as torch breaks ties.  The C library writes them as int32 values into the caller's output buffer
+(``<NAME>_OUTPUT_INT32``); no other integer output is produced.
+
 C: ``corten_reduce_s8`` walks the kept dims of the input's storage (NHWC for 4-D) and, for each
 output element, the reduced dims; the output's storage strides place it (row-major for ranks < 4,
 NHWC for 4-D).  No scratch.  CMSIS-NN has no reduction kernel.
@@ -82,13 +87,47 @@ def _(input, dims, keepdim, mode, input_offset, output_offset, multiplier, shift
         memory_format=output_format(len(shape)))
 
 
-family = register_family(OpFamily(FAMILY, ("quantized_reduce",), doc=__doc__))
+def _check_argmax(input, dim, keepdim, mode) -> tuple[int, list[int]]:
+    op = "quantized_argmax"
+    checks.dtype(op, "input", input, torch.int8)
+    if not 1 <= input.dim() <= MAX_ELEMENTWISE_RANK:
+        checks.fail(op, "input", f"rank {input.dim()} is not 1 to {MAX_ELEMENTWISE_RANK}")
+    if not -input.dim() <= int(dim) < input.dim():
+        checks.fail(op, "dim", f"{dim} is not a dim of a {input.dim()}-D tensor")
+    if not keepdim and input.dim() == 1:
+        checks.fail(op, "dim", "argmax of a 1-D tensor without keepdim gives a 0-D tensor; use keepdim=True")
+    checks.in_range(op, "mode", mode, 0, 1)
+    d = int(dim) % input.dim()
+    return d, _out_shape(input.shape, [d], keepdim)
+
+
+@torch.library.custom_op("corten::quantized_argmax", mutates_args=())
+def quantized_argmax(input: torch.Tensor, dim: int, keepdim: bool, mode: int) -> torch.Tensor:
+    """int32 index of the first maximum (mode 0) / minimum (mode 1) of the int8 ``input`` along ``dim``."""
+    d, shape = _check_argmax(input, dim, keepdim, mode)
+    x = input.to(torch.int64)
+    best = x.amax(dim=d, keepdim=True) if mode == 0 else x.amin(dim=d, keepdim=True)
+    n = int(input.shape[d])
+    index = torch.arange(n, dtype=torch.int64).reshape([n if k == d else 1 for k in range(input.dim())])
+    first = torch.where(x == best, index, torch.full_like(x, n)).amin(dim=d, keepdim=keepdim)
+    return first.to(torch.int32).reshape(shape).contiguous(memory_format=output_format(len(shape)))
+
+
+@quantized_argmax.register_fake
+def _(input, dim, keepdim, mode):
+    _, shape = _check_argmax(input, dim, keepdim, mode)
+    return torch.empty(shape, dtype=torch.int32, device=input.device).contiguous(
+        memory_format=output_format(len(shape)))
+
+
+family = register_family(OpFamily(FAMILY, ("quantized_reduce", "quantized_argmax"), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- lowering
 _aten = torch.ops.aten
 annotates("shared", _aten.amax.default, _aten.amin.default, _aten.max.dim, _aten.min.dim, _aten.mean.dim)
 annotates("unary", _aten.sum.dim_IntList)
+annotates("shared", _aten.argmax.default, _aten.argmin.default)  # int64 output: no qparams
 
 
 def _dims_arg(node, i: int, rank: int) -> list[int]:
@@ -184,7 +223,34 @@ def lower_mean(m: Match):
     return lower_reduction(m, "mean", dims, keepdim)
 
 
+@lowers(_aten.argmax.default, _aten.argmin.default)
+def lower_argmax(m: Match):
+    """``x.argmax(dim, keepdim)`` / ``argmin`` -> ``quantized_argmax`` (int32 indices).  No dim (the index
+    into the flattened tensor) is refused: flatten first (``x.flatten(1).argmax(1)``)."""
+    val = m.node.args[0].meta["val"]
+    kind = "argmax" if m.node.target == _aten.argmax.default else "argmin"
+    dim = m.node.args[1] if len(m.node.args) > 1 else m.node.kwargs.get("dim")
+    keepdim = _keepdim(m.node, 2)
+    if dim is None:
+        raise LoweringError(f"{kind} without dim (an index into the flattened tensor) is not supported; "
+                            f"flatten the dims first, e.g. x.flatten(1).{kind}(1)")
+    if not 1 <= val.dim() <= MAX_ELEMENTWISE_RANK:
+        raise LoweringError(f"{kind} of a rank-{val.dim()} tensor is not supported (ranks 1 to {MAX_ELEMENTWISE_RANK})")
+    if val.dim() == 1 and not keepdim:
+        raise LoweringError(f"{kind} of a 1-D tensor without keepdim (a 0-D result) is not supported; use keepdim=True")
+    if any(u.op != "output" for u in m.node.users):
+        raise LoweringError(f"{kind} feeding other ops is not supported: its int32 indices can only be a "
+                            "program output (do index arithmetic in the caller)")
+    return m.call("quantized_argmax", m.inputs[0].node, int(dim) % val.dim(), keepdim, 0 if kind == "argmax" else 1)
+
+
 # ----------------------------------------------------------------------------- scratch memory
+@family.provides("scratch_bytes", "quantized_argmax")
+def _argmax_scratch(node, target) -> int:
+    """``corten_argmax_s8`` keeps its running best in registers."""
+    return 0
+
+
 @family.provides("scratch_bytes", "quantized_reduce")
 def _reduce_scratch(node, target) -> int:
     """``corten_reduce_s8`` keeps its sums in registers."""
@@ -240,3 +306,20 @@ def _emit_reduce_c(ctx) -> str:
     return ctx.block(
         ctx.params("corten_reduce_params", "params", fields),
         ctx.call(f"corten_reduce_s8(&params, {ctx.input('input')}, {ctx.out()})"))
+
+
+@family.provides("emit_c", "quantized_argmax")
+def _emit_argmax_c(ctx) -> str:
+    """``corten_argmax_s8`` (portable, in both flavours): the reduce walk with int32 index outputs."""
+    ctx.portable_kernel("CMSIS-NN has no argmax kernel")
+    in_shape = ctx.shape(ctx.arg("input"))
+    rank = len(in_shape)
+    dim = int(ctx.arg("dim")) % rank
+    sdims, flags, strides = reduce_geometry(in_shape, [dim], bool(ctx.arg("keepdim")))
+    fmt = lambda v: "{" + ", ".join(str(int(x)) for x in v) + "}"  # noqa: E731
+    fields = {"dims": fmt(sdims), "reduce": fmt(flags), "out_strides": fmt(strides), "mode": int(ctx.arg("mode")),
+              "input_offset": 0, "output_offset": 0, "multiplier": 0, "shift": 0, "activation_min": -128,
+              "activation_max": 127}
+    return ctx.block(
+        ctx.params("corten_reduce_params", "params", fields),
+        ctx.call(f"corten_argmax_s8(&params, {ctx.input('input')}, {ctx.out()})"))

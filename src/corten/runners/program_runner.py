@@ -36,9 +36,11 @@ def inputs_to_c_bytes(lib, q_inputs) -> bytes:
 
 
 def c_bytes_to_tensor(data: bytes, shape: tuple[int, ...], bits: int = 8) -> torch.Tensor:
-    """The bytes of a C buffer -> int8 (``bits=16``: int16, little-endian) tensor of logical
-    ``shape`` (channels_last for 4-D)."""
-    arr = torch.from_numpy(np.frombuffer(bytearray(data), dtype=np.int8 if bits == 8 else "<i2").copy())
+    """The bytes of a C buffer -> int8 (``bits=16``: int16; ``bits=32``: int32 argmax/argmin indices;
+    little-endian, as every supported target) tensor of logical ``shape`` (channels_last for 4-D)."""
+    dtype = {8: np.int8, 16: "<i2", 32: "<i4"}[bits]
+    arr = torch.from_numpy(np.frombuffer(bytearray(data), dtype=dtype).astype(
+        {8: np.int8, 16: np.int16, 32: np.int32}[bits]))
     if len(shape) == 4:
         n, c, h, w = shape
         return arr.reshape(n, h, w, c).permute(0, 3, 1, 2)

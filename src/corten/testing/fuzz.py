@@ -1052,7 +1052,7 @@ def run_host_batch(items, workdir, cflags=SANITIZE) -> dict[int, list[torch.Tens
                              f"host batch: not reached (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
             continue
         data = (workdir / f"out_{seed}.bin").read_bytes()
-        results[seed] = [c_bytes_to_tensor(data[t.offset:t.offset + t.nbytes], t.shape) for t in lib.outputs]
+        results[seed] = [c_bytes_to_tensor(data[t.offset:t.offset + t.nbytes], t.shape, t.bits) for t in lib.outputs]
     return results
 
 

@@ -265,6 +265,11 @@ typedef struct {
 
 int corten_reduce_s8(const corten_reduce_params *params, const int8_t *input, int8_t *output);
 
+/** argmax (mode 0) / argmin (mode 1) over the one dim with reduce[k] != 0 (corten/ops/reduce.py): the
+ *  int32 index of the first largest (smallest) value, written (memcpy, any alignment) at byte 4 * the
+ *  output element offset given by out_strides.  The other params fields are unused. */
+int corten_argmax_s8(const corten_reduce_params *params, const int8_t *input, int8_t *output);
+
 /** Comparison of broadcast int8 operands (mode 0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge): 1 / 0 bytes. */
 int corten_compare_s8(int32_t mode, const corten_broadcast *shape, const int8_t *input1, const int8_t *input2,
                       int8_t *output);
