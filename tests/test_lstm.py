@@ -20,7 +20,6 @@ import naive_lstm
 from corten.codegen import KERNELS_DIR
 from corten.fixed_point import quantize_multiplier
 from corten.ops.lstm import activation_s16, cell_scale_power, sigmoid_table
-from corten.program import UnsupportedOpsError
 from corten.testing.tester import Tester
 
 GCC = shutil.which("gcc")
@@ -268,13 +267,14 @@ def test_lstm_without_bias_lowers():
     assert t.test_dialect({}, {Q: 1, LSTM: 1, LINEAR: 1, DQ: 1}, qtol=QTOL).cosine_vs_float >= 0.99
 
 
-@pytest.mark.parametrize("model,why", [
-    (LSTMNet("c"), "c_n is used"),
-    (nn.LSTM(6, 8, batch_first=True, bidirectional=True), "bidirectional"),
-])
-def test_unsupported_lstms_are_refused_by_name(model, why):
-    with pytest.raises(UnsupportedOpsError, match=r"aten\.lstm\.input(.|\n)*" + why):
-        corten.compile(model.eval(), (torch.randn(1, 4, 6),))
+@pytest.mark.parametrize("model", [LSTMNet("c"), nn.LSTM(6, 8, batch_first=True, bidirectional=True)],
+                         ids=["c_n-used", "bidirectional"])
+def test_lstms_the_family_does_not_take_are_unrolled_and_byte_exact(model):
+    """c_n read, or bidirectional: unrolled over time into linear/sigmoid/tanh/mul/add (aten_passes/decompose_composites)."""
+    x = torch.randn(1, 4, 6)
+    prog = corten.compile(model.eval(), (x,), calibration=[torch.randn(1, 4, 6) for _ in range(3)])
+    assert prog.unlowered_ops() == [] and "quantized_lstm" not in prog.op_counts()
+    assert all(torch.equal(a, b) for a, b in zip(prog.run_int8(x), prog.run_c(x, on="host", int8=True)))
 
 
 def test_cell_range_is_calibrated():

@@ -6,8 +6,11 @@ rewritten as the attention users write by hand::
     softmax((q @ k.transpose(-2, -1)) * scale, dim=-1) @ v          (scale = 1 / sqrt(E) by default)
 
 so that every intermediate tensor gets its own observer and each op lowers through its family
-(matmul, mul by a constant, softmax).  Calls with an ``attn_mask``, ``dropout_p > 0``,
-``is_causal=True`` or ``enable_gqa=True`` are left alone (and reported as unlowered).
+(matmul, mul by a constant, softmax).  ``is_causal=True`` and a constant boolean ``attn_mask`` (or a
+float one of 0 and large negative values) become the masked softmax ``p = softmax(s) * keep;
+p / p.sum(-1)`` with the constant 0/1 ``keep``; another constant float mask is added to the scores.
+Calls with a computed mask, ``dropout_p > 0`` or ``enable_gqa=True`` are left alone (and reported
+as unlowered).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from corten.aten_passes.graph_utils import finish_rewrite
+from corten.aten_passes.graph_utils import add_constant, attr_of, finish_rewrite
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
@@ -37,20 +40,45 @@ class DecomposeScaledDotProductAttentionPass(PassBase):
                 continue
             q, k, v = node.args[:3]
             scale = _arg(node, 6, "scale", None)
-            if (_arg(node, 3, "attn_mask", None) is not None or _arg(node, 4, "dropout_p", 0.0) != 0.0
-                    or _arg(node, 5, "is_causal", False) or isinstance(scale, Node)
-                    or node.kwargs.get("enable_gqa", False)):
+            mask = _arg(node, 3, "attn_mask", None)
+            causal = bool(_arg(node, 5, "is_causal", False))
+            if ((mask is not None and not (isinstance(mask, Node) and mask.op == "get_attr"))
+                    or (mask is not None and causal) or _arg(node, 4, "dropout_p", 0.0) != 0.0
+                    or isinstance(scale, Node) or node.kwargs.get("enable_gqa", False)):
                 continue
+            keep, additive = None, None
+            n_q, n_k = int(q.meta["val"].shape[-2]), int(k.meta["val"].shape[-2])
+            if causal:
+                keep = torch.ones(n_q, n_k, dtype=torch.bool).tril()
+            elif mask is not None:
+                m = attr_of(gm, mask.target).detach()
+                if m.dtype == torch.bool:
+                    keep = m
+                elif bool(((m == 0) | (m <= -1e4)).all()):
+                    keep = m == 0
+                else:
+                    additive = m.to(torch.float32)
             if scale is None:
                 scale = 1.0 / math.sqrt(int(q.meta["val"].shape[-1]))
             g = gm.graph
+            extra = []
+            keep_node = add_constant(gm, f"{node.name}_keep", keep.to(torch.float32), node) if keep is not None else None
+            add_node = add_constant(gm, f"{node.name}_mask", additive, node) if additive is not None else None
             with g.inserting_before(node):
                 kt = g.call_function(aten.transpose.int, (k, -2, -1))
                 scores = g.call_function(aten.matmul.default, (q, kt))
                 scaled = g.call_function(aten.mul.Tensor, (scores, float(scale)))
+                if add_node is not None:
+                    scaled = g.call_function(aten.add.Tensor, (scaled, add_node))
+                    extra.append(scaled)
                 weights = g.call_function(aten.softmax.int, (scaled, -1))
+                if keep_node is not None:  # masked softmax: renormalise over the kept positions
+                    kept = g.call_function(aten.mul.Tensor, (weights, keep_node))
+                    total = g.call_function(aten.sum.dim_IntList, (kept, [-1], True))
+                    weights = g.call_function(aten.div.Tensor, (kept, total))
+                    extra += [kept, total, weights]
                 out = g.call_function(aten.matmul.default, (weights, v))
-            for n in (kt, scores, scaled, weights, out):
+            for n in (kt, scores, scaled, weights, out, *extra):
                 n.meta["stack_trace"] = node.meta.get("stack_trace")
                 n.meta["nn_module_stack"] = node.meta.get("nn_module_stack", {})
             node.replace_all_uses_with(out)

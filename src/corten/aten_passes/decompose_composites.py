@@ -15,13 +15,26 @@ every intermediate gets its own observer:
 ``prelu``                                    ``where(x > 0, x, weight * x)``
 ``upsample_bilinear2d`` / ``_linear1d``      ``x @ Mw`` then ``Mh @ .``: constant interpolation matrices
                                              (any size / scale_factor / align_corners)
+``gru_cell`` / ``lstm_cell`` / ``rnn_*_cell``  the cell equations (linear, sigmoid, tanh, mul, add, ``1 - z``)
+``nn.GRU`` / ``nn.RNN`` (any layers, both     unrolled over time: one linear over the whole sequence per layer and
+directions), ``nn.LSTM`` bidirectional or   direction, the cells per step, ``cat`` of the directions; a zero
+reading ``c_n``                              initial state drops the terms it multiplies
+``softmax(x.masked_fill(mask, -inf))``       ``p = softmax(x) * keep; p / p.sum()`` (``keep = ~mask``, a constant):
+                                             the masked softmax of causal attention, exact in real numbers
 ==========================================  ==================================================
+
+Before that, constant subgraphs are folded: tensors made by factories (``torch.zeros(b, h)``,
+``zeros_like(x)`` - its shape only -, ``ones``, ``full``, ``arange``, ``eye``) and any op whose inputs
+are all constants (``self.tril == 0``, ``w * mask``) become constants, so an RNN cell's zero initial
+state or a registered causal mask feeds the ops after it as a constant operand.  Random ops are never
+folded, and a factory that is itself a program output stays (and is refused by name).
 
 The new nodes keep the original node's source line and module path, so a refusal further down
 still names the line the user wrote.
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable
 
 import torch
@@ -30,7 +43,8 @@ from torch.fx import GraphModule, Node
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from corten.aten_passes.graph_utils import add_constant, finish_rewrite
+from corten.aten_passes.graph_utils import (AtenPassError, add_constant, attr_of, finish_rewrite, is_mutating,
+                                            refresh_meta_val)
 
 aten = torch.ops.aten
 
@@ -101,29 +115,195 @@ def _upsample_args(node: Node, spatial: int):
     return align, [_interp_matrix(i, o, align, s) for i, o, s in zip(in_sizes, out_sizes, scales)]
 
 
+FACTORIES = {aten.zeros.default, aten.ones.default, aten.full.default, aten.arange.default, aten.arange.start,
+             aten.arange.start_step, aten.eye.default, aten.scalar_tensor.default, aten.empty.memory_format}
+SHAPE_FACTORIES = {aten.zeros_like.default, aten.ones_like.default, aten.full_like.default}
+RANDOM = ("rand", "randn", "randint", "randperm", "normal", "bernoulli", "dropout", "uniform", "multinomial",
+          "poisson", "exponential", "cauchy", "geometric", "log_normal", "empty")
+
+
+RECURRENT = {aten.lstm.input, aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input}
+
+
+def _foldable(node: Node) -> bool:
+    if node.op != "call_function" or not isinstance(node.meta.get("val"), torch.Tensor) or not node.users:
+        return False
+    if any(u.op == "output" or is_mutating(u) or u.target in RECURRENT for u in node.users) or is_mutating(node):
+        return False  # (the LSTM rewrite reads a zero initial state from its aten.zeros node)
+    name = getattr(node.target, "__name__", str(node.target))
+    if any(r in name for r in RANDOM) and node.target != aten.empty.memory_format:
+        return False
+    if node.target in FACTORIES or node.target in SHAPE_FACTORIES:
+        return True
+    if not isinstance(node.target, torch._ops.OpOverload) or node.target.namespace != "aten":
+        return False
+    inputs = node.all_input_nodes
+    return bool(inputs) and all(a.op == "get_attr" for a in inputs)
+
+
+def fold_constants(gm: GraphModule) -> bool:
+    """Replace factory tensors and ops on constants by constants (see the module docstring)."""
+    modified = False
+    for node in list(gm.graph.nodes):
+        if not _foldable(node):
+            continue
+        val = node.meta["val"]
+        if node.target == aten.empty.memory_format:
+            continue
+        if node.target in SHAPE_FACTORIES:
+            fill = {aten.zeros_like.default: 0.0, aten.ones_like.default: 1.0}.get(node.target)
+            if fill is None:
+                fill = node.args[1] if len(node.args) > 1 else node.kwargs.get("fill_value")
+            dtype = node.kwargs.get("dtype") or val.dtype
+            value = torch.full(tuple(val.shape), fill, dtype=dtype)
+        else:
+            args = torch.fx.node.map_arg(node.args, lambda a: attr_of(gm, a.target).detach())
+            kwargs = {k: v for k, v in torch.fx.node.map_arg(node.kwargs, lambda a: attr_of(gm, a.target).detach()).items()
+                      if k not in ("device", "pin_memory")}
+            try:
+                with torch.no_grad():
+                    value = node.target(*args, **kwargs)
+            except Exception:  # leave it: the op is refused later, by name
+                continue
+        if not isinstance(value, torch.Tensor):
+            continue
+        const = add_constant(gm, f"_folded_{node.name}", value.contiguous(), node)
+        node.replace_all_uses_with(const)
+        gm.graph.erase_node(node)
+        modified = True
+    return modified
+
+
+def _gru_step(gi, h, w_hh, b_hh):
+    """One GRU step from the precomputed input gates ``gi``; ``h`` None is the zero state."""
+    hidden = gi.shape[-1] // 3
+    i_r, i_z, i_n = gi.split(hidden, -1)
+    if h is None:
+        gh = [None] * 3 if b_hh is None else list(b_hh.split(hidden, -1))
+    else:
+        gh = list(F.linear(h, w_hh, b_hh).split(hidden, -1))
+    add = lambda a, b: a if b is None else a + b  # noqa: E731
+    r = torch.sigmoid(add(i_r, gh[0]))
+    z = torch.sigmoid(add(i_z, gh[1]))
+    n = torch.tanh(i_n if gh[2] is None else i_n + r * gh[2])
+    return (1 - z) * n if h is None else n + z * (h - n)
+
+
+def _lstm_step(gi, state, w_hh, b_hh):
+    hidden = gi.shape[-1] // 4
+    if state is None:
+        gates = gi if b_hh is None else gi + b_hh
+    else:
+        gates = gi + F.linear(state[0], w_hh, b_hh)
+    i, f, g, o = gates.split(hidden, -1)
+    c = torch.sigmoid(i) * torch.tanh(g)
+    if state is not None:
+        c = torch.sigmoid(f) * state[1] + c
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def _rnn_step(gi, h, w_hh, b_hh, relu):
+    pre = gi if h is None else gi + F.linear(h, w_hh, b_hh)
+    if h is None and b_hh is not None:
+        pre = pre + b_hh
+    return torch.relu(pre) if relu else torch.tanh(pre)
+
+
+def unrolled_rnn(kind: str, x, h0, c0, params, has_biases: bool, layers: int, bidirectional: bool,
+                 batch_first: bool, relu: bool = False):
+    """``torch.nn.GRU`` / ``RNN`` / ``LSTM`` forward (eval) unrolled: (output, h_n[, c_n]); ``h0``/``c0`` None: zeros."""
+    seq = x if not batch_first else x.transpose(0, 1)  # [T, N, C]
+    steps = seq.shape[0]
+    per = 4 if has_biases else 2
+    dirs = 2 if bidirectional else 1
+    h_n, c_n = [], []
+    for layer in range(layers):
+        outs = []
+        for d in range(dirs):
+            k = (layer * dirs + d) * per
+            w_ih, w_hh = params[k], params[k + 1]
+            b_ih, b_hh = (params[k + 2], params[k + 3]) if has_biases else (None, None)
+            gi_all = F.linear(seq, w_ih, b_ih)
+            j = layer * dirs + d
+            h = None if h0 is None else h0[j]
+            state = None if h0 is None else (h0[j], c0[j])
+            ys = [None] * steps
+            for t in (range(steps) if d == 0 else range(steps - 1, -1, -1)):
+                if kind == "gru":
+                    h = _gru_step(gi_all[t], h, w_hh, b_hh)
+                elif kind == "lstm":
+                    state = _lstm_step(gi_all[t], state, w_hh, b_hh)
+                    h = state[0]
+                else:
+                    h = _rnn_step(gi_all[t], h, w_hh, b_hh, relu)
+                ys[t] = h
+            outs.append(torch.stack(ys, 0))
+            h_n.append(h)
+            if kind == "lstm":
+                c_n.append(state[1])
+        seq = outs[0] if dirs == 1 else torch.cat(outs, -1)
+    out = seq.transpose(0, 1) if batch_first else seq
+    res = (out, torch.stack(h_n, 0))
+    return res + (torch.stack(c_n, 0),) if kind == "lstm" else res
+
+
+def _is_zero_state(node) -> bool:
+    if not isinstance(node, Node):
+        return False
+    if node.target in (aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default):
+        return True
+    if node.target == aten.full.default and float(node.args[1]) == 0.0:
+        return True
+    if node.op == "get_attr":
+        v = attr_of(node.graph.owning_module, node.target)
+        return isinstance(v, torch.Tensor) and not bool(v.any())
+    return False
+
+
+def masked_softmax(x: torch.Tensor, keep: torch.Tensor, dim: int) -> torch.Tensor:
+    """``softmax(x)`` over ``dim`` restricted to where the constant 0/1 ``keep`` is 1, renormalised."""
+    p = torch.softmax(x, dim) * keep
+    return p / p.sum(dim, keepdim=True)
+
+
+def _constant(node: Node, arg: Node) -> torch.Tensor | None:
+    gm = node.graph.owning_module
+    try:
+        return attr_of(gm, arg.target).detach().to(torch.bool)
+    except AttributeError:
+        return None
+
+
 class DecomposeCompositesPass(PassBase):
     """Replace the composite ops of the module docstring by the graphs of their Python decompositions."""
 
     def call(self, gm: GraphModule) -> PassResult:
-        modified = False
+        modified = fold_constants(gm)
         for node in list(gm.graph.nodes):
             if node.op != "call_function":
                 continue
             plan = self._plan(node)
             if plan is None:
                 continue
-            fn, tensor_args, constants = plan
-            self._inline(gm, node, fn, tensor_args, constants)
+            fn, tensor_args, constants = plan[:3]
+            inputs = list(node.all_input_nodes)
+            self._inline(gm, node, fn, tensor_args, constants, pre_dispatch=len(plan) > 3)
+            for a in inputs:  # e.g. the masked_fill a masked softmax replaced
+                if a.op == "call_function" and not a.users:
+                    gm.graph.erase_node(a)
             modified = True
         if modified:
             finish_rewrite(gm)
+            refresh_meta_val(gm)  # fake tensors everywhere (the traces carried real ones)
         return PassResult(gm, modified)
 
     # ------------------------------------------------------------------ what each op becomes
     def _plan(self, node: Node) -> tuple[Callable, list[Node], list[torch.Tensor]] | None:
         """(function of (*tensor inputs, *constants), the node's tensor inputs, constant tensors) or None."""
         t, a, kw = node.target, node.args, node.kwargs
-        if not isinstance(node.meta.get("val"), torch.Tensor) or not node.meta["val"].dtype.is_floating_point:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        if not vals or not all(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in vals):
             return None
         if t == aten.einsum.default:
             eq, ops = a[0], list(a[1])
@@ -195,6 +375,59 @@ class DecomposeCompositesPass(PassBase):
                     shape[1 if rank > 1 else 0] = nw
                 return torch.where(xv > 0, xv, xv * wv.reshape(shape))
             return prelu, [x, w], []
+        if t in (aten.softmax.int, aten._softmax.default) and isinstance(a[0], Node) \
+                and a[0].target == aten.masked_fill.Scalar and len(a[0].users) == 1:
+            fill = a[0]
+            mask, value = fill.args[1], fill.args[2]
+            if not (isinstance(mask, Node) and mask.op == "get_attr") or float(value) > -1e4:
+                return None
+            dim = a[1]
+            keep = _constant(node, mask)
+            if keep is None:
+                return None
+            return (lambda x, k: masked_softmax(x, k, dim)), [fill.args[0]], [(~keep).to(torch.float32)]
+        if t in (aten.gru_cell.default, aten.lstm_cell.default, aten.rnn_tanh_cell.default,
+                 aten.rnn_relu_cell.default):
+            x, hx, w_ih, w_hh = a[:4]
+            b_ih = a[4] if len(a) > 4 else kw.get("b_ih")
+            b_hh = a[5] if len(a) > 5 else kw.get("b_hh")
+            states = list(hx) if t == aten.lstm_cell.default else [hx]
+            zero = all(_is_zero_state(h) for h in states)
+            nodes = [x, w_ih, w_hh] + [b for b in (b_ih, b_hh) if b is not None] + ([] if zero else states)
+            nb = b_ih is not None
+
+            def cell(*vs):
+                vs = list(vs)
+                xv, wi, wh = vs[:3]
+                bi, bh = (vs[3], vs[4]) if nb else (None, None)
+                st = None if zero else vs[5 if nb else 3:]
+                gi = F.linear(xv, wi, bi)
+                if t == aten.gru_cell.default:
+                    return _gru_step(gi, None if st is None else st[0], wh, bh)
+                if t == aten.lstm_cell.default:
+                    return _lstm_step(gi, None if st is None else (st[0], st[1]), wh, bh)
+                return _rnn_step(gi, None if st is None else st[0], wh, bh, t == aten.rnn_relu_cell.default)
+            return cell, nodes, [], True
+        if t in (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input, aten.lstm.input):
+            x, hx, params, has_biases, layers, _, _, bidirectional, batch_first = a[:9]
+            c_n_used = any(u.target is operator.getitem and u.args[1] == 2 and u.users for u in node.users)
+            if t == aten.lstm.input and not bidirectional and not c_n_used:
+                return None  # the LSTM family lowers it whole (a unidirectional LSTM not reading c_n)
+            states = list(hx) if t == aten.lstm.input else [hx]
+            zero = all(_is_zero_state(h) for h in states)
+            kind = {aten.gru.input: "gru", aten.lstm.input: "lstm"}.get(t, "rnn")
+            params = list(params)
+            nodes = [x] + params + ([] if zero else states)
+
+            def rnn(*vs):
+                vs = list(vs)
+                p = vs[1:1 + len(params)]
+                st = vs[1 + len(params):]
+                h0 = None if zero else st[0]
+                c0 = None if zero or kind != "lstm" else st[1]
+                return unrolled_rnn(kind, vs[0], h0, c0, p, bool(has_biases), int(layers), bool(bidirectional),
+                                    bool(batch_first), relu=t == aten.rnn_relu.input)
+            return rnn, nodes, [], True
         if t in (aten.upsample_bilinear2d.vec, aten.upsample_linear1d.vec):
             spatial = 2 if t == aten.upsample_bilinear2d.vec else 1
             _, mats = _upsample_args(node, spatial)
@@ -217,12 +450,15 @@ class DecomposeCompositesPass(PassBase):
 
     # ------------------------------------------------------------------ inlining
     @staticmethod
-    def _inline(gm: GraphModule, node: Node, fn, tensor_args: list[Node], constants: list[torch.Tensor]) -> None:
+    def _inline(gm: GraphModule, node: Node, fn, tensor_args: list[Node], constants: list[torch.Tensor],
+                pre_dispatch: bool = False) -> None:
         # traced on inputs with the real strides (a transposed q/k), and every view of the trace
         # becomes a reshape, which is valid whatever the strides of the tensors it is later run on
-        examples = [torch.empty_strided(n.meta["val"].shape, n.meta["val"].stride(), dtype=n.meta["val"].dtype).zero_()
+        examples = [attr_of(gm, n.target).detach().clone() if n.op == "get_attr" else
+                    torch.empty_strided(n.meta["val"].shape, n.meta["val"].stride(), dtype=n.meta["val"].dtype).zero_()
                     for n in tensor_args] + constants
-        traced = make_fx(fn)(*examples)
+        # pre_dispatch keeps aten.linear whole (the recurrent cells' gates are linear layers)
+        traced = make_fx(fn, pre_dispatch=pre_dispatch)(*examples)
         g = gm.graph
         env: dict[Node, object] = {}
         placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
@@ -245,8 +481,18 @@ class DecomposeCompositesPass(PassBase):
                 target = aten.reshape.default if n.target in (aten.view.default, aten._unsafe_view.default) else n.target
                 new = g.call_function(target, torch.fx.node.map_arg(n.args, lambda x: env[x]),
                                       torch.fx.node.map_arg(n.kwargs, lambda x: env[x]))
+                if isinstance(n.meta.get("val"), torch.Tensor):  # shapes for a later rewrite in this pass
+                    new.meta["val"] = n.meta["val"]
                 new.meta["stack_trace"] = node.meta.get("stack_trace")
                 new.meta["nn_module_stack"] = node.meta.get("nn_module_stack", {})
                 env[n] = new
-        node.replace_all_uses_with(result)
+        if isinstance(result, (tuple, list)):  # (output, h_n[, c_n]): the getitem users read the pieces
+            for user in list(node.users):
+                if user.op == "call_function" and user.target is operator.getitem:
+                    user.replace_all_uses_with(result[user.args[1]])
+                    g.erase_node(user)
+            if node.users:
+                raise AtenPassError(f"{node.name}: a tuple result read other than by indexing")
+        else:
+            node.replace_all_uses_with(result)
         g.erase_node(node)
