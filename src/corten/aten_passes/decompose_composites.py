@@ -19,6 +19,8 @@ every intermediate gets its own observer:
 ``nn.GRU`` / ``nn.RNN`` (any layers, both     unrolled over time: one linear over the whole sequence per layer and
 directions), ``nn.LSTM`` bidirectional or   direction, the cells per step, ``cat`` of the directions; a zero
 reading ``c_n``                              initial state drops the terms it multiplies
+``cumsum(x, dim)``                            ``x @ triu(ones)`` along ``dim`` (a constant 0/1 matrix)
+``pad`` reflect / replicate / circular       ``index_select`` with constant indices per padded dim (exact bytes)
 ``softmax(x.masked_fill(mask, -inf))``       ``p = softmax(x) * keep; p / p.sum()`` (``keep = ~mask``, a constant):
                                              the masked softmax of causal attention, exact in real numbers
 ==========================================  ==================================================
@@ -428,6 +430,47 @@ class DecomposeCompositesPass(PassBase):
                 return unrolled_rnn(kind, vs[0], h0, c0, p, bool(has_biases), int(layers), bool(bidirectional),
                                     bool(batch_first), relu=t == aten.rnn_relu.input)
             return rnn, nodes, [], True
+        if t == aten.cumsum.default and kw.get("dtype") is None:
+            rank = a[0].meta["val"].dim()
+            dim = int(a[1]) % rank
+            n = int(a[0].meta["val"].shape[dim])
+            upper = torch.ones(n, n).triu()
+
+            def cumsum(x, u):
+                if dim == rank - 1:
+                    return x @ u
+                return (x.transpose(dim, -1) @ u).transpose(dim, -1)
+            return cumsum, [a[0]], [upper]
+        if t == aten.pad.default:
+            mode = a[2] if len(a) > 2 else kw.get("mode", "constant")
+            pads = [int(p) for p in a[1]]
+            if mode not in ("reflect", "replicate", "circular") or any(p < 0 for p in pads):
+                return None
+            shape = [int(d) for d in a[0].meta["val"].shape]
+            plan, index = [], []
+            for k in range(len(pads) // 2):
+                dim = len(shape) - 1 - k
+                before, after = pads[2 * k], pads[2 * k + 1]
+                if before == after == 0:
+                    continue
+                n = shape[dim]
+                pos = torch.arange(-before, n + after)
+                if mode == "reflect":
+                    period = 2 * (n - 1)
+                    pos = pos.remainder(period) if period else torch.zeros_like(pos)
+                    pos = torch.where(pos >= n, period - pos, pos)
+                elif mode == "replicate":
+                    pos = pos.clamp(0, n - 1)
+                else:
+                    pos = pos.remainder(n)
+                plan.append(dim)
+                index.append(pos.to(torch.int64))
+
+            def pad(x, *idx):
+                for dim, i in zip(plan, idx):
+                    x = x.index_select(dim, i)
+                return x
+            return pad, [a[0]], index
         if t in (aten.upsample_bilinear2d.vec, aten.upsample_linear1d.vec):
             spatial = 2 if t == aten.upsample_bilinear2d.vec else 1
             _, mats = _upsample_args(node, spatial)
