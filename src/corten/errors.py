@@ -63,9 +63,11 @@ class UnsupportedOpsError(CortenError, ValueError):
             "LayerNorm/GroupNorm/InstanceNorm/F.normalize, bilinear/linear/nearest interpolation, "
             "data movement: reshape, "
             "slice/select, cat/stack, permute, expand/repeat, flip, pixel_shuffle, index_select/gather with "
-            "constant indices; nn.LSTM unidirectional with a zero initial state, reading its output or h_n; "
+            "constant indices, reflect/replicate/circular pad, cumsum; nn.LSTM (bidirectional, c_n: unrolled), nn.GRU, nn.RNN "
+            "and their cells with a zero or computed initial state; "
             "attention as matmul/@ + softmax, nn.MultiheadAttention, nn.TransformerEncoderLayer, "
-            "scaled_dot_product_attention without mask/dropout/is_causal; any batch size, ranks 1-5), "
+            "scaled_dot_product_attention (is_causal or a constant mask; no dropout), masked_fill; "
+            "argmax/argmin(dim) as an output; any batch size, ranks 1-5), "
             "move it outside the compiled model (pre/post-processing), or pass allow_unlowered=True "
             "to corten.compile to get a partly lowered program for inspection (it cannot be emitted as C).")
         super().__init__("\n".join(lines))

@@ -276,20 +276,71 @@ def _constant(node: Node, arg: Node) -> torch.Tensor | None:
         return None
 
 
+def _uniform_value(gm: GraphModule, arg) -> float | None:
+    """The one value of a constant float tensor whose elements are all equal (a folded ``zeros_like``)."""
+    if not (isinstance(arg, Node) and arg.op == "get_attr"):
+        return None
+    v = attr_of(gm, arg.target)
+    if not isinstance(v, torch.Tensor) or not v.dtype.is_floating_point or v.numel() == 0:
+        return None
+    first = v.flatten()[0]
+    return float(first) if bool((v == first).all()) else None
+
+
+def scalar_wheres(gm: GraphModule) -> bool:
+    """``masked_fill(x, mask, v)`` -> ``where(mask, v, x)``; ``where(c, a, zeros_like(a))`` (a uniform constant
+    operand that does not widen the result) -> ``where`` with a Python number (``where.ScalarOther``)."""
+    modified = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target == aten.masked_fill.Scalar and len(node.args) == 3:
+            x, mask, value = node.args
+            masks_softmax = float(value) <= -1e4 and all(u.target in (aten.softmax.int, aten._softmax.default)
+                                                         for u in node.users)
+            if isinstance(mask, Node) and not masks_softmax:  # (the masked softmax is rewritten below)
+                node.target = aten.where.ScalarSelf
+                node.args = (mask, float(value), x)
+                modified = True
+            continue
+        if node.target != aten.where.self:
+            continue
+        cond, a, b = node.args
+        out_shape = tuple(node.meta["val"].shape) if isinstance(node.meta.get("val"), torch.Tensor) else None
+        for i, (const, other, target) in enumerate(((b, a, aten.where.ScalarOther), (a, b, aten.where.ScalarSelf))):
+            value = _uniform_value(gm, const)
+            if value is None or out_shape is None or not isinstance(other, Node) or "val" not in other.meta:
+                continue
+            shapes = [tuple(other.meta["val"].shape)]
+            if isinstance(cond, Node) and "val" in cond.meta:
+                shapes.append(tuple(cond.meta["val"].shape))
+            if tuple(torch.broadcast_shapes(*shapes)) != out_shape:
+                continue
+            node.target = target
+            node.args = (cond, other, value) if i == 0 else (cond, value, other)
+            modified = True
+            break
+    return modified
+
+
 class DecomposeCompositesPass(PassBase):
     """Replace the composite ops of the module docstring by the graphs of their Python decompositions."""
 
     def call(self, gm: GraphModule) -> PassResult:
         modified = fold_constants(gm)
+        modified = scalar_wheres(gm) or modified
         for node in list(gm.graph.nodes):
             if node.op != "call_function":
                 continue
-            plan = self._plan(node)
-            if plan is None:
+            try:
+                plan = self._plan(node)
+                if plan is None:
+                    continue
+                fn, tensor_args, constants = plan[:3]
+                inputs = list(node.all_input_nodes)
+                self._inline(gm, node, fn, tensor_args, constants, pre_dispatch=len(plan) > 3)
+            except Exception:  # an argument form the decomposition does not take: the op stays, refused by name
                 continue
-            fn, tensor_args, constants = plan[:3]
-            inputs = list(node.all_input_nodes)
-            self._inline(gm, node, fn, tensor_args, constants, pre_dispatch=len(plan) > 3)
             for a in inputs:  # e.g. the masked_fill a masked softmax replaced
                 if a.op == "call_function" and not a.users:
                     gm.graph.erase_node(a)
