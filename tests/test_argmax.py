@@ -118,7 +118,10 @@ def test_argmax_program_is_lowered_and_byte_exact_on_host(name):
     assert len(got) == len(expected)
     for e, c in zip(expected, got):
         assert e.dtype == c.dtype and e.shape == c.shape and torch.equal(e.contiguous(), c.contiguous())
-    idx = [t for t in _leaves(prog.run(x)) if t.dtype == torch.int32]
+    floats = _leaves(prog.run(x))
+    for r, c in zip(floats, _leaves(prog.run_c(x, on="host"))):  # the float API returns the indices too
+        assert r.dtype == c.dtype and torch.equal(r, c)
+    idx = [t for t in floats if t.dtype == torch.int32]
     with torch.no_grad():
         ref = [t for t in _leaves(model(x)) if t.dtype == torch.int64]
     assert idx and len(idx) == len(ref)
@@ -144,6 +147,14 @@ def test_header_declares_int32_outputs_and_builds_strict(tmp_path):
     res = subprocess.run(["gcc", *STRICT, f"-I{lib.out_dir}", "-c", *sources], cwd=tmp_path, capture_output=True,
                          text=True)
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_saved_program_keeps_int32_outputs(tmp_path):
+    _, prog, x = _compiled("class_then_probs")
+    prog.save(tmp_path / "p")
+    again = corten.load(tmp_path / "p")
+    for a, b in zip(_leaves(prog.run(x)), _leaves(again.run(x))):
+        assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 @needs_qemu

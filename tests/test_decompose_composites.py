@@ -42,8 +42,6 @@ CASES = {
     "bilinear_size_ac": (lambda s, x: F.interpolate(x, size=(5, 7), mode="bilinear", align_corners=True),
                          [(2, 1, 3, 4)], "upsample_bilinear2d"),
     "linear1d": (lambda s, x: F.interpolate(x, scale_factor=1.5, mode="linear"), [(1, 2, 4)], "upsample_linear1d"),
-    "cumsum_last": (lambda s, x: torch.cumsum(x, -1), [(2, 5)], "cumsum"),
-    "cumsum_mid": (lambda s, x: torch.cumsum(x, 1), [(2, 4, 3)], "cumsum"),
     "reflect": (lambda s, x: F.pad(x, (2, 1, 1, 2), mode="reflect"), [(1, 2, 4, 5)], "pad"),
     "replicate": (lambda s, x: F.pad(x, (1, 3), mode="replicate"), [(1, 2, 4)], "pad"),
     "circular": (lambda s, x: F.pad(x, (1, 2, 2, 1), mode="circular"), [(1, 1, 3, 4)], "pad"),

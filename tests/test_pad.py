@@ -147,19 +147,26 @@ def test_dialect_zero_pad_module_and_constant_pad_nd():
                         "dequantize_per_tensor": 1}, qtol=1)
 
 
-def test_reflect_pad_is_refused_with_reason():
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_reflect_replicate_circular_pads_are_exact_index_copies(mode):
+    """Spelled out as index_select with constant indices (aten_passes/decompose_composites): bytes only."""
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
             self.a = nn.Conv2d(2, 3, 1)
 
         def forward(self, x):
-            return F.pad(self.a(x), (1, 1, 1, 1), mode="reflect")
+            return F.pad(self.a(x), (2, 1, 1, 2), mode=mode)
 
     torch.manual_seed(2)
-    t = Tester(Net().eval(), (torch.randn(1, 2, 5, 6),)).lower()
-    (u,) = t.program.unlowered_ops()
-    assert "pad" in u.op and "mode 'reflect' is not supported" in u.reason
+    x = torch.randn(1, 2, 5, 6)
+    t = Tester(Net().eval(), (x,)).lower()
+    assert t.program.unlowered_ops() == [] and "quantized_pad" not in t.program.op_counts()
+    out = t.program.run_int8(x)[0]
+    assert out.shape == (1, 3, 8, 9)
+    inner = out[:, :, 1:6, 2:8].float()  # the conv's int8 output; the border must be its bytes, moved as torch pads
+    assert torch.equal(F.pad(inner, (2, 1, 1, 2), mode=mode), out.float())
+    assert torch.equal(out, t.program.run_c(x, on="host", int8=True)[0])
 
 
 # ----------------------------------------------------------------------------- C kernel

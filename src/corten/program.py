@@ -389,7 +389,8 @@ class Program:
         outs = run.outputs
         if int8:
             return outs
-        deq = [torch.ops.corten.dequantize_per_tensor(o.contiguous(), s.scale, s.zero_point)
+        deq = [o if o.dtype == torch.int32 else  # argmax/argmin indices are returned as they are
+               torch.ops.corten.dequantize_per_tensor(o.contiguous(), s.scale, s.zero_point)
                for o, s in zip(outs, self.outputs)]
         return deq[0] if len(deq) == 1 else tuple(deq)
 

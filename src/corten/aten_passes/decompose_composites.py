@@ -19,7 +19,6 @@ every intermediate gets its own observer:
 ``nn.GRU`` / ``nn.RNN`` (any layers, both     unrolled over time: one linear over the whole sequence per layer and
 directions), ``nn.LSTM`` bidirectional or   direction, the cells per step, ``cat`` of the directions; a zero
 reading ``c_n``                              initial state drops the terms it multiplies
-``cumsum(x, dim)``                            ``x @ triu(ones)`` along ``dim`` (a constant 0/1 matrix)
 ``pad`` reflect / replicate / circular       ``index_select`` with constant indices per padded dim (exact bytes)
 ``softmax(x.masked_fill(mask, -inf))``       ``p = softmax(x) * keep; p / p.sum()`` (``keep = ~mask``, a constant):
                                              the masked softmax of causal attention, exact in real numbers
@@ -481,17 +480,6 @@ class DecomposeCompositesPass(PassBase):
                 return unrolled_rnn(kind, vs[0], h0, c0, p, bool(has_biases), int(layers), bool(bidirectional),
                                     bool(batch_first), relu=t == aten.rnn_relu.input)
             return rnn, nodes, [], True
-        if t == aten.cumsum.default and kw.get("dtype") is None:
-            rank = a[0].meta["val"].dim()
-            dim = int(a[1]) % rank
-            n = int(a[0].meta["val"].shape[dim])
-            upper = torch.ones(n, n).triu()
-
-            def cumsum(x, u):
-                if dim == rank - 1:
-                    return x @ u
-                return (x.transpose(dim, -1) @ u).transpose(dim, -1)
-            return cumsum, [a[0]], [upper]
         if t == aten.pad.default:
             mode = a[2] if len(a) > 2 else kw.get("mode", "constant")
             pads = [int(p) for p in a[1]]
