@@ -62,3 +62,49 @@ def test_compile_leaves_the_global_rng_alone():
     torch.manual_seed(1234)
     corten.compile(model, example, calibration=None, seed=7)
     assert torch.equal(torch.rand(4), expected)
+
+
+class _ConvBnZoo(torch.nn.Module):
+    """conv2d+BN, bias-free conv+BN, conv1d+BN, transposed conv+BN, a BN after a non-conv and one
+    weight shared by two convs each followed by its own BN: every branch of torchao's folding."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.a, self.bn_a = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.b, self.bn_b = nn.Conv2d(4, 4, 1, bias=False), nn.BatchNorm2d(4)
+        self.t, self.bn_t = nn.ConvTranspose2d(4, 4, 2, stride=2), nn.BatchNorm2d(4)
+        self.bn_free = nn.BatchNorm2d(4)
+        self.c1, self.bn_1 = nn.Conv1d(4, 4, 3, padding=1), nn.BatchNorm1d(4)
+        self.shared, self.bn_s1, self.bn_s2 = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+        for m in self.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2)
+                m.weight.data.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        y = self.bn_b(self.b(self.bn_a(self.a(x))))
+        y = self.bn_free(torch.relu(y))
+        z = self.bn_t(self.t(y))[:, :, :8, :8]
+        s = self.bn_s1(self.shared(z)) + self.bn_s2(self.shared(y))
+        return self.bn_1(self.c1(s.flatten(2)))
+
+
+def test_fuse_conv_bn_folds_exactly_as_torchao_does():
+    """``fuse_conv_bn`` (one dead-code pass) gives torchao's ``_fuse_conv_bn_`` graph and weights."""
+    from torchao.quantization.pt2e.utils import _fuse_conv_bn_
+
+    from corten.capture import capture
+    from corten.compiler import fuse_conv_bn, unguarded_module
+
+    torch.manual_seed(0)
+    ep = capture(_ConvBnZoo().eval(), (torch.randn(1, 3, 8, 8),))
+    ours, theirs = unguarded_module(ep), unguarded_module(ep)
+    fuse_conv_bn(ours)
+    _fuse_conv_bn_(theirs)
+    assert ours.code == theirs.code
+    assert [n.name for n in ours.graph.nodes] == [n.name for n in theirs.graph.nodes]
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert sum(n.target == torch.ops.aten.batch_norm.default for n in ours.graph.nodes) == 1  # bn_free stays

@@ -77,6 +77,24 @@ def _attr(gm: torch.fx.GraphModule, target: str):
     return obj
 
 
+def fuse_conv_bn(gm: torch.fx.GraphModule) -> None:
+    """Fold every BatchNorm that follows a convolution into it, in place: torchao's own folding
+    (``_fuse_conv_bn_``, what ``prepare_pt2e`` starts with), but with one dead-code pass at the end
+    instead of one per BatchNorm (each lints the whole graph: 52 of them were ~0.2 s of MobileNetV2's
+    compile).  Dead-code elimination only erases nodes, so the folded graph is the same;
+    ``prepare_pt2e`` then finds no BatchNorm left to fold."""
+    from torchao.quantization.pt2e.utils import _fuse_conv_bn_
+
+    graph = gm.graph
+    graph.eliminate_dead_code = lambda *args, **kwargs: False  # on this graph object only
+    try:
+        _fuse_conv_bn_(gm)
+    finally:
+        del graph.eliminate_dead_code
+    if graph.eliminate_dead_code():
+        gm.recompile()
+
+
 def graph_text(gm_or_ep) -> str:
     gm = getattr(gm_or_ep, "graph_module", gm_or_ep)
     return gm.print_readable(print_output=False, include_stride=False, include_device=False)
@@ -342,6 +360,7 @@ class Pipeline:
         self.quantizer = CortenQuantizer(observer=self.observer, precision=self.precision)
         self.float_module = unguarded_module(self.exported)
         with _torchao_warnings():
+            fuse_conv_bn(self.float_module)
             self.prepared = prepare_pt2e(self.float_module, self.quantizer)
         self.graphs["bn_fused"] = self.quantizer.transformed_graph_text or ""
         self._timed("quantize", t0)
