@@ -10,6 +10,10 @@ activations: the floor A16W8 cannot go below).  Autoencoders: ``deep-ae`` (the z
 model), ``ae-small`` (the same architecture, 128 inputs, hidden 64, 3 layers each side) and
 ``conv-ae`` (a conv/depthwise/pool encoder, linear decoder).
 
+Tabular (``--tabular``): ``cancer-raw`` of benchmarks/accuracy.py (an MLP on unscaled features whose
+ranges differ 487,103x) in int8, int16, ``precision="auto"`` and with only its first layer int16; and the
+float model with only the first layer's weights rounded to int8 (the A16W8 ceiling).
+
 Instructions: one inference of ``deep-ae`` and ``ds-cnn`` on QEMU Cortex-M55 and Cortex-M4 in int8
 and int16, portable kernels, and CMSIS-NN's when ``CMSIS_NN_PATH`` names a CMSIS-NN tree; every
 run byte-compared with the reference kernels.
@@ -148,12 +152,57 @@ def instruction_rows() -> list[dict]:
     return rows
 
 
+def tabular_rows() -> list[dict]:
+    import sys
+    from pathlib import Path
+
+    import corten
+    from corten.compiler import auto_report
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import accuracy as A
+
+    dataset, standardise, factory, sample_shape, epochs = A.MODELS["cancer-raw"]
+    xtr, ytr, xte, yte = A.load_dataset(dataset, standardise)
+    xtr, xte = A.shaped(xtr, sample_shape), A.shaped(xte, sample_shape)
+    torch.manual_seed(0)
+    model = A.train(factory(), xtr, ytr, epochs, seed=0)
+    calib = xtr[torch.randperm(len(xtr), generator=torch.Generator().manual_seed(0))[:A.CALIBRATION]]
+    rows = [{"what": "float", "accuracy": float((A.predict_float(model, xte) == yte).float().mean())}]
+    first = copy.deepcopy(model)
+    lin = next(m for m in first.modules() if isinstance(m, nn.Linear))
+    with torch.no_grad():
+        s = lin.weight.abs().amax(1, keepdim=True) / 127
+        lin.weight.copy_(torch.round(lin.weight / s).clamp(-127, 127) * s)
+    rows.append({"what": "float, first layer's weights int8", "accuracy":
+                 float((A.predict_float(first, xte) == yte).float().mean())})
+    for prec in ("int8", "int16", {"0": "int16"}, "auto"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prog = corten.compile(model, (xtr[:1],), calibration=calib, name="cancer_raw", precision=prec)
+        acc = float((A.predict_program(prog, xte) == yte).float().mean())
+        rows.append({"what": f"precision={prec!r}", "accuracy": acc, "arena": prog.memory.arena_bytes,
+                     "report": auto_report(prog) if prec == "auto" else ""})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--inputs", type=int, default=20)
     ap.add_argument("--no-qemu", action="store_true")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--tabular", action="store_true", help="only the cancer-raw rows")
     args = ap.parse_args(argv)
+    if args.tabular:
+        rows = tabular_rows()
+        print("\n| cancer-raw | test accuracy % | arena B |\n|---|---|---|")
+        for r in rows:
+            print(f"| {r['what']} | {100 * r['accuracy']:.2f} | {r.get('arena', '')} |")
+        for r in rows:
+            if r.get("report"):
+                print("\n" + r["report"])
+        return 0
     acc = accuracy_rows(args.inputs)
     ins = [] if args.no_qemu else instruction_rows()
     if args.markdown:

@@ -477,6 +477,20 @@ def _auto_samples(calibration, example_inputs, seed) -> list[tuple]:
     return [tuple(b) for b in list(batches)[:32]]
 
 
+def output_agreement(prog: Program, model: torch.nn.Module, samples) -> float:
+    """Share of the rows of 2-D multi-column outputs (classifier logits) whose argmax the program
+    and the float model agree on, over ``samples`` (1.0 without such outputs)."""
+    same = total = 0
+    for sample in samples:
+        with torch.no_grad():
+            ref, got = model(*sample), prog.run(*sample)
+        for r, g in zip(ref if isinstance(ref, (tuple, list)) else (ref,), got if isinstance(got, (tuple, list)) else (got,)):
+            if r.dim() == 2 and r.shape[1] > 1:
+                same += int((r.argmax(1) == g.argmax(1)).sum())
+                total += r.shape[0]
+    return same / total if total else 1.0
+
+
 def output_sqnr_db(prog: Program, model: torch.nn.Module, samples) -> float:
     """SQNR (dB) of the program's outputs against the float model's over ``samples``."""
     import math
@@ -544,10 +558,10 @@ def _compile_auto(model, example_inputs, target, calibration, seed, observer, na
     """precision="auto" (see :func:`compile`)."""
     samples = _auto_samples(calibration, example_inputs, seed)
     base = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress)
-    db8 = output_sqnr_db(base, model, samples)
-    info = {"target_db": target_db, "int8_output_sqnr_db": db8, "int16_layers": [], "tried": [],
-            "int8_costs": _program_costs(base)}
-    best, best_db = base, db8
+    db8, agree8 = output_sqnr_db(base, model, samples), output_agreement(base, model, samples)
+    info = {"target_db": target_db, "int8_output_sqnr_db": db8, "int8_top1_agreement": agree8, "int16_layers": [],
+            "tried": [], "int8_costs": _program_costs(base)}
+    best, best_db, best_agree = base, db8, agree8
     if db8 < target_db and not base.unlowered_ops():
         report = base.compare(model, samples)
         candidates = _auto_candidates(report)
@@ -556,15 +570,17 @@ def _compile_auto(model, example_inputs, target, calibration, seed, observer, na
             chosen = [m for m, _ in candidates[:n]]
             prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
                             progress, {m: "int16" for m in chosen})
-            db = output_sqnr_db(prog, model, samples)
+            db, agree = output_sqnr_db(prog, model, samples), output_agreement(prog, model, samples)
             costs = _program_costs(prog)
             over = (max_arena is not None and costs["arena_bytes"] > max_arena) or \
                 (max_flash is not None and costs["constant_bytes"] > max_flash)
-            info["tried"].append({"layers": chosen, "output_sqnr_db": db, **costs, "over_budget": bool(over)})
+            info["tried"].append({"layers": chosen, "output_sqnr_db": db, "top1_agreement": agree, **costs,
+                                  "over_budget": bool(over)})
             if over:
                 break
-            if db > best_db:
-                best, best_db = prog, db
+            # better: more argmax agreement with the float model (classifiers), else a higher output SQNR
+            if (agree, db) > (best_agree, best_db):
+                best, best_db, best_agree = prog, db, agree
                 info["int16_layers"] = [{"module": m, "op_sqnr_db_int8": s} for m, s in candidates[:n]]
             if db >= target_db or n >= len(candidates):
                 break
@@ -572,7 +588,7 @@ def _compile_auto(model, example_inputs, target, calibration, seed, observer, na
         costs = _layer_costs(base, best, [d["module"] for d in info["int16_layers"]])
         for d in info["int16_layers"]:
             d.update(costs.get(d["module"], {}))
-    info["output_sqnr_db"] = best_db
+    info["output_sqnr_db"], info["top1_agreement"] = best_db, best_agree
     info["costs"] = _program_costs(best)
     best.info["precision"] = {**best.info.get("precision", {"requested": "auto"}), "requested": "auto", "auto": info}
     return best
@@ -584,7 +600,8 @@ def auto_report(prog: Program) -> str:
     if not a:
         return "precision: not chosen automatically"
     lines = [f"precision=auto: output SQNR {a['int8_output_sqnr_db']:.1f} dB in int8 -> {a['output_sqnr_db']:.1f} dB "
-             f"(target {a['target_db']:g} dB); arena {a['int8_costs']['arena_bytes']} -> {a['costs']['arena_bytes']} B"]
+             f"(target {a['target_db']:g} dB), top-1 agreement with float {100 * a['int8_top1_agreement']:.1f}% -> "
+             f"{100 * a['top1_agreement']:.1f}%; arena {a['int8_costs']['arena_bytes']} -> {a['costs']['arena_bytes']} B"]
     for d in a["int16_layers"]:
         lines.append(f"  int16: {d['module']:<28} op SQNR in int8 {d['op_sqnr_db_int8']:7.1f} dB, "
                      f"+{d.get('extra_activation_bytes', 0)} activation B, {d.get('macs', 0)} MACs")
@@ -644,7 +661,9 @@ def compile(
     output SQNR against the float model (on the calibration samples) is below
     ``precision_target_db``, the conv/linear layers with the lowest op-alone SQNR
     (:meth:`Program.compare`) move to int16, 1, 2, 4, ... of them, as long as the arena stays within
-    ``max_arena`` and the constants within ``max_flash``; ``prog.info["precision"]["auto"]`` says
+    ``max_arena`` and the constants within ``max_flash``; the best configuration tried wins (more
+    top-1 agreement with the float model for classifier outputs, then the higher output SQNR);
+    ``prog.info["precision"]["auto"]`` says
     which layers went to int16, why, and what it cost (arena bytes, activation bytes, MACs).
     A model with ops Corten cannot lower raises :class:`UnsupportedOpsError` (naming
     each op, its count and source location) unless ``allow_unlowered=True``, which returns a
