@@ -263,7 +263,7 @@ class Program:
         example = tuple(torch.zeros(s.shape) for s in self.inputs)
         ep, schedule, plan = fit(self.ep, self.module(), example, int(max_arena),
                                  lambda e, banded: plan_memory(e, self.target, kernels=kernels, in_place_cats=banded),
-                                 self.target.name)
+                                 self.target.name, None if self.schedule else self.memory_for(kernels))
         if not schedule.segments:
             return self
         origins = schedule.origins
@@ -271,6 +271,8 @@ class Program:
         info = {**self.info, "schedule": schedule.to_json(),
                 "node_sources": {new: sources[old] for new, old in origins.items() if old in sources}}
         prog = Program(ep, self.target, name=self.name, stages=dict(self.stages), unlowered=[], info=info)
+        plan.schedule = prog.schedule
+        prog._memory = {(kernels, self.target.name): plan}  # the plan the search checked
         return prog
 
     def memory_report(self, kernels: str = "cmsis-nn") -> str:

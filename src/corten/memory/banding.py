@@ -490,7 +490,8 @@ def budget_error(target: str, budget: int, best_arena: int, schedule: Schedule, 
         "target with more memory.")
 
 
-def fit(ep, module: torch.fx.GraphModule, example_inputs: tuple, budget: int, plan_fn, target_name: str = ""):
+def fit(ep, module: torch.fx.GraphModule, example_inputs: tuple, budget: int, plan_fn, target_name: str = "",
+        plan0=None):
     """Search a banded schedule whose real memory plan fits ``budget`` bytes.
 
     ``plan_fn(ep, banded)`` plans a program (``banded``: in-place cats on).  Returns ``(ep, schedule,
@@ -499,7 +500,7 @@ def fit(ep, module: torch.fx.GraphModule, example_inputs: tuple, budget: int, pl
     the step that sets it and what to change.  The search works on estimates (whole tensors + band
     tensors + scratch, no packing slack); when the packed arena overshoots, it searches again with
     the budget lowered by the overshoot (at most 4 rounds)."""
-    plan0 = plan_fn(ep, False)
+    plan0 = plan_fn(ep, False) if plan0 is None else plan0  # (the layer-by-layer plan, when known)
     if plan0.arena_bytes <= budget:
         return ep, Schedule([], 0, budget, plan0.arena_bytes, plan0.arena_bytes), plan0
     scratch = [plan0.scratch[nm].nbytes if nm in plan0.scratch else 0 for nm in plan0.step_nodes]
