@@ -491,3 +491,10 @@ def test_auto_precision_moves_worst_layers_until_the_target():
     budget = easy.memory.arena_bytes  # the int8 arena: every int16 layer needs more
     tight = corten.compile(m, (x,), calibration=calib, precision="auto", precision_target_db=60.0, max_arena=budget)
     assert tight.info["precision"]["auto"]["tried"][-1]["over_budget"] and tight.memory.arena_bytes <= budget
+
+
+def test_cli_precision_argument():
+    from corten.cli import _precision_arg
+
+    assert _precision_arg("int16") == "int16" and _precision_arg("auto") == "auto"
+    assert _precision_arg("encoder=int16, decoder.3=int8") == {"": "int8", "encoder": "int16", "decoder.3": "int8"}

@@ -18,6 +18,17 @@ class CliError(CortenError, ValueError):
     """A bad command-line argument (model spec, input file)."""
 
 
+def _precision_arg(text: str):
+    """``--precision``: a name, or ``prefix=int16,prefix2=int8`` (module path prefixes; the rest int8)."""
+    if "=" not in text:
+        return text
+    out = {"": "int8"}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def load_model_spec(spec: str):
     """A zoo name, or ``path/to/file.py:factory`` where ``factory()`` returns ``(model, example_inputs)``."""
     from corten.zoo import MODELS, get_model
@@ -103,7 +114,8 @@ def cmd_compile(args) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         prog = corten_compile(model, example_inputs, target=args.target, calibration=calibration, seed=args.seed,
-                              name=name, progress=True, observer=args.observer)
+                              name=name, progress=True, observer=args.observer,
+                              precision=_precision_arg(args.precision))
         if (args.max_arena is not None or args.max_flash is not None) and not prog.unlowered_ops():
             # searches a banded schedule when the arena is over --max-arena; BudgetError -> exit code 2
             prog = prog.fit_budget(args.max_arena, args.max_flash, args.kernels)
@@ -125,8 +137,13 @@ def cmd_compile(args) -> int:
         for stage, fname in STAGE_FILES.items():
             (graphs / fname).write_text(prog.stages.get(stage, ""))
         report = [f"Corten program {name!r} for {prog.target.name} ({prog.target.isa})",
-                  f"compiled from {args.model} with {calib_text}, seed {args.seed}, observer {args.observer}", "",
+                  f"compiled from {args.model} with {calib_text}, seed {args.seed}, observer {args.observer}"
+                  + (f", precision {args.precision}" if args.precision != "int8" else ""), "",
                   prog.operator_table()]
+        if args.precision == "auto":
+            from corten.compiler import auto_report
+
+            report += ["", auto_report(prog)]
         if not prog.unlowered_ops():
             report += ["", prog.memory_report(args.kernels), "", prog.fallback_report()]
         text = "\n".join(report) + "\n"
@@ -243,7 +260,7 @@ def cmd_run(args) -> int:
     got = run.outputs
     same = all(torch.equal(e, g) for e, g in zip(expected, got))
     differing = sum(int((e != g).sum()) for e, g in zip(expected, got))
-    print(f"output: {sum(g.numel() for g in got)} int8 bytes; byte-for-byte equal to the Python reference: "
+    print(f"output: {sum(g.numel() * g.element_size() for g in got)} bytes; byte-for-byte equal to the Python reference: "
           f"{'YES' if same else f'NO ({differing} bytes differ)'}")
     if run.instructions is not None:
         print(f"instructions (inference only, QEMU -icount): {run.instructions:,}")
@@ -291,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="real calibration samples stacked along axis 0 (instead of --calib random ones)")
     c.add_argument("--observer", default="histogram", choices=["histogram", "minmax", "percentile", "mse"],
                    help="activation range rule (program outputs always use min/max)")
+    c.add_argument("--precision", default="int8", metavar="P",
+                   help="int8 (default), int16 (TFLite's 16x8: int16 activations), auto, or module path "
+                        "prefixes: 'encoder=int16,decoder.3=int8' (the rest int8)")
     c.add_argument("--compare", action="store_true",
                    help="print the per-layer int8-vs-float error (SQNR) on the calibration samples")
     c.add_argument("--compare-samples", type=int, default=16, metavar="N", help="samples --compare uses (16)")
