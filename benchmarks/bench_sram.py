@@ -6,7 +6,7 @@ unbanded one (Python reference; host C with the portable kernels and, when CMSIS
 CMSIS-NN), executed instructions on QEMU (M55 and M4; portable kernels, and CMSIS-NN when CMSIS_NN_PATH is
 set) and the compile time with and without the budget.
 
-    PYTHONPATH=src python benchmarks/bench_sram.py [--no-qemu] [--models mv2-0.35-96,mv1-0.25-96,mv2]
+    PYTHONPATH=src python benchmarks/bench_sram.py [--no-qemu | --compile-only] [--models mv2-0.35-96,mv1-0.25-96,mv2]
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="mv2-0.35-96,mv1-0.25-96,mv2")
     ap.add_argument("--no-qemu", action="store_true")
+    ap.add_argument("--compile-only", action="store_true", help="arena and compile times only (no C runs)")
     args = ap.parse_args()
     cmsis = os.environ.get("CMSIS_NN_PATH")
     flavours = ("portable", "cmsis-nn") if cmsis else ("portable",)
@@ -54,6 +55,8 @@ def main() -> None:
               f"on Cortex-M4 (DSP scratch): {banded.memory_for('cmsis-nn', 'cortex-m4').arena_bytes:,} B")
         print(f"   compile time (after a warm-up compile): {t_plain:.1f} s without budget, {t_budget:.1f} s with "
               f"({t_budget / t_plain:.2f}x; machine load {os.getloadavg()[0]:.1f})")
+        if args.compile_only:
+            continue
         x = torch.randn(plain.inputs[0].shape, generator=torch.Generator().manual_seed(1))
         want = plain.run_int8(x)
         same = lambda outs: all(torch.equal(a, b) for a, b in zip(want, outs))  # noqa: E731
