@@ -199,6 +199,8 @@ class _Model:
         if len(out) != 4 or out[0] != 1 or out[2] < 2:
             return False
         args = self.act_args[i]
+        if any(n.meta["val"].dtype != torch.int8 for n in (node, *args)):
+            return False  # bands slice int8 bytes (int16 activations stay layer by layer)
         if op in POOLS:
             k = CEIL_MODE_ARG[op]
             if len(node.args) > k and node.args[k]:
