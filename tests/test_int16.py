@@ -498,3 +498,31 @@ def test_cli_precision_argument():
 
     assert _precision_arg("int16") == "int16" and _precision_arg("auto") == "auto"
     assert _precision_arg("encoder=int16, decoder.3=int8") == {"": "int8", "encoder": "int16", "decoder.3": "int8"}
+
+
+@needs_gcc
+def test_two_int16_inputs_are_packed_by_bytes():
+    import corten
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(5, 3), nn.Linear(4, 3)
+
+        def forward(self, x, y):
+            return self.a(x), self.b(y)
+
+    g = torch.Generator().manual_seed(8)
+    x, y = torch.randn(1, 5, generator=g), torch.randn(1, 4, generator=g)
+    import tempfile
+
+    prog = corten.compile(Two().eval(), (x, y), precision="int16")
+    lib = prog.emit_c(Path(tempfile.mkdtemp()), kernels="portable")
+    assert [t.offset for t in lib.inputs] == [0, 10] and [t.offset for t in lib.outputs] == [0, 6]
+    run = prog.c_run(x, y, on="host", kernels="portable")
+    assert all(torch.equal(a, b) for a, b in zip(run.outputs, prog.run_int8(x, y)))
+    mixed = corten.compile(Two().eval(), (x, y), precision={"b": "int16"})  # int8 5 bytes, then int16 at 6
+    lib = mixed.emit_c(Path(tempfile.mkdtemp()), kernels="portable")
+    assert [t.offset for t in lib.inputs] == [0, 6] and lib.input_bytes == 14
+    run = mixed.c_run(x, y, on="host", kernels="portable")
+    assert all(torch.equal(a, b) for a, b in zip(run.outputs, mixed.run_int8(x, y)))

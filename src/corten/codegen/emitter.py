@@ -368,12 +368,16 @@ class _Generator:
         def packed(nodes):
             offs, total = [], 0
             for n in nodes:
-                size = 4 if is_index_output(n) else 1
-                total = -(-total // size) * size  # int32 indices start on a multiple of 4
+                val = n.meta.get("val")
+                elem = val.element_size() if isinstance(val, torch.Tensor) and val.dtype == torch.int16 else 1
+                size = 4 if is_index_output(n) else elem
+                total = -(-total // size) * size  # int32 indices (int16 values) start on a multiple of 4 (2)
                 offs.append(total)
                 total += self._nbytes(n)
             return offs
-        return packed(self.user_inputs), packed([output_tensor(d) for d in deqs])
+        # an input's bytes are its quantize's output (int8 or int16); an unread input keeps int8 bytes
+        return (packed([q if q is not None else ph for ph, q in zip(self.user_inputs, quants)]),
+                packed([output_tensor(d) for d in deqs]))
 
     def statements(self) -> tuple[list[str], list[str]]:
         """(C statements of <name>_run, canonical op descriptions for the program hash)."""
@@ -948,7 +952,7 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     lib = dict(
         input_shape=inputs[0].shape, input_scale=inputs[0].scale, input_zero_point=inputs[0].zero_point,
         output_shape=out_shape, output_scale=output_qparams(dequant)[0], output_zero_point=output_qparams(dequant)[1],
-        input_bytes=sum(t.nbytes for t in inputs), output_bytes=max(t.offset + t.nbytes for t in outputs),
+        input_bytes=max(t.offset + t.nbytes for t in inputs), output_bytes=max(t.offset + t.nbytes for t in outputs),
         inputs=inputs, outputs=outputs,
         arena_bytes=int(plan.arena_bytes), arena_align=int(getattr(plan, "alignment", 16) or 16),
         constant_bytes=sum(a.tensor.numel() * a.tensor.element_size() for a in g.arrays.values()),

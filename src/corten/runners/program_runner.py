@@ -32,7 +32,11 @@ def inputs_to_c_bytes(lib, q_inputs) -> bytes:
     quantized program input in the C layout of ``lib.inputs[i].shape`` - the forward's argument, or
     the 4-D tensor its first reshape makes when the library takes the input as that layer reads it
     (:func:`corten.memory.views.input_layout_reshape`)."""
-    return b"".join(tensor_to_c_bytes(q.reshape(t.shape)) for q, t in zip(q_inputs, lib.inputs))
+    data = bytearray()
+    for q, t in zip(q_inputs, lib.inputs):
+        data += bytes(t.offset - len(data))  # (alignment padding before an int16 input)
+        data += tensor_to_c_bytes(q.reshape(t.shape))
+    return bytes(data)
 
 
 def c_bytes_to_tensor(data: bytes, shape: tuple[int, ...], bits: int = 8) -> torch.Tensor:
