@@ -158,9 +158,10 @@ def test_saved_program_keeps_int32_outputs(tmp_path):
 
 
 @needs_qemu
-def test_argmax_on_qemu_m55():
+@pytest.mark.parametrize("target", ["cortex-m55", "cortex-m4"])  # Helium and DSP builds of the kernels
+def test_argmax_on_qemu(target):
     _, prog, x = _compiled("segmentation")
-    got = prog.run_c(x, on="qemu", target="cortex-m55", int8=True)
+    got = prog.run_c(x, on="qemu", target=target, int8=True)
     assert torch.equal(_leaves(got)[0], _leaves(prog.run_int8(x))[0])
 
 
