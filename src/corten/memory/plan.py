@@ -21,8 +21,9 @@ Model (what the C generator implements):
   have run.
 * **Lifetimes.**  A tensor is live from the step that writes it to the last step that reads it
   or any reshape alias of it, inclusive.  Scratch (``ctx.buf``) is live during its step only.
-* **In place.**  ``quantized_add`` is elementwise, so its output may take the bytes of an input
-  that dies at that add (``in_place=True``).  No other op writes over its input.
+* **In place.**  The elementwise ops whose family declares it (hook ``in_place_inputs``: add, sub,
+  mul, div, maximum/minimum, the LUT activations) may write their output over an input that dies
+  at that step (``in_place=True``, :func:`in_place_merges`).  No other op writes over its input.
 * **Lower bound.**  ``max over steps of (arena tensors live at the step + its scratch)`` with every
   input and output of the step counted separately, i.e. without in-place sharing: no plan without
   in-place can go below it, and with in-place the arena may.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch.export import ExportedProgram
 
 from corten.memory.placement import Buffer, align_up, pack
@@ -68,7 +70,7 @@ class MemoryPlan:
     step_nodes: list[str] = field(default_factory=list)  # node name of each step
     step_ops: list[str] = field(default_factory=list)  # Corten op name (or "reshape_copy") of each step
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # tensor -> (first, last) step
-    in_place: dict[str, str] = field(default_factory=dict)  # add node -> the input whose bytes it reuses
+    in_place: dict[str, str] = field(default_factory=dict)  # output tensor -> the input whose bytes it reuses (in-place elementwise ops)
     copies: list[tuple[str, int]] = field(default_factory=list)  # (tensor, output index) copied at the end
     target: str = ""
     isa: str = ""
@@ -79,7 +81,7 @@ class MemoryPlan:
 
     @property
     def ratio(self) -> float:
-        """arena / lower bound (below 1.0 thanks to in-place adds)."""
+        """arena / lower bound (below 1.0 thanks to in-place elementwise ops)."""
         return self.arena_bytes / self.lower_bound_bytes if self.lower_bound_bytes else 1.0
 
     def region_bytes(self, region: str) -> int:
@@ -136,7 +138,7 @@ class MemoryPlan:
             f"  lower bound        {self.lower_bound_bytes:>12,} B   (arena / lower bound = {self.ratio:.4f})",
             f"  constant (flash)   {self.constant_bytes:>12,} B",
             f"  caller input       {self.region_bytes('input'):>12,} B   output {self.region_bytes('output'):,} B",
-            f"  alignment          {self.alignment:>12} B   steps {len(self.steps)}, in-place adds "
+            f"  alignment          {self.alignment:>12} B   steps {len(self.steps)}, in-place steps "
             f"{len(self.in_place)}, packing order '{self.strategy}'",
         ]
         if self.schedule is not None:
@@ -239,7 +241,8 @@ def live_bytes_per_step(prog: ProgramTensors, scratch: list[int]) -> list[int]:
 def in_place_merges(prog: ProgramTensors) -> dict[str, str]:
     """``{output root: input root}`` for each op whose family declares (hook ``"in_place_inputs"``)
     that its kernel may write over an input, where that input dies at the op (same size, in the
-    arena, written by an earlier step): quantized_add, quantized_lut."""
+    arena, written by an earlier step, no other operand of the op reading those bytes through a
+    view): quantized_add / sub / mul / div / maximum / minimum, quantized_lut."""
     from corten.ops.registry import all_op_names, hook_for
 
     corten_ops = set(all_op_names())
@@ -251,11 +254,18 @@ def in_place_merges(prog: ProgramTensors) -> dict[str, str]:
         out = prog.classes[prog.class_of[node.name]]
         if out.region != "arena":
             continue
-        for i in hook(node):
+        allowed = tuple(hook(node))
+        for i in allowed:
             arg = node.args[i]
             cls = prog.classes[prog.class_of[arg.name]]
             whole = prog.nbytes[arg.name] == cls.nbytes and not prog.view_offset.get(arg.name)  # not a slice view
-            if cls.region == "arena" and cls.last == s and cls.first < s and cls.nbytes == out.nbytes and whole:
+            # another operand reading these bytes through a view (e.g. a broadcast slice of the same
+            # tensor) would see bytes already overwritten: only the same full operand may repeat
+            shared = any(isinstance(a, torch.fx.Node) and a.name in prog.class_of
+                         and prog.class_of[a.name] == cls.root and not (j in allowed and a.name == arg.name)
+                         for j, a in enumerate(node.args) if j != i)
+            if (cls.region == "arena" and cls.last == s and cls.first < s and cls.nbytes == out.nbytes and whole
+                    and not shared):
                 merges[out.root] = cls.root
                 break
     return merges

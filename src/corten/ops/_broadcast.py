@@ -75,6 +75,23 @@ def is_constant(node) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "placeholder"
 
 
+def dense_full_operands(node) -> tuple[int, ...]:
+    """Input positions (0, 1) whose bytes have the output's shape and order: a kernel that writes
+    the output bytes in order, each after reading the input bytes at that index, may write its
+    output over them (the ``in_place_inputs`` hook of the elementwise binary families: add, sub,
+    mul, div, maximum/minimum).  Constants are never listed."""
+    out_shape = tuple(node.meta["val"].shape)
+    found = []
+    for i in (0, 1):
+        arg = node.args[i]
+        if is_constant(arg):
+            continue
+        dims, idims, strides = loop_geometry(out_shape, tuple(arg.meta["val"].shape))
+        if idims == dims and is_dense(idims, strides):
+            found.append(i)
+    return tuple(found)
+
+
 def operands_geometry(ctx, names=("input1", "input2")) -> dict[str, tuple[list[int], list[int], list[int]]]:
     """:func:`loop_geometry` of each input in ``names`` of this node (constants are row-major
     arrays); a rank-5 output's loops collapsed into 4 (:func:`corten.ops._common.collapse_loops`;

@@ -30,9 +30,7 @@ from corten.ops._broadcast import (
     broadcast_struct,
     cmsis_add_call,
     cmsis_add_rows,
-    is_constant,
-    is_dense,
-    loop_geometry,
+    dense_full_operands,
     numel,
     operand_expr,
     rescaled_binary_op,
@@ -99,21 +97,6 @@ def _emit_add_c(ctx) -> str:
         ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
         broadcast_struct(ctx),
         ctx.call(f"corten_add_broadcast_s8(&params, &shape, {x1}, {x2}, {out})"))
-
-
-def dense_full_operands(node) -> tuple[int, ...]:
-    """Input positions whose bytes have the output's shape and order (an elementwise kernel may
-    write its output over them: each output byte is written after the input byte at its index)."""
-    out_shape = tuple(node.meta["val"].shape)
-    found = []
-    for i in (0, 1):
-        arg = node.args[i]
-        if is_constant(arg):
-            continue
-        dims, idims, strides = loop_geometry(out_shape, tuple(arg.meta["val"].shape))
-        if idims == dims and is_dense(idims, strides):
-            found.append(i)
-    return tuple(found)
 
 
 @family.provides("in_place_inputs", "quantized_add")

@@ -30,7 +30,14 @@ import torch
 from corten.errors import LoweringError
 from corten.fixed_point import clamp_activation, quantize_multiplier, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops._broadcast import broadcast_shape, broadcast_struct, empty_output, operand_expr, output_layout
+from corten.ops._broadcast import (
+    broadcast_shape,
+    broadcast_struct,
+    dense_full_operands,
+    empty_output,
+    operand_expr,
+    output_layout,
+)
 from corten.ops._common import binary_operands, check_ranks
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
@@ -160,6 +167,13 @@ def lower_reciprocal(m: Match):
 def _div_scratch(node, target) -> int:
     """The portable kernel takes no buffer."""
     return 0
+
+
+@family.provides("in_place_inputs", "quantized_div")
+def _quantized_div_in_place_inputs(node) -> tuple[int, ...]:
+    """``corten_div_s8`` writes each output byte after reading the operands at its index: an
+    operand of the output's shape and order may be overwritten (:func:`dense_full_operands`)."""
+    return dense_full_operands(node)
 
 
 # ----------------------------------------------------------------------------- C emission

@@ -23,6 +23,7 @@ from corten.ops import checks
 from corten.ops._broadcast import (
     broadcast_shape,
     broadcast_struct,
+    dense_full_operands,
     empty_output,
     is_dense,
     operand_expr,
@@ -98,6 +99,15 @@ def lower_minmax(m: Match):
 def _minmax_scratch(node, target) -> int:
     """``arm_maximum_s8``/``arm_minimum_s8`` ignore their context buffer."""
     return 0
+
+
+@family.provides("in_place_inputs")
+def _minmax_in_place_inputs(node) -> tuple[int, ...]:
+    """``arm_maximum_s8``/``arm_minimum_s8`` and the portable kernel walk the full-shape operand
+    in step with the output (only the broadcast operand's pointer moves back), each output byte
+    written after the operand bytes at its index are read: operands of the output's shape and
+    order may be overwritten (:func:`dense_full_operands`)."""
+    return dense_full_operands(node)
 
 
 # ----------------------------------------------------------------------------- C emission

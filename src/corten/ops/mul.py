@@ -31,6 +31,7 @@ from corten.ops import checks
 from corten.ops._broadcast import (  # noqa: F401  (loop_geometry etc. re-exported for existing users)
     broadcast_shape,
     broadcast_struct,
+    dense_full_operands,
     empty_output,
     is_dense,
     loop_geometry,
@@ -120,6 +121,14 @@ def lower_mul(m: Match):
 def _mul_scratch(node, target) -> int:
     """Neither ``arm_elementwise_mul_s8`` nor the portable broadcast kernel takes a buffer."""
     return 0
+
+
+@family.provides("in_place_inputs", "quantized_mul")
+def _quantized_mul_in_place_inputs(node) -> tuple[int, ...]:
+    """``arm_elementwise_mul_s8`` (whole tensor or per repeated block) and ``corten_mul_s8`` write
+    each output byte after reading the operands at its index: the output may take the bytes of
+    an operand of the output's shape and order (:func:`dense_full_operands`)."""
+    return dense_full_operands(node)
 
 
 # ----------------------------------------------------------------------------- C emission

@@ -27,6 +27,7 @@ from corten.ops._broadcast import (
     broadcast_struct,
     cmsis_add_call,
     cmsis_add_rows,
+    dense_full_operands,
     numel,
     operand_expr,
     rescaled_binary_op,
@@ -62,6 +63,13 @@ def lower_sub(m: Match):
 def _sub_scratch(node, target) -> int:
     """Neither ``arm_elementwise_add_s8`` nor the portable broadcast kernel takes a buffer."""
     return 0
+
+
+@family.provides("in_place_inputs", "quantized_sub")
+def _quantized_sub_in_place_inputs(node) -> tuple[int, ...]:
+    """As quantized_add (same kernels, input2's multiplier negated): operands of the output's
+    shape and order (:func:`dense_full_operands`)."""
+    return dense_full_operands(node)
 
 
 # ----------------------------------------------------------------------------- C emission
