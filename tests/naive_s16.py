@@ -137,3 +137,14 @@ def pool_s16(x, kernel, stride, padding, act_min, act_max, is_avg):
             rows.append(cols)
         out.append(rows)
     return out
+
+
+def add_s16(x1, x2, mult1, shift1, mult2, shift2, left_shift, out_mult, out_shift, act_min, act_max):
+    """``arm_elementwise_add_s16`` on two equal-length lists of int16 values (offsets are 0)."""
+    out = []
+    for a, b in zip(x1, x2):
+        a = requantize(a * (1 << left_shift), mult1, shift1)
+        b = requantize(b * (1 << left_shift), mult2, shift2)
+        s = requantize(i32(a + b), out_mult, out_shift)
+        out.append(min(max(s, act_min), act_max))
+    return out

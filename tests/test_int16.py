@@ -526,3 +526,75 @@ def test_two_int16_inputs_are_packed_by_bytes():
     assert [t.offset for t in lib.inputs] == [0, 6] and lib.input_bytes == 14
     run = mixed.c_run(x, y, on="host", kernels="portable")
     assert all(torch.equal(a, b) for a, b in zip(run.outputs, mixed.run_int8(x, y)))
+
+
+# ----------------------------------------------------------------------------- 16x8 add
+def test_add_s16_matches_naive_with_broadcasting():
+    rng = random.Random(3)
+    add = torch.ops.corten.quantized_add
+    for _ in range(60):
+        shape = [rng.randint(1, 4) for _ in range(rng.randint(1, 4))]
+        other = [d if rng.random() < 0.6 else 1 for d in shape][rng.randint(0, len(shape) - 1):]
+        x1 = torch.randint(-32768, 32768, shape, dtype=torch.int16)
+        x2 = torch.randint(-32768, 32768, other, dtype=torch.int16)
+        m1, m2, mo = (rng.randint(1 << 30, (1 << 31) - 1) for _ in range(3))
+        s1, s2, so = rng.randint(-3, 0), rng.randint(-3, 0), rng.randint(-20, -14)
+        lo = rng.choice([-32768, rng.randint(-32768, 0)])
+        hi = rng.choice([32767, rng.randint(lo, 32767)])
+        got = add(x1, x2, 0, m1, s1, 0, m2, s2, 15, 0, mo, so, lo, hi)
+        a, b = torch.broadcast_tensors(x1, x2)
+        want = naive_s16.add_s16(a.flatten().tolist(), b.flatten().tolist(), m1, s1, m2, s2, 15, mo, so, lo, hi)
+        assert got.dtype == torch.int16 and got.flatten().tolist() == want
+
+
+def test_add_s16_refuses_offsets_and_wide_shifts():
+    add = torch.ops.corten.quantized_add
+    x = torch.zeros(4, dtype=torch.int16)
+    with pytest.raises(CortenOpError):
+        add(x, x, 1, 1 << 30, 0, 0, 1 << 30, 0, 15, 0, 1 << 30, -15, -32768, 32767)
+    with pytest.raises(CortenOpError):
+        add(x, x, 0, 1 << 30, 0, 0, 1 << 30, 0, 16, 0, 1 << 30, -15, -32768, 32767)
+    with pytest.raises(CortenOpError, match="input1"):
+        add(x, torch.zeros(4, dtype=torch.int8), 0, 1 << 30, 0, 0, 1 << 30, 0, 15, 0, 1 << 30, -15, -32768, 32767)
+
+
+class Residual(nn.Module):
+    """Linear + ReLU blocks with skip adds (same shape) and a broadcast add of a [N, 1] gate."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.g = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 8), nn.Linear(16, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        h = torch.relu(self.b(h) + h)
+        return self.c(h + self.g(h))
+
+
+@pytest.fixture(scope="module")
+def residual_program():
+    import corten
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, generator=torch.Generator().manual_seed(4))
+    return x, corten.compile(Residual().eval(), (x,), precision="int16")
+
+
+def test_residual_int16_lowers_fully(residual_program):
+    _, prog = residual_program
+    ops = prog.op_counts()
+    assert not prog.unlowered_ops() and "quantized_requantize" not in ops and ops["quantized_add"] == 2
+    assert prog.inputs[0].bits == 16
+
+
+@needs_gcc
+def test_residual_int16_c_bytes_equal_on_host(residual_program):
+    x, prog = residual_program
+    assert torch.equal(prog.c_run(x, on="host", kernels="portable").outputs[0], prog.run_int8(x)[0])
+
+
+@needs_cmsis_nn
+def test_residual_int16_cmsis_nn_bytes_equal_on_host(residual_program):
+    x, prog = residual_program
+    got = prog.c_run(x, on="host", kernels="cmsis-nn", cmsis_nn_path=CMSIS_NN_PATH)
+    assert torch.equal(got.outputs[0], prog.run_int8(x)[0])

@@ -42,8 +42,8 @@ def output_layout(shape: Sequence[int]) -> torch.memory_format:
     return output_format(len(shape))
 
 
-def empty_output(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-    return torch.empty(tuple(shape), dtype=torch.int8, device=like.device, memory_format=output_layout(shape))
+def empty_output(shape: Sequence[int], like: torch.Tensor, dtype: torch.dtype = torch.int8) -> torch.Tensor:
+    return torch.empty(tuple(shape), dtype=dtype, device=like.device, memory_format=output_layout(shape))
 
 
 def loop_geometry(out_shape: Sequence[int], in_shape: Sequence[int],
@@ -178,7 +178,8 @@ def rescaled_sum(input1, input2, input1_offset, input1_multiplier, input1_shift,
     a = requantize((input1.to(torch.int64) + input1_offset) << left_shift, input1_multiplier, input1_shift)
     b = requantize((input2.to(torch.int64) + input2_offset) << left_shift, input2_multiplier, input2_shift)
     out = wrap_int32_t(requantize(wrap_int32_t(a + b), output_multiplier, output_shift) + output_offset)
-    return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=output_layout(shape))
+    return clamp_activation(out, activation_min, activation_max,
+                            input1.dtype).contiguous(memory_format=output_layout(shape))
 
 
 PARAM_NAMES = ("input1_offset", "input1_multiplier", "input1_shift", "input2_offset", "input2_multiplier",
@@ -219,12 +220,19 @@ def rescaled_binary_op(name: str, sign: int):
     def check(input1, input2, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
               input2_shift, left_shift, output_offset, output_multiplier, output_shift, activation_min,
               activation_max) -> tuple[int, ...]:
-        checks.dtype(op, "input1", input1, torch.int8)
-        checks.dtype(op, "input2", input2, torch.int8)
+        # 16x8 (TFLite's int16 ADD, arm_elementwise_add_s16): both operands int16, no offsets
+        wide = all(isinstance(t, torch.Tensor) and t.dtype == torch.int16 for t in (input1, input2))
+        checks.dtype(op, "input1", input1, torch.int16 if wide else torch.int8)
+        checks.dtype(op, "input2", input2, torch.int16 if wide else torch.int8)
         shape = broadcast_shape(op, input1, input2)
-        checks.rescaled_binary(op, input1_offset, input1_multiplier, input1_shift, input2_offset, input2_multiplier,
-                               input2_shift, left_shift, output_offset, output_multiplier, output_shift,
-                               activation_min, activation_max)
+        if wide:
+            checks.rescaled_binary_s16(op, input1_offset, input1_multiplier, input1_shift, input2_offset,
+                                       input2_multiplier, input2_shift, left_shift, output_offset, output_multiplier,
+                                       output_shift, activation_min, activation_max)
+        else:
+            checks.rescaled_binary(op, input1_offset, input1_multiplier, input1_shift, input2_offset,
+                                   input2_multiplier, input2_shift, left_shift, output_offset, output_multiplier,
+                                   output_shift, activation_min, activation_max)
         return shape
 
     def kernel(input1: torch.Tensor, input2: torch.Tensor, input1_offset: int, input1_multiplier: int,
@@ -243,6 +251,6 @@ def rescaled_binary_op(name: str, sign: int):
 
     @custom.register_fake
     def _(input1, input2, *args):
-        return empty_output(check(input1, input2, *args), input1)
+        return empty_output(check(input1, input2, *args), input1, input1.dtype)
 
     return custom

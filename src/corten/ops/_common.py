@@ -25,7 +25,7 @@ from corten.fixed_point import (
     wrap_int32_t,
 )
 from corten.ops import checks
-from corten.ops._qparams import QParams, add_params
+from corten.ops._qparams import ADD_LEFT_SHIFT, ADD_LEFT_SHIFT_S16, QParams, add_params
 from corten.ops._rules import DQ_PER_TENSOR, Int8Value, Match
 
 MAX_RANK = 4  # elementwise ops: the C kernels loop over 4 dims
@@ -375,8 +375,13 @@ def lower_rescaled_binary(m: Match, what: str, op: str, alpha_hint: str = ""):
     if m.node.kwargs.get("alpha", 1) != 1:
         raise LoweringError(f"{what} with alpha != 1 is not supported{alpha_hint}")
     a, b = binary_operands(m, what)
+    wide = m.output.dtype == torch.int16  # 16x8 (the quantizer gives int16 only to adds of two activations)
+    if wide and not (a.qparams.dtype == b.qparams.dtype == torch.int16):
+        raise LoweringError(f"an int16 {what} needs two int16 operands (a constant operand or an int8 one: keep "
+                            "the op int8 with precision=)")
     try:
-        p = add_params(a.qparams.scale, b.qparams.scale, m.output.scale)
+        p = add_params(a.qparams.scale, b.qparams.scale, m.output.scale,
+                       ADD_LEFT_SHIFT_S16 if wide else ADD_LEFT_SHIFT)
     except ValueError as e:
         raise LoweringError(f"{what}: the input/output scales cannot be requantized ({e})") from None
     act_min, act_max = m.activation_bounds

@@ -11,6 +11,7 @@ import torch
 from corten.fixed_point import int_range, quantize_multiplier, round_half_away
 
 ADD_LEFT_SHIFT = 20  # TFLite's left shift for int8 add: 255 << 20 still fits in int32
+ADD_LEFT_SHIFT_S16 = 15  # TFLite's for the 16x8 add (input_scale/output_scale not powers of two): 32767 << 15 fits
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,14 @@ class AddParams:
     left_shift: int = ADD_LEFT_SHIFT
 
 
-def add_params(s1: float, s2: float, s_out: float) -> AddParams:
-    """TFLite int8 ADD preparation: both inputs rescaled to ``2 * max(s1, s2)`` after a left shift."""
+def add_params(s1: float, s2: float, s_out: float, left_shift: int = ADD_LEFT_SHIFT) -> AddParams:
+    """TFLite ADD preparation: both inputs rescaled to ``2 * max(s1, s2)`` after a left shift
+    (:data:`ADD_LEFT_SHIFT` int8, :data:`ADD_LEFT_SHIFT_S16` for the 16x8 add)."""
     twice_max = 2.0 * max(s1, s2)
     m1, sh1 = quantize_multiplier(s1 / twice_max)
     m2, sh2 = quantize_multiplier(s2 / twice_max)
-    mo, sho = quantize_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT) * s_out))
-    return AddParams(m1, sh1, m2, sh2, mo, sho)
+    mo, sho = quantize_multiplier(twice_max / ((1 << left_shift) * s_out))
+    return AddParams(m1, sh1, m2, sh2, mo, sho, left_shift)
 
 
 def requantize_args(q_in: QParams, q_out: QParams, src) -> tuple:

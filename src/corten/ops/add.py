@@ -53,7 +53,7 @@ family = register_family(OpFamily(FAMILY, ("quantized_add",), doc=__doc__))
 annotates("binary", torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
 
 
-@lowers(torch.ops.aten.add.Tensor)
+@lowers(torch.ops.aten.add.Tensor, int16=True)
 def lower_add(m: Match):
     """``aten.add.Tensor`` (alpha 1) of two int8 tensors (numpy broadcasting), or of an int8 tensor
     and a constant -> ``quantized_add``."""
@@ -75,6 +75,8 @@ def _emit_add_c(ctx) -> str:
     or with CMSIS-NN one ``arm_elementwise_add_s8`` per repeated block (:func:`corten.ops._broadcast.cmsis_add_rows`)."""
     v = {k: int(ctx.arg(k)) for k in PARAM_NAMES}
     x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
+    if ctx.arg("input1").meta["val"].dtype == torch.int16:
+        return _emit_add_s16(ctx, v, x1, x2, out)
     # CMSIS-NN's DSP path masks (x + offset) to 16 bits before the left shift: only exact for left
     # shifts >= 16 (the lowering uses 20). Smaller shifts run Corten's portable kernels instead.
     cmsis = ctx.kernels == "cmsis-nn" and v["left_shift"] >= 16
@@ -97,6 +99,28 @@ def _emit_add_c(ctx) -> str:
         ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
         broadcast_struct(ctx),
         ctx.call(f"corten_add_broadcast_s8(&params, &shape, {x1}, {x2}, {out})"))
+
+
+def _emit_add_s16(ctx, v: dict, x1: str, x2: str, out: str) -> str:
+    """16x8 add: same shape, ``corten_add_s16`` or ``arm_elementwise_add_s16`` (CMSIS-NN); broadcasting,
+    ``corten_add_broadcast_s16`` (arm_elementwise_add_s16 takes equal-length vectors)."""
+    x1, x2 = f"(const int16_t *)(const void *){x1}", f"(const int16_t *)(const void *){x2}"
+    out = f"(int16_t *)(void *){out}"
+    if same_dense_shape(ctx):
+        n = str(numel(ctx.shape()))
+        if ctx.kernels == "cmsis-nn":
+            args = [x1, x2, 0, v["input1_multiplier"], v["input1_shift"], 0, v["input2_multiplier"],
+                    v["input2_shift"], v["left_shift"], out, 0, v["output_multiplier"], v["output_shift"],
+                    v["activation_min"], v["activation_max"], n]
+            return ctx.call("arm_elementwise_add_s16(" + ", ".join(a if isinstance(a, str) else ctx.int_(a)
+                                                                  for a in args) + ")")
+        return ctx.block(ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
+                         ctx.call(f"corten_add_s16(&params, {x1}, {x2}, {out}, {n})"))
+    if ctx.kernels != "portable":
+        ctx.portable_kernel("int16 broadcast (arm_elementwise_add_s16 takes equal-length vectors)")
+    return ctx.block(ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
+                     broadcast_struct(ctx),
+                     ctx.call(f"corten_add_broadcast_s16(&params, &shape, {x1}, {x2}, {out})"))
 
 
 @family.provides("in_place_inputs", "quantized_add")

@@ -115,6 +115,20 @@ def requantized_binary(op: str, names: tuple[str, str], a, b, a_offset: int, b_o
     activation(op, act_min, act_max)
 
 
+def rescaled_binary_s16(op: str, *params: int) -> None:
+    """The 12 parameters of the 16x8 add (``arm_elementwise_add_s16``): offsets 0 (symmetric int16),
+    left shift <= 15 (``32767 << 15`` fits in int32), int16 activation bounds."""
+    (in1_off, in1_mult, in1_shift, in2_off, in2_mult, in2_shift, left_shift, out_off, out_mult, out_shift,
+     act_min, act_max) = params
+    for name, v in (("input1_offset", in1_off), ("input2_offset", in2_off), ("output_offset", out_off)):
+        in_range(op, name, v, 0, 0)
+    for name, m, s in (("input1", in1_mult, in1_shift), ("input2", in2_mult, in2_shift), ("output", out_mult, out_shift)):
+        scalar_multiplier(op, f"{name}_multiplier", m)
+        scalar_shift(op, f"{name}_shift", s)
+    in_range(op, "left_shift", left_shift, 0, 15)
+    activation(op, act_min, act_max, torch.int16)
+
+
 def rescaled_binary(op: str, *params: int) -> None:
     """The 12 scalar parameters of the add-style ops, in schema order (``arm_elementwise_add_s8``
     convention: input1/2 offset, multiplier, shift; left shift; output offset, multiplier, shift;

@@ -214,7 +214,8 @@ class CortenQuantizer(Quantizer):
                     continue
                 if ann.kind == "shared":  # shared qparams follow the producer's dtype
                     act = act16 if _producer_dtype(node) == torch.int16 and supports_int16(node.target) else act8
-                elif precision_of(node, self.precision) == "int16" and supports_int16(node.target):
+                elif (precision_of(node, self.precision) == "int16" and supports_int16(node.target)
+                      and (ann.kind != "binary" or _two_activations(node))):
                     act = act16
                     self.int16_nodes.append(node.name)
                 else:
@@ -307,6 +308,11 @@ class CortenQuantizer(Quantizer):
                     _mark(user, None, SharedQuantizationSpec((first, node)))
             return
         _mark(node, inputs, SharedQuantizationSpec((first, node)) if _is_float(node) else None)
+
+
+def _two_activations(node: Node) -> bool:
+    """Both operands of a binary op are computed tensors (the 16x8 add takes no constant operand)."""
+    return all(isinstance(a, Node) and a.op != "get_attr" for a in node.args[:2])
 
 
 def _input_qspec(arg: Node, act: QuantizationSpec):

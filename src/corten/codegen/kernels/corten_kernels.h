@@ -238,6 +238,12 @@ int corten_mul_s8(const corten_mul_params *params, const corten_broadcast *shape
 int corten_sub_s8(const corten_sub_params *params, const corten_broadcast *shape, const int8_t *input1,
                   const int8_t *input2, int8_t *output);
 
+/** 16x8 elementwise add, same shape and broadcasting (arm_elementwise_add_s16 arithmetic; corten/ops/add.py). */
+int corten_add_s16(const corten_add_params *params, const int16_t *input1, const int16_t *input2,
+                   int16_t *output, int32_t size);
+int corten_add_broadcast_s16(const corten_add_params *params, const corten_broadcast *shape, const int16_t *input1,
+                             const int16_t *input2, int16_t *output);
+
 /** Elementwise add with broadcasting (the corten_add_s8 arithmetic; corten/ops/add.py). */
 int corten_add_broadcast_s8(const corten_add_params *params, const corten_broadcast *shape, const int8_t *input1,
                             const int8_t *input2, int8_t *output);
