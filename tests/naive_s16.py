@@ -148,3 +148,8 @@ def add_s16(x1, x2, mult1, shift1, mult2, shift2, left_shift, out_mult, out_shif
         s = requantize(i32(a + b), out_mult, out_shift)
         out.append(min(max(s, act_min), act_max))
     return out
+
+
+def mul_s16(x1, x2, out_mult, out_shift, act_min, act_max):
+    """``arm_elementwise_mul_s16`` on two equal-length lists of int16 values (offsets are 0)."""
+    return [min(max(requantize(a * b, out_mult, out_shift), act_min), act_max) for a, b in zip(x1, x2)]

@@ -559,16 +559,19 @@ def test_add_s16_refuses_offsets_and_wide_shifts():
 
 
 class Residual(nn.Module):
-    """Linear + ReLU blocks with skip adds (same shape) and a broadcast add of a [N, 1] gate."""
+    """Linear + ReLU blocks with a skip add and a product of two activations (same shapes), and a
+    broadcast add and product with [N, 1] branches."""
 
     def __init__(self):
         super().__init__()
         self.a, self.b, self.c, self.g = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 8), nn.Linear(16, 1)
+        self.m, self.s = nn.Linear(16, 16), nn.Linear(16, 1)
 
     def forward(self, x):
         h = torch.relu(self.a(x))
         h = torch.relu(self.b(h) + h)
-        return self.c(h + self.g(h))
+        h = h * self.m(h)
+        return self.c(h + self.g(h)) * self.s(h)
 
 
 @pytest.fixture(scope="module")
@@ -584,6 +587,7 @@ def test_residual_int16_lowers_fully(residual_program):
     _, prog = residual_program
     ops = prog.op_counts()
     assert not prog.unlowered_ops() and "quantized_requantize" not in ops and ops["quantized_add"] == 2
+    assert ops["quantized_mul"] == 2
     assert prog.inputs[0].bits == 16
 
 
@@ -598,3 +602,47 @@ def test_residual_int16_cmsis_nn_bytes_equal_on_host(residual_program):
     x, prog = residual_program
     got = prog.c_run(x, on="host", kernels="cmsis-nn", cmsis_nn_path=CMSIS_NN_PATH)
     assert torch.equal(got.outputs[0], prog.run_int8(x)[0])
+
+
+@needs_cmsis_nn
+@pytest.mark.parametrize("case", ["add_s16", "add_s16_spill"])
+def test_add_s16_matches_cmsis_nn_test_vectors(case):
+    a, cfg = _vectors(case)
+    x1, x2 = (torch.tensor(a[k], dtype=torch.int16) for k in ("input1", "input2"))
+    got = torch.ops.corten.quantized_add(
+        x1, x2, cfg["INPUT1_OFFSET"], cfg["INPUT1_MULT"], cfg["INPUT1_SHIFT"], cfg["INPUT2_OFFSET"],
+        cfg["INPUT2_MULT"], cfg["INPUT2_SHIFT"], cfg["LEFT_SHIFT"], cfg["OUTPUT_OFFSET"], cfg["OUTPUT_MULT"],
+        cfg["OUTPUT_SHIFT"], cfg["OUT_ACTIVATION_MIN"], cfg["OUT_ACTIVATION_MAX"])
+    assert got.tolist() == a["output_ref"]
+
+
+def test_mul_s16_matches_naive_with_broadcasting():
+    rng = random.Random(4)
+    mul = torch.ops.corten.quantized_mul
+    for _ in range(60):
+        shape = [rng.randint(1, 4) for _ in range(rng.randint(1, 4))]
+        other = [d if rng.random() < 0.6 else 1 for d in shape][rng.randint(0, len(shape) - 1):]
+        x1 = torch.randint(-32768, 32768, shape, dtype=torch.int16)
+        x2 = torch.randint(-32768, 32768, other, dtype=torch.int16)
+        mo, so = rng.randint(1 << 30, (1 << 31) - 1), rng.randint(-20, -12)
+        lo = rng.choice([-32768, rng.randint(-32768, 0)])
+        hi = rng.choice([32767, rng.randint(lo, 32767)])
+        got = mul(x1, x2, 0, 0, 0, mo, so, lo, hi)
+        a, b = torch.broadcast_tensors(x1, x2)
+        want = naive_s16.mul_s16(a.flatten().tolist(), b.flatten().tolist(), mo, so, lo, hi)
+        assert got.dtype == torch.int16 and got.flatten().tolist() == want
+    x = torch.full((3,), -32768, dtype=torch.int16)  # the largest product, 2**30
+    assert mul(x, x, 0, 0, 0, 1 << 30, -14, -32768, 32767).tolist() == [32767] * 3
+    with pytest.raises(CortenOpError, match="input1_offset"):
+        mul(x, x, 1, 0, 0, 1 << 30, -14, -32768, 32767)
+
+
+@needs_cmsis_nn
+@pytest.mark.parametrize("case", ["mul_s16", "mul_s16_spill"])
+def test_mul_s16_matches_cmsis_nn_test_vectors(case):
+    a, cfg = _vectors(case)
+    x1, x2 = (torch.tensor(a[k], dtype=torch.int16) for k in ("input1", "input2"))
+    got = torch.ops.corten.quantized_mul(
+        x1, x2, cfg["INPUT1_OFFSET"], cfg["INPUT2_OFFSET"], cfg["OUTPUT_OFFSET"], cfg["OUTPUT_MULT"],
+        cfg["OUTPUT_SHIFT"], cfg["OUT_ACTIVATION_MIN"], cfg["OUT_ACTIVATION_MAX"])
+    assert got.tolist() == a["output_ref"]

@@ -53,9 +53,22 @@ FAMILY = "mul"
 def _check(input1, input2, input1_offset, input2_offset, output_offset, output_multiplier, output_shift,
            activation_min, activation_max) -> tuple[int, ...]:
     op = "quantized_mul"
-    checks.requantized_binary(op, ("input1", "input2"), input1, input2, input1_offset, input2_offset, output_offset,
-                              output_multiplier, output_shift, activation_min, activation_max)
+    if _wide(input1, input2):  # 16x8 (TFLite's int16 MUL, arm_elementwise_mul_s16): no offsets
+        for name, v in (("input1_offset", input1_offset), ("input2_offset", input2_offset),
+                        ("output_offset", output_offset)):
+            checks.in_range(op, name, v, 0, 0)
+        checks.scalar_multiplier(op, "output_multiplier", output_multiplier)
+        checks.scalar_shift(op, "output_shift", output_shift)
+        checks.activation(op, activation_min, activation_max, torch.int16)
+    else:
+        checks.requantized_binary(op, ("input1", "input2"), input1, input2, input1_offset, input2_offset,
+                                  output_offset, output_multiplier, output_shift, activation_min, activation_max)
     return broadcast_shape(op, input1, input2)
+
+
+def _wide(input1, input2) -> bool:
+    """Both operands int16 (the 16x8 multiply; |x1 * x2| <= 2**30 fits in int32)."""
+    return all(isinstance(t, torch.Tensor) and t.dtype == torch.int16 for t in (input1, input2))
 
 
 @torch.library.custom_op("corten::quantized_mul", mutates_args=())
@@ -74,7 +87,8 @@ def quantized_mul(
                    activation_min, activation_max)
     product = (input1.to(torch.int64) + input1_offset) * (input2.to(torch.int64) + input2_offset)
     out = wrap_int32_t(requantize(product, output_multiplier, output_shift) + output_offset)
-    return clamp_activation(out, activation_min, activation_max).contiguous(memory_format=output_layout(shape))
+    return clamp_activation(out, activation_min, activation_max,
+                            input1.dtype).contiguous(memory_format=output_layout(shape))
 
 
 @quantized_mul.register_fake
@@ -82,7 +96,7 @@ def _(input1, input2, input1_offset, input2_offset, output_offset, output_multip
       activation_min, activation_max):
     shape = _check(input1, input2, input1_offset, input2_offset, output_offset, output_multiplier, output_shift,
                    activation_min, activation_max)
-    return empty_output(shape, input1)
+    return empty_output(shape, input1, input1.dtype)
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_mul",), doc=__doc__))
@@ -93,7 +107,7 @@ family = register_family(OpFamily(FAMILY, ("quantized_mul",), doc=__doc__))
 annotates("binary", torch.ops.aten.mul.Tensor, torch.ops.aten.mul_.Tensor)
 
 
-@lowers(torch.ops.aten.mul.Tensor)
+@lowers(torch.ops.aten.mul.Tensor, int16=True)
 def lower_mul(m: Match):
     """``aten.mul.Tensor`` -> ``quantized_mul``: of two int8 tensors (numpy broadcasting), or of an
     int8 tensor and a constant, which becomes the op's second operand (see :func:`constant_operand`)."""
@@ -106,6 +120,9 @@ def lower_mul(m: Match):
         check_lowerable_shapes(m, "mul")
         x, b = m.inputs
         b_node, b_qparams = b.node, b.qparams
+    if m.output.dtype == torch.int16 and not (x.qparams.dtype == b_qparams.dtype == torch.int16):
+        raise LoweringError("an int16 mul needs two int16 operands (a constant operand or an int8 one: keep the op "
+                            "int8 with precision=)")
     scale = float(x.qparams.scale) * float(b_qparams.scale) / float(m.output.scale)
     try:
         mult, shift = quantize_multiplier(scale)
@@ -141,6 +158,9 @@ def _emit_mul_c(ctx) -> str:
              "activation_min", "activation_max")
     v = {k: ctx.int_(int(ctx.arg(k))) for k in names}
     x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
+    if ctx.arg("input1").meta["val"].dtype == torch.int16:
+        return _emit_mul_s16(ctx, v, names, x1, x2, out)
+
     def cmsis_call(p1: str, p2: str, o: str, size: str) -> str:
         args = [p1, p2, v["input1_offset"], v["input2_offset"], o, v["output_offset"], v["output_multiplier"],
                 v["output_shift"], v["activation_min"], v["activation_max"], size]
@@ -162,3 +182,19 @@ def _emit_mul_c(ctx) -> str:
         ctx.params("corten_mul_params", "params", {k: v[k] for k in names}),
         broadcast_struct(ctx),
         ctx.call(f"corten_mul_s8(&params, &shape, {x1}, {x2}, {out})"))
+
+
+def _emit_mul_s16(ctx, v: dict, names: tuple, x1: str, x2: str, out: str) -> str:
+    """16x8 multiply: ``arm_elementwise_mul_s16`` (CMSIS-NN, same shapes) or ``corten_elementwise_mul_s16``
+    (the portable kernel, any broadcast)."""
+    x1, x2 = f"(const int16_t *)(const void *){x1}", f"(const int16_t *)(const void *){x2}"
+    out = f"(int16_t *)(void *){out}"
+    if ctx.kernels == "cmsis-nn" and same_dense_shape(ctx):
+        args = [x1, x2, v["input1_offset"], v["input2_offset"], out, v["output_offset"], v["output_multiplier"],
+                v["output_shift"], v["activation_min"], v["activation_max"], str(numel(ctx.shape()))]
+        return ctx.call("arm_elementwise_mul_s16(" + ", ".join(args) + ")")
+    if ctx.kernels != "portable":
+        ctx.portable_kernel("int16 broadcast (arm_elementwise_mul_s16 takes equal-length vectors)")
+    return ctx.block(ctx.params("corten_mul_params", "params", {k: v[k] for k in names}),
+                     broadcast_struct(ctx),
+                     ctx.call(f"corten_elementwise_mul_s16(&params, &shape, {x1}, {x2}, {out})"))

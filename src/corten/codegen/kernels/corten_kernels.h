@@ -234,6 +234,10 @@ typedef corten_add_params corten_sub_params;
 int corten_mul_s8(const corten_mul_params *params, const corten_broadcast *shape, const int8_t *input1,
                   const int8_t *input2, int8_t *output);
 
+/** 16x8 elementwise multiply with broadcasting (arm_elementwise_mul_s16 arithmetic: offsets 0, int16 bounds). */
+int corten_elementwise_mul_s16(const corten_mul_params *params, const corten_broadcast *shape,
+                               const int16_t *input1, const int16_t *input2, int16_t *output);
+
 /** Elementwise subtract with broadcasting: the add arithmetic with input2's multiplier negated. */
 int corten_sub_s8(const corten_sub_params *params, const corten_broadcast *shape, const int8_t *input1,
                   const int8_t *input2, int8_t *output);

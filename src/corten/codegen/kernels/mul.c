@@ -39,3 +39,33 @@ int corten_mul_s8(const corten_mul_params *params, const corten_broadcast *shape
     }
     return CORTEN_OK;
 }
+
+/* 16x8 (arm_elementwise_mul_s16 arithmetic): offsets are 0 and |x1 * x2| <= 2^30 fits in int32. */
+int corten_elementwise_mul_s16(const corten_mul_params *params, const corten_broadcast *shape,
+                               const int16_t *input1, const int16_t *input2, int16_t *output)
+{
+    int32_t n, h, w, c;
+    if (params == NULL || shape == NULL || input1 == NULL || input2 == NULL || output == NULL ||
+        !corten_broadcast_ok(shape)) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (n = 0; n < shape->output.n; n++) {
+        for (h = 0; h < shape->output.h; h++) {
+            for (w = 0; w < shape->output.w; w++) {
+                const int16_t *a = input1 + n * shape->input1_strides.n + h * shape->input1_strides.h +
+                                   w * shape->input1_strides.w;
+                const int16_t *b = input2 + n * shape->input2_strides.n + h * shape->input2_strides.h +
+                                   w * shape->input2_strides.w;
+                for (c = 0; c < shape->output.c; c++) {
+                    const int32_t x1 = a[c * shape->input1_strides.c];
+                    const int32_t x2 = b[c * shape->input2_strides.c];
+                    int32_t y = corten_requantize(x1 * x2, params->output_multiplier, params->output_shift);
+                    y = y < params->activation_min ? params->activation_min : y;
+                    y = y > params->activation_max ? params->activation_max : y;
+                    *output++ = (int16_t)y;
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}
