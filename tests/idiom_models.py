@@ -1,7 +1,8 @@
 """Real-world idioms (see tests/test_idioms.py): small models written the way people write them and that
 tests/corpus_models.py does not cover - torch.nn's attention and recurrent modules, transformer layers,
 SDPA with masks, embeddings, interpolation, normalisations, elementwise math, einsum, the
-EfficientNet/ResNet/UNet/TCN building blocks, heads and several outputs.
+EfficientNet/ResNet/UNet/TCN building blocks, heads and several outputs; then (:data:`BLOCKS`) timm /
+torchvision / audio blocks: ConvNeXt, SE/CBAM/ECA, Swin windows, MobileViT unfold, ViT/Mixer, WaveNet, ShuffleNet.
 
 Each entry of :data:`IDIOMS` is ``(name, factory, input shapes)``.  Shapes are tiny.
 """
@@ -431,3 +432,448 @@ IDIOMS = [
     ("batch4_mlp_dropout", lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2)),
      [(4, 8)]),
 ]
+
+
+# ----------------------------------------------------------------------------- timm / torchvision style blocks
+class LayerNorm2d(nn.LayerNorm):
+    """timm's LayerNorm over channels of an NCHW tensor via permute."""
+
+    def forward(self, x):
+        return F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias,
+                            self.eps).permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, c=8, k=7):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, k, padding=k // 2, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.pw1 = nn.Linear(c, 4 * c)
+        self.act = nn.GELU()
+        self.pw2 = nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.full((c,), 0.5))
+
+    def forward(self, x):
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.pw2(self.act(self.pw1(self.norm(y))))
+        y = self.gamma * y
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXtCF(nn.Module):
+    """ConvNeXt block channels-first: LayerNorm2d, 1x1 convs, layer scale as gamma[:, None, None]."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = LayerNorm2d(c)
+        self.pw1 = nn.Conv2d(c, 2 * c, 1)
+        self.pw2 = nn.Conv2d(2 * c, c, 1)
+        self.gamma = nn.Parameter(torch.full((c,), 0.5))
+
+    def forward(self, x):
+        y = self.pw2(F.gelu(self.pw1(self.norm(self.dw(x)))))
+        return x + y * self.gamma.view(1, -1, 1, 1)
+
+
+class SEHard(nn.Module):
+    """MobileNetV3 squeeze-excite: mean over (2, 3) keepdim, 1x1 convs, ReLU, hardsigmoid."""
+
+    def __init__(self, c=8, r=4):
+        super().__init__()
+        self.fc1 = nn.Conv2d(c, c // r, 1)
+        self.fc2 = nn.Conv2d(c // r, c, 1)
+
+    def forward(self, x):
+        s = x.mean((2, 3), keepdim=True)
+        s = F.hardsigmoid(self.fc2(F.relu(self.fc1(s))), inplace=True)
+        return x * s
+
+
+class SELinear(nn.Module):
+    """torchvision-style SE with Linear layers and view."""
+
+    def __init__(self, c=8, r=2):
+        super().__init__()
+        self.fc = nn.Sequential(nn.Linear(c, c // r, bias=False), nn.ReLU(inplace=True),
+                                nn.Linear(c // r, c, bias=False), nn.Sigmoid())
+
+    def forward(self, x):
+        b, c, _, _ = x.size()
+        y = F.adaptive_avg_pool2d(x, 1).view(b, c)
+        y = self.fc(y).view(b, c, 1, 1)
+        return x * y.expand_as(x)
+
+
+class CBAM(nn.Module):
+    def __init__(self, c=8, r=2, k=7):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Conv2d(c, c // r, 1, bias=False), nn.ReLU(), nn.Conv2d(c // r, c, 1, bias=False))
+        self.spatial = nn.Conv2d(2, 1, k, padding=k // 2, bias=False)
+
+    def forward(self, x):
+        ca = torch.sigmoid(self.mlp(F.adaptive_avg_pool2d(x, 1)) + self.mlp(F.adaptive_max_pool2d(x, 1)))
+        x = x * ca
+        avg = torch.mean(x, dim=1, keepdim=True)
+        mx, _ = torch.max(x, dim=1, keepdim=True)
+        sa = torch.sigmoid(self.spatial(torch.cat([avg, mx], dim=1)))
+        return x * sa
+
+
+class ECA(nn.Module):
+    def __init__(self, k=3):
+        super().__init__()
+        self.avg = nn.AdaptiveAvgPool2d(1)
+        self.conv = nn.Conv1d(1, 1, k, padding=(k - 1) // 2, bias=False)
+
+    def forward(self, x):
+        y = self.avg(x)
+        y = self.conv(y.squeeze(-1).transpose(-1, -2)).transpose(-1, -2).unsqueeze(-1)
+        return x * torch.sigmoid(y).expand_as(x)
+
+
+class SwinWindows(nn.Module):
+    """Swin window partition / reverse via view + permute, attention-free (an MLP per window token)."""
+
+    def __init__(self, c=8, ws=2):
+        super().__init__()
+        self.ws = ws
+        self.fc = nn.Linear(c, c)
+
+    def forward(self, x):  # [B, H, W, C]
+        b, h, w, c = x.shape
+        ws = self.ws
+        win = x.view(b, h // ws, ws, w // ws, ws, c).permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, ws * ws, c)
+        win = self.fc(win)
+        y = win.view(b, h // ws, w // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5).contiguous().view(b, h, w, c)
+        return x + y
+
+
+class SwinAttnWindows(nn.Module):
+    def __init__(self, c=8, ws=2, heads=2):
+        super().__init__()
+        self.ws, self.heads = ws, heads
+        self.qkv = nn.Linear(c, 3 * c)
+        self.proj = nn.Linear(c, c)
+
+    def forward(self, x):  # [B, H, W, C]
+        b, h, w, c = x.shape
+        ws = self.ws
+        win = x.view(b, h // ws, ws, w // ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws, c)
+        bw, n, _ = win.shape
+        qkv = self.qkv(win).reshape(bw, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        attn = (q * (c // self.heads) ** -0.5) @ k.transpose(-2, -1)
+        y = (attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(bw, n, c)
+        y = self.proj(y)
+        return y.view(b, h // ws, w // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+
+
+class MobileViTUnfold(nn.Module):
+    """MobileViT: local conv, unfold into patches with reshape/transpose, a transformer-ish MLP, fold back."""
+
+    def __init__(self, c=8, p=2):
+        super().__init__()
+        self.p = p
+        self.local = nn.Conv2d(c, c, 3, padding=1)
+        self.ln = nn.LayerNorm(c)
+        self.mlp = nn.Sequential(nn.Linear(c, 2 * c), nn.SiLU(), nn.Linear(2 * c, c))
+        self.fuse = nn.Conv2d(2 * c, c, 3, padding=1)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        p = self.p
+        y = self.local(x)
+        # [B, C, H, W] -> [B*p*p, N, C]
+        y = y.reshape(b * c * (h // p), p, w // p, p).transpose(1, 2)
+        y = y.reshape(b, c, (h // p) * (w // p), p * p).transpose(1, 3).reshape(b * p * p, -1, c)
+        y = y + self.mlp(self.ln(y))
+        y = y.reshape(b, p * p, -1, c).transpose(1, 3).reshape(b * c * (h // p), w // p, p, p)
+        y = y.transpose(1, 2).reshape(b, c, h, w)
+        return self.fuse(torch.cat([x, y], 1))
+
+
+class PatchEmbedPos(nn.Module):
+    def __init__(self, c=16, p=4, n=4):
+        super().__init__()
+        self.proj = nn.Conv2d(3, c, p, p)
+        self.pos = nn.Parameter(torch.randn(1, n, c) * 0.2)
+        self.norm = nn.LayerNorm(c)
+
+    def forward(self, x):
+        x = self.proj(x).flatten(2).transpose(1, 2)
+        return self.norm(x + self.pos)
+
+
+class ViTTiny(nn.Module):
+    def __init__(self, c=16, p=4):
+        super().__init__()
+        self.proj = nn.Conv2d(3, c, p, p)
+        self.pos = nn.Parameter(torch.randn(1, 4, c) * 0.2)
+        self.blk = nn.TransformerEncoderLayer(c, 2, 32, 0.0, activation="gelu", batch_first=True, norm_first=True)
+        self.head = nn.Linear(c, 3)
+
+    def forward(self, x):
+        x = self.proj(x).flatten(2).transpose(1, 2) + self.pos
+        return self.head(self.blk(x).mean(1))
+
+
+class MixerBlock(nn.Module):
+    def __init__(self, t=4, c=8):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(c)
+        self.tok = nn.Sequential(nn.Linear(t, 2 * t), nn.GELU(), nn.Linear(2 * t, t))
+        self.ln2 = nn.LayerNorm(c)
+        self.ch = nn.Sequential(nn.Linear(c, 2 * c), nn.GELU(), nn.Linear(2 * c, c))
+
+    def forward(self, x):  # [N, T, C]
+        x = x + self.tok(self.ln1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.ch(self.ln2(x))
+
+
+class WaveNetBlock(nn.Module):
+    def __init__(self, c=4, d=2):
+        super().__init__()
+        self.d = d
+        self.filt = nn.Conv1d(c, c, 2, dilation=d)
+        self.gate = nn.Conv1d(c, c, 2, dilation=d)
+        self.res = nn.Conv1d(c, c, 1)
+        self.skip = nn.Conv1d(c, c, 1)
+
+    def forward(self, x):
+        y = F.pad(x, (self.d, 0))
+        z = torch.tanh(self.filt(y)) * torch.sigmoid(self.gate(y))
+        return x + self.res(z), self.skip(z)
+
+
+class WaveNetChunk(nn.Module):
+    """Gated activation from one conv split in two with torch.chunk."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.conv = nn.Conv1d(c, 2 * c, 3, padding=2, dilation=2)
+        self.out = nn.Conv1d(c, c, 1)
+
+    def forward(self, x):
+        a, b = torch.chunk(self.conv(x), 2, dim=1)
+        return x + self.out(torch.tanh(a) * torch.sigmoid(b))
+
+
+class Audio1D(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(nn.Conv1d(1, 4, 9, stride=4, padding=4), nn.BatchNorm1d(4), nn.ReLU(),
+                               nn.MaxPool1d(2), nn.Conv1d(4, 8, 3, padding=1), nn.BatchNorm1d(8), nn.ReLU(),
+                               nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(8, 3))
+
+    def forward(self, x):
+        return self.f(x)
+
+
+class LSTMGatesChunk(nn.Module):
+    """An LSTM step written with one linear and torch.chunk into four gates."""
+
+    def __init__(self, i=4, h=6):
+        super().__init__()
+        self.h = h
+        self.x2h = nn.Linear(i, 4 * h)
+        self.h2h = nn.Linear(h, 4 * h)
+
+    def forward(self, x):  # [N, T, I]
+        b, t, _ = x.shape
+        h = torch.zeros(b, self.h)
+        c = torch.zeros(b, self.h)
+        for k in range(t):
+            i, f, g, o = (self.x2h(x[:, k]) + self.h2h(h)).chunk(4, 1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+        return h
+
+
+class InvertedResidualV3(nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(c, 2 * c, 1, bias=False), nn.BatchNorm2d(2 * c), nn.Hardswish())
+        self.dw = nn.Sequential(nn.Conv2d(2 * c, 2 * c, 3, 1, 1, groups=2 * c, bias=False), nn.BatchNorm2d(2 * c),
+                                nn.Hardswish())
+        self.se = SEHard(2 * c)
+        self.project = nn.Sequential(nn.Conv2d(2 * c, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        out = self.project(self.se(self.dw(self.expand(x))))
+        out += x
+        return out
+
+
+class ShuffleUnit(nn.Module):
+    """ShuffleNetV2 unit: chunk, branch, cat, channel shuffle via view/transpose."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        h = c // 2
+        self.branch = nn.Sequential(nn.Conv2d(h, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU(inplace=True),
+                                    nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False), nn.BatchNorm2d(h),
+                                    nn.Conv2d(h, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU(inplace=True))
+
+    def forward(self, x):
+        x1, x2 = x.chunk(2, dim=1)
+        out = torch.cat((x1, self.branch(x2)), dim=1)
+        b, c, h, w = out.size()
+        return out.view(b, 2, c // 2, h, w).transpose(1, 2).contiguous().view(b, c, h, w)
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, cin=16, planes=4):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * 4)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        out += x
+        return self.relu(out)
+
+
+class FireModule(nn.Module):
+    def __init__(self, cin=8, s=4, e=4):
+        super().__init__()
+        self.squeeze = nn.Conv2d(cin, s, 1)
+        self.e1 = nn.Conv2d(s, e, 1)
+        self.e3 = nn.Conv2d(s, e, 3, padding=1)
+
+    def forward(self, x):
+        x = F.relu(self.squeeze(x), inplace=True)
+        return torch.cat([F.relu(self.e1(x)), F.relu(self.e3(x))], 1)
+
+
+class TwoInTwoOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 3, padding=1)
+        self.b = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x, y):
+        z = F.relu(self.a(x)) + F.relu(self.b(y))
+        return z, self.fc(z.mean((2, 3)))
+
+
+class Siamese(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+
+    def forward(self, a, b):
+        ea, eb = self.enc(a), self.enc(b)
+        return torch.abs(ea - eb).sum(1, keepdim=True), F.cosine_similarity(ea, eb, dim=1).unsqueeze(1)
+
+
+class KWSConvGRU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(10, 8, 3, padding=1)
+        self.gru = nn.GRU(8, 8, batch_first=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):  # [N, T, F]
+        y = F.relu(self.conv(x.transpose(1, 2))).transpose(1, 2)
+        y, _ = self.gru(y)
+        return self.fc(y[:, -1, :])
+
+
+class DenseLayer(nn.Module):
+    def __init__(self, cin=4, g=4):
+        super().__init__()
+        self.norm = nn.BatchNorm2d(cin)
+        self.conv = nn.Conv2d(cin, g, 3, padding=1, bias=False)
+
+    def forward(self, x):
+        return torch.cat([x, self.conv(F.relu(self.norm(x)))], 1)
+
+
+class SqueezeFormerFF(nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.ln = nn.LayerNorm(c)
+        self.fc1 = nn.Linear(c, 2 * c)
+        self.fc2 = nn.Linear(2 * c, c)
+
+    def forward(self, x):
+        return x + 0.5 * self.fc2(F.silu(self.fc1(self.ln(x))))
+
+
+class ConformerConv(nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.ln = nn.LayerNorm(c)
+        self.pw1 = nn.Conv1d(c, 2 * c, 1)
+        self.dw = nn.Conv1d(c, c, 3, padding=1, groups=c)
+        self.bn = nn.BatchNorm1d(c)
+        self.pw2 = nn.Conv1d(c, c, 1)
+
+    def forward(self, x):  # [N, T, C]
+        y = self.ln(x).transpose(1, 2)
+        y = F.glu(self.pw1(y), dim=1)
+        y = self.pw2(F.silu(self.bn(self.dw(y))))
+        return x + y.transpose(1, 2)
+
+
+BLOCKS = [  # timm / torchvision / audio blocks (issue 8/9 breadth, wave 2)
+    ("convnext_block", ConvNeXtBlock, [(2, 8, 6, 6)]),
+    ("convnext_block_cf_ln2d", ConvNeXtCF, [(1, 8, 6, 6)]),
+    ("layernorm2d_permute", lambda: nn.Sequential(conv(3, 8), LayerNorm2d(8)), [IMG2]),
+    ("se_hardsigmoid", lambda: nn.Sequential(conv(3, 8), SEHard(8)), [IMG2]),
+    ("se_linear_view", lambda: nn.Sequential(conv(3, 8), SELinear(8)), [(4, 3, 6, 6)]),
+    ("cbam", lambda: nn.Sequential(conv(3, 8), CBAM(8)), [IMG2]),
+    ("eca", lambda: nn.Sequential(conv(3, 8), ECA()), [IMG2]),
+    ("swin_window_mlp", SwinWindows, [(2, 4, 4, 8)]),
+    ("swin_window_attention", SwinAttnWindows, [(1, 4, 4, 8)]),
+    ("mobilevit_unfold_fold", MobileViTUnfold, [(1, 8, 4, 4)]),
+    ("patch_embed_pos_ln", PatchEmbedPos, [IMG2]),
+    ("vit_tiny", ViTTiny, [IMG2]),
+    ("mlp_mixer_block", MixerBlock, [(2, 4, 8)]),
+    ("wavenet_gated_two_outputs", WaveNetBlock, [(2, 4, 10)]),
+    ("wavenet_chunk_gate", WaveNetChunk, [(2, 4, 10)]),
+    ("tcn_batch4", lambda: TCN(dilations=(1, 2)), [(4, 2, 10)]),
+    ("audio1d_bn", Audio1D, [(2, 1, 64)]),
+    ("mbv3_inverted_residual", InvertedResidualV3, [(2, 8, 4, 4)]),
+    ("shufflenet_unit", ShuffleUnit, [(2, 8, 4, 4)]),
+    ("resnet_bottleneck", Bottleneck, [(1, 16, 4, 4)]),
+    ("squeezenet_fire", FireModule, [(2, 8, 4, 4)]),
+    ("densenet_layer", lambda: nn.Sequential(DenseLayer(4), DenseLayer(8)), [(2, 4, 4, 4)]),
+    ("two_inputs_two_outputs", TwoInTwoOut, [IMG2, IMG2]),
+    ("siamese_distance", Siamese, [(4, 8), (4, 8)]),
+    ("squeezeformer_ff", SqueezeFormerFF, [(2, 4, 8)]),
+    ("conformer_conv", ConformerConv, [(2, 5, 8)]),
+    ("softmax_channels_4d", lambda: Fn(lambda s, x: s.c(x) * F.softmax(s.c(x), dim=1), c=conv()), [(4, 3, 4, 4)]),
+    ("clamp06_div6", lambda: Fn(lambda s, x: s.c(x) * (s.c(x) + 3).clamp(0, 6) / 6, c=conv()), [IMG2]),
+    ("f_hardswish_inplace", lambda: Fn(lambda s, x: F.hardswish(s.c(x), inplace=True), c=conv()), [IMG2]),
+    ("relu6_div6_hsigmoid", lambda: Fn(lambda s, x: s.c(x) * F.relu6(s.c(x) + 3.0) / 6.0, c=conv()), [IMG2]),
+    ("max_dim_indices_output", lambda: Fn(lambda s, x: s.fc(x).max(dim=1)[1], fc=lin(8, 4)), [VEC]),
+    ("torch_max_indices_output", lambda: Fn(lambda s, x: torch.max(s.fc(x), 1).indices, fc=lin(8, 4)), [(4, 8)]),
+    ("cumsum_seq_dim1", lambda: Fn(lambda s, x: s.fc(x).cumsum(1), fc=nn.Linear(16, 4)), [SEQ]),
+    ("sum_all_normalise", lambda: Fn(lambda s, x: s.fc(x) - s.fc(x).mean(), fc=lin()), [VEC]),
+    ("rank3_ntc_linear_relu", lambda: nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)), [(4, 6, 16)]),
+    ("rank3_layer_scale_residual", lambda: Fn(lambda s, x: x + s.g * s.fc(x), fc=nn.Linear(16, 16),
+                                              g=nn.Parameter(torch.full((16,), 0.1))), [SEQ]),
+    ("rank5_conv3d_free_add", lambda: Fn(lambda s, x: F.relu(x * 2 + 1).mean(dim=2)), [(2, 2, 3, 4, 4)]),
+    ("global_pool_flatten_dropout_head", lambda: nn.Sequential(conv(3, 8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                                               nn.Flatten(1), nn.Dropout(0.1), nn.Linear(8, 4)),
+     [(4, 3, 6, 6)]),
+    ("upsample_pixel_shuffle_head", lambda: nn.Sequential(conv(3, 8), nn.PixelShuffle(2), nn.Conv2d(2, 1, 3,
+                                                                                                    padding=1)),
+     [IMG2]),
+    ("x_split_sum", lambda: Fn(lambda s, x: sum(torch.split(s.c(x), 2, dim=1)), c=conv(3, 6)), [IMG2]),
+    ("stack_mean_branches", lambda: Fn(lambda s, x: torch.stack([s.a(x), s.b(x)], 0).mean(0), a=lin(), b=lin()),
+     [VEC]),
+]
+IDIOMS += BLOCKS

@@ -88,6 +88,10 @@ MODELS = {
     "argmax_over_h": (lambda s, x: s.conv(x).argmax(2), (2, 3, 5, 5)),
     "sequence_argmax": (lambda s, x: s.fc(x).argmax(-1), (2, 5, 8)),
     "sequence_argmax_time": (lambda s, x: s.fc(x).argmax(1), (2, 5, 8)),
+    # the indices of max/min(dim) returned by the program are argmax/argmin (the values stay max.dim)
+    "max_dim_indices": (lambda s, x: s.fc(x).max(dim=1)[1], (2, 8)),
+    "torch_max_values_and_indices": (lambda s, x: tuple(torch.max(s.fc(x), -1, keepdim=True)), (3, 8)),
+    "min_dim_indices_named": (lambda s, x: s.conv(x).min(1).indices, (1, 3, 5, 5)),
 }
 _PROGS: dict = {}
 
@@ -170,7 +174,8 @@ REFUSED = {
     "argmax_feeding_an_op": (lambda s, x: s.fc(x).argmax(1).float(), UnsupportedOpsError,
                              "can only be a program output"),
     "bool_output": (lambda s, x: s.fc(x) > 0, CaptureError, "torch.bool"),
-    "max_indices_output": (lambda s, x: s.fc(x).max(1)[1], CaptureError, "torch.int64"),
+    "sort_indices_output": (lambda s, x: s.fc(x).sort(1)[1], CaptureError, "torch.int64"),
+    "max_indices_arithmetic": (lambda s, x: s.fc(x).max(1)[1] * 2, CaptureError, "torch.int64"),
 }
 
 

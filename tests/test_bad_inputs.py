@@ -327,17 +327,17 @@ def test_run_c_under_address_and_undefined_behaviour_sanitizers_is_byte_exact(pr
 
 
 # ============================================================================ 3. saving
-class Cumsum(nn.Module):
+class Cumprod(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)
 
     def forward(self, x):
-        return torch.cumsum(self.conv(x), 1)
+        return torch.cumprod(self.conv(x), 1)
 
 
 def test_a_partly_lowered_program_loads_in_a_fresh_process(tmp_path):
-    p = compile_quiet(Cumsum().eval(), (X,), allow_unlowered=True, name="partial")
+    p = compile_quiet(Cumprod().eval(), (X,), allow_unlowered=True, name="partial")
     assert p.unlowered_ops()
     d = p.save(tmp_path / "partial")
     code = ("import corten, json; p = corten.load(%r); "

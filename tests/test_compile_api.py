@@ -44,16 +44,16 @@ def small_model(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor]]:
     return model.eval(), (torch.randn(1, 3, 8, 8),)
 
 
-class TwoCumsums(nn.Module):
-    """Two ops Corten does not lower (cumsum; sigmoid was the example before it got a table kernel)."""
+class TwoCumprods(nn.Module):
+    """Two ops Corten does not lower (cumprod; cumsum and sigmoid were the examples before they got lowerings)."""
 
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)
 
     def forward(self, x):
-        y = torch.cumsum(self.conv(x), 1)  # line marker: cumsum-1
-        return torch.cumsum(y, 1)  # line marker: cumsum-2
+        y = torch.cumprod(self.conv(x), 1)  # line marker: cumprod-1
+        return torch.cumprod(y, 1)  # line marker: cumprod-2
 
 
 class CeilModePoolLayer(nn.Module):
@@ -97,25 +97,25 @@ def small():
 # ----------------------------------------------------------------------------- refusals
 def test_unsupported_op_is_named_with_count_and_user_source():
     with pytest.raises(UnsupportedOpsError) as info:
-        corten.compile(TwoCumsums().eval(), (torch.randn(1, 3, 6, 6),), calibration=one_sample((1, 3, 6, 6)))
+        corten.compile(TwoCumprods().eval(), (torch.randn(1, 3, 6, 6),), calibration=one_sample((1, 3, 6, 6)))
     message = str(info.value)
-    assert "aten.cumsum.default x2" in message
-    assert "TwoCumsums" in message
-    assert source_line(TwoCumsums, "cumsum-1") in message
-    assert source_line(TwoCumsums, "cumsum-2") in message
+    assert "aten.cumprod.default x2" in message
+    assert "TwoCumprods" in message
+    assert source_line(TwoCumprods, "cumprod-1") in message
+    assert source_line(TwoCumprods, "cumprod-2") in message
     assert "allow_unlowered=True" in message and "Workarounds" in message
-    assert [n.op for n in info.value.nodes] == ["aten.cumsum.default"] * 2
+    assert [n.op for n in info.value.nodes] == ["aten.cumprod.default"] * 2
 
 
 def test_allow_unlowered_lists_the_unlowered_ops():
-    prog = corten.compile(TwoCumsums().eval(), (torch.randn(1, 3, 6, 6),), calibration=one_sample((1, 3, 6, 6)),
+    prog = corten.compile(TwoCumprods().eval(), (torch.randn(1, 3, 6, 6),), calibration=one_sample((1, 3, 6, 6)),
                           allow_unlowered=True)
     unlowered = prog.unlowered_ops()
-    assert [u.op for u in unlowered] == ["aten.cumsum.default"] * 2
+    assert [u.op for u in unlowered] == ["aten.cumprod.default"] * 2
     assert {u.location.rsplit(" in ", 1)[0] for u in unlowered} == {
-        source_line(TwoCumsums, "cumsum-1"), source_line(TwoCumsums, "cumsum-2")}
+        source_line(TwoCumprods, "cumprod-1"), source_line(TwoCumprods, "cumprod-2")}
     assert prog.op_counts()["quantized_conv2d"] == 1
-    assert "NOT LOWERED" in prog.operator_table() and "aten.cumsum.default" in prog.operator_table()
+    assert "NOT LOWERED" in prog.operator_table() and "aten.cumprod.default" in prog.operator_table()
 
 
 @pytest.mark.parametrize("model, shape, op, reason", [
@@ -158,8 +158,8 @@ def _pool_all(y):
 
 @pytest.mark.parametrize("model, op, reason", [
     (lambda: Fn(lambda x: x.amax()), "aten.amax.default", "keepdim=True"),
-    (lambda: Fn(lambda x: torch.cumsum(x, 3)), "aten.cumsum.default", ""),
-], ids=["amax_to_0d", "cumsum"])
+    (lambda: Fn(lambda x: torch.cumprod(x, 3)), "aten.cumprod.default", ""),
+], ids=["amax_to_0d", "cumprod"])
 def test_each_refusal_names_op_reason_and_line(model, op, reason):
     shape = (1, 3, 5, 5)
     with pytest.raises(UnsupportedOpsError) as info:
@@ -431,13 +431,13 @@ def not_a_pair():
     return 42
 
 
-class Cumsum(nn.Module):
+class Cumprod(nn.Module):
     def forward(self, x):
-        return torch.cumsum(x, 1)
+        return torch.cumprod(x, 1)
 
 
-def cumsum_model():
-    return nn.Sequential(Cumsum()).eval(), (torch.randn(1, 3, 4, 4),)
+def cumprod_model():
+    return nn.Sequential(Cumprod()).eval(), (torch.randn(1, 3, 4, 4),)
 '''
 
 
@@ -463,7 +463,7 @@ def test_cli_compiles_a_factory_spec(factory_file, tmp_path, capsys):
     ("{dir}/missing.py:make", "no such file"),
     ("{file}:nothing", "has no function 'nothing'"),
     ("{file}:not_a_pair", "must return (model, example_inputs)"),
-    ("{file}:cumsum_model", "aten.cumsum.default x1"),
+    ("{file}:cumprod_model", "aten.cumprod.default x1"),
 ], ids=["unknown_name", "missing_file", "missing_function", "bad_return", "unsupported_op"])
 def test_cli_bad_spec_exits_2_with_a_message(factory_file, tmp_path, capsys, spec, message):
     spec = spec.format(dir=tmp_path, file=factory_file)

@@ -59,6 +59,20 @@ CASES = {
     "gru_cell": (lambda s, x: s.gc(x, s.gc(x)), [(2, 4)], "gru_cell"),
     "lstm_cell": (lambda s, x: s.lc(x, s.lc(x))[1], [(2, 4)], "lstm_cell"),
     "zeros_like_folded": (lambda s, x: x + torch.zeros_like(x) + torch.ones(5), [(2, 5)], "ones"),
+    "cumsum_last": (lambda s, x: torch.cumsum(x, -1), [(2, 5)], "cumsum"),
+    "cumsum_dim1_rank4": (lambda s, x: x.cumsum(1), [(2, 3, 2, 2)], "cumsum"),
+    "cosine_similarity": (lambda s, x: F.cosine_similarity(x, x * x - 0.5, dim=1), [(3, 5)], "cosine_similarity"),
+    "cosine_similarity_eps": (lambda s, x: F.cosine_similarity(x, x * 0, dim=-1, eps=1e-3), [(2, 3, 4)],
+                              "cosine_similarity"),
+}
+# rewrites that keep the op's name (checked by what they leave instead)
+SAME_NAME = {
+    "linear_4d": (lambda s, x: F.linear(x.permute(0, 2, 3, 1), s.w), [(2, 4, 3, 3)]),
+    "linear_5d_bias": (lambda s, x: F.linear(x, s.w, s.b), [(2, 1, 2, 3, 4)]),
+    "mean_all_output": (lambda s, x: x.mean(), [(2, 5)]),
+    "sum_all_output_rank3": (lambda s, x: x.sum() * 2, [(2, 3, 2)]),
+    "mean_all_broadcast": (lambda s, x: x - x.mean(), [(2, 5)]),
+    "sum_all_feeds_both_sides": (lambda s, x: x.sum() / (x * x), [(3, 2, 2)]),
 }
 
 
@@ -87,3 +101,21 @@ def test_rewrite_computes_the_same_float_values(name):
     assert left == [], left
     for w, o in zip(torch.utils._pytree.tree_leaves(want), torch.utils._pytree.tree_leaves(got)):
         torch.testing.assert_close(o, w, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(SAME_NAME))
+def test_rewrite_keeping_the_op_name_computes_the_same_float_values(name):
+    fn, shapes = SAME_NAME[name]
+    model = Fn(fn, **_module()).eval()
+    xs = tuple(torch.randn(s, generator=torch.Generator().manual_seed(4)) for s in shapes)
+    gm = capture_module(model, xs)
+    with torch.no_grad():
+        want = gm(*xs)
+        gm = AtenPassManager()(gm)
+        got = gm(*xs)
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert all(n.args[0].meta["val"].dim() == 3 for n in calls if n.target == torch.ops.aten.linear.default)
+    assert not [n for n in calls if n.target in (torch.ops.aten.mean.default, torch.ops.aten.sum.default)]
+    if name == "mean_all_broadcast":  # the broadcast reads the keepdim mean: no 0-D tensor in the graph
+        assert all(n.meta["val"].dim() > 0 for n in calls)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

@@ -200,6 +200,7 @@ def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) 
                                          "shapes only (use a fixed-size mask and multiply instead)"))
     if refused:
         raise UnsupportedOpsError(model_name, refused)
+    max_indices_as_argmax(exported.graph_module)
     for i, a in enumerate(_flat_outputs(exported.graph)):
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
         if not isinstance(val, torch.Tensor):
@@ -214,6 +215,37 @@ def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) 
                                f"{source_location(a)}); Corten programs return float tensors computed in int8: "
                                "return float tensors or argmax/argmin indices (int32 in C) and do other comparisons "
                                "and index computations after the program, in the caller")
+
+
+MAX_WITH_INDICES = {torch.ops.aten.max.dim: torch.ops.aten.argmax.default,
+                    torch.ops.aten.min.dim: torch.ops.aten.argmin.default}
+
+
+def max_indices_as_argmax(gm: torch.fx.GraphModule) -> bool:
+    """``x.max(dim)[1]`` / ``torch.max(x, 1).indices`` (``min`` alike) returned by the program is
+    ``argmax(x, dim)``: the same first index of the extreme value, and the one integer output Corten
+    returns (int32 in C).  The values, when also used, keep their ``max.dim`` node."""
+    changed = False
+    outs = set(a for a in _flat_outputs(gm.graph) if isinstance(a, torch.fx.Node))
+    for get in list(outs):
+        src = get.args[0] if get.op == "call_function" and get.target is operator.getitem else None
+        if not (isinstance(src, torch.fx.Node) and src.target in MAX_WITH_INDICES and get.args[1] == 1):
+            continue
+        x, dim = src.args[0], src.args[1]
+        keepdim = src.args[2] if len(src.args) > 2 else src.kwargs.get("keepdim", False)
+        with gm.graph.inserting_after(get):
+            arg = gm.graph.call_function(MAX_WITH_INDICES[src.target], (x, dim, bool(keepdim)))
+        arg.meta.update({k: v for k, v in get.meta.items()})
+        arg.meta["stack_trace"] = src.meta.get("stack_trace")
+        get.replace_all_uses_with(arg)
+        gm.graph.erase_node(get)
+        if not src.users:
+            gm.graph.erase_node(src)
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return changed
 
 
 def _higher_order_reason(op) -> str:

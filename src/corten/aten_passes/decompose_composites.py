@@ -19,6 +19,12 @@ every intermediate gets its own observer:
 ``nn.GRU`` / ``nn.RNN`` (any layers, both     unrolled over time: one linear over the whole sequence per layer and
 directions), ``nn.LSTM`` bidirectional or   direction, the cells per step, ``cat`` of the directions; a zero
 reading ``c_n``                              initial state drops the terms it multiplies
+``cumsum(x, dim)``                            ``x @ triu(ones)`` along ``dim`` (a constant 0/1 matrix)
+``cosine_similarity(a, b, dim)``             ``sum(a * b) / (max(|a|, eps) * max(|b|, eps))``
+``linear`` on a 4-D/5-D tensor               ``reshape`` to ``[N, -1, C]``, ``linear``, ``reshape`` back (the
+                                             channels-last ``x.permute(0, 2, 3, 1)`` of ConvNeXt blocks)
+``x.mean()`` / ``x.sum()`` (all dims, 0-D)   ``mean``/``sum`` over every dim with ``keepdim``; users that
+                                             broadcast it read that directly, others a ``reshape`` to ``[]``
 ``pad`` reflect / replicate / circular       ``index_select`` with constant indices per padded dim (exact bytes)
 ``softmax(x.masked_fill(mask, -inf))``       ``p = softmax(x) * keep; p / p.sum()`` (``keep = ~mask``, a constant):
                                              the masked softmax of causal attention, exact in real numbers
@@ -480,6 +486,49 @@ class DecomposeCompositesPass(PassBase):
                 return unrolled_rnn(kind, vs[0], h0, c0, p, bool(has_biases), int(layers), bool(bidirectional),
                                     bool(batch_first), relu=t == aten.rnn_relu.input)
             return rnn, nodes, [], True
+        if t == aten.cumsum.default and kw.get("dtype") is None:
+            rank = a[0].meta["val"].dim()
+            dim = int(a[1]) % rank
+            n = int(a[0].meta["val"].shape[dim])
+            upper = torch.ones(n, n).triu()
+
+            def cumsum(x, u):
+                if dim == rank - 1:
+                    return x @ u
+                return (x.transpose(dim, -1) @ u).transpose(dim, -1)
+            return cumsum, [a[0]], [upper]
+        if t == aten.cosine_similarity.default:
+            dim = a[2] if len(a) > 2 else kw.get("dim", 1)
+            eps = float(a[3] if len(a) > 3 else kw.get("eps", 1e-8))
+
+            def cosine(x, y):
+                nx = torch.sqrt((x * x).sum(dim, keepdim=True)).clamp_min(eps)
+                ny = torch.sqrt((y * y).sum(dim, keepdim=True)).clamp_min(eps)
+                return ((x / nx) * (y / ny)).sum(dim)
+            return cosine, [a[0], a[1]], []
+        if t == aten.linear.default and isinstance(a[0], Node) and a[0].meta["val"].dim() in (4, 5):
+            shape = list(a[0].meta["val"].shape)
+            wb = [v for v in a[1:3] if isinstance(v, Node)]
+
+            def linear_nd(x, w, *b):
+                y = F.linear(x.reshape(shape[0], -1, shape[-1]), w, b[0] if b else None)
+                return y.reshape(shape[:-1] + [y.shape[-1]])
+            return linear_nd, [a[0]] + wb, [], True
+        if t in (aten.mean.default, aten.sum.default) and kw.get("dtype") is None and len(a) == 1 \
+                and a[0].meta["val"].dim() >= 1:
+            rank = a[0].meta["val"].dim()
+            mean = t == aten.mean.default
+            reduced = (lambda x: x.mean(list(range(rank)), keepdim=True)) if mean else \
+                (lambda x: x.sum(list(range(rank)), keepdim=True))
+            binary = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor}
+
+            def broadcasts(u):  # the other operand has every dim: [1, ..., 1] broadcasts as [] does
+                others = [v for v in u.args[:2] if v is not node]
+                return u.target in binary and len(others) == 1 and isinstance(others[0], Node) \
+                    and isinstance(others[0].meta.get("val"), torch.Tensor) and others[0].meta["val"].dim() >= rank
+            if node.users and all(broadcasts(u) for u in node.users):
+                return reduced, [a[0]], []
+            return (lambda x: reduced(x).reshape([])), [a[0]], []
         if t == aten.pad.default:
             mode = a[2] if len(a) > 2 else kw.get("mode", "constant")
             pads = [int(p) for p in a[1]]
