@@ -258,3 +258,31 @@ def test_mv2_fits_256_kib_byte_exact_on_the_host():
     x = torch.randn(example[0].shape, generator=torch.Generator().manual_seed(0))
     assert all(torch.equal(a, b) for a, b in zip(plain.run_int8(x), banded.run_int8(x)))
     replay_on_planned_bytes(banded.ep, banded.memory, [x])
+
+
+def test_banded_program_is_built_without_a_second_export_and_equals_one(small_mv2, banded_small):
+    """``banding.banded_program`` (no torch.export of the banded graph) gives the program a
+    re-export of its module gives: the same ops, arguments and tensor types, the same plan."""
+    from corten.memory import plan_memory
+
+    ep = banded_small.ep
+    again = torch.export.export(banded_small.module(), tuple(torch.zeros(s.shape) for s in small_mv2.inputs))
+    a = [n for n in ep.graph.nodes if n.op == "call_function"]
+    b = [n for n in again.graph.nodes if n.op == "call_function"]
+    assert [n.target for n in a] == [n.target for n in b]
+    pos_a = {n: i for i, n in enumerate(n for n in ep.graph.nodes if n.op != "placeholder")}
+    pos_b = {n: i for i, n in enumerate(n for n in again.graph.nodes if n.op != "placeholder")}
+    const_a = {n: ("const", tuple(n.meta["val"].shape)) for n in ep.graph.nodes if n.op == "placeholder"}
+    const_b = {n: ("const", tuple(n.meta["val"].shape)) for n in again.graph.nodes if n.op == "placeholder"}
+    for x, y in zip(a, b):
+        vx, vy = x.meta["val"], y.meta["val"]
+        assert (tuple(vx.shape), vx.dtype, vx.stride()) == (tuple(vy.shape), vy.dtype, vy.stride()), x.name
+        ax = torch.fx.node.map_arg(x.args, lambda n: pos_a.get(n, const_a.get(n)))
+        ay = torch.fx.node.map_arg(y.args, lambda n: pos_b.get(n, const_b.get(n)))
+        assert ax == ay, x.name
+    assert plan_memory(again, "cortex-m55", in_place_cats=True).arena_bytes == banded_small.memory.arena_bytes
+    # band ops keep the source metadata of the op they compute rows of (node sources, C comments)
+    sources = banded_small.info["node_sources"]
+    convs = [n for n in a if "conv2d" in str(n.target)]
+    assert len(convs) > len([n for n in small_mv2.ep.graph.nodes if n.op == "call_function" and "conv2d" in str(n.target)])
+    assert all("stack_trace" in n.meta and sources[n.name]["module"] for n in convs)

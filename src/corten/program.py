@@ -260,8 +260,7 @@ class Program:
         from corten.memory.banding import fit
 
         self._require_lowered("plan memory")
-        example = tuple(torch.zeros(s.shape) for s in self.inputs)
-        ep, schedule, plan = fit(self.ep, self.module(), example, int(max_arena),
+        ep, schedule, plan = fit(self.ep, int(max_arena),
                                  lambda e, banded: plan_memory(e, self.target, kernels=kernels, in_place_cats=banded),
                                  self.target.name, None if self.schedule else self.memory_for(kernels))
         if not schedule.segments:

@@ -396,8 +396,9 @@ def _dp(model: _Model, n: int, budget: int | None):
 
 # ----------------------------------------------------------------------------- rewrite
 def apply_schedule(gm: torch.fx.GraphModule, schedule: Schedule) -> torch.fx.GraphModule:
-    """A copy of the (unlifted) program module with each segment replaced by its bands and an
-    in-place ``quantized_cat`` of their rows (see the module docstring)."""
+    """A copy of the program graph module ``gm`` (lifted or not) with each segment replaced by its
+    bands and an in-place ``quantized_cat`` of their rows (see the module docstring); the new
+    nodes have no ``meta["val"]`` yet (:func:`banded_program` adds them)."""
     gm = copy.deepcopy(gm)
     graph = gm.graph
     origin: dict[str, str] = {}  # band node -> the unbanded node it computes rows of
@@ -457,15 +458,48 @@ def apply_schedule(gm: torch.fx.GraphModule, schedule: Schedule) -> torch.fx.Gra
     return gm
 
 
-def step_origins(gm: torch.fx.GraphModule, ep) -> dict[str, str]:
-    """Re-exported node name -> the unbanded program's node it comes from (band ops: the op they
-    compute rows of), matched in graph order (export keeps the op order; it renames the nodes)."""
-    origin = gm.meta.get("corten_band_origin", {})
-    a = [n for n in gm.graph.nodes if n.op == "call_function"]
-    b = [n for n in ep.graph.nodes if n.op == "call_function"]
-    if len(a) != len(b) or any(x.target != y.target for x, y in zip(a, b)):
-        return {}
-    return {y.name: origin.get(x.name, x.name) for x, y in zip(a, b)}
+_COPIED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "custom")
+
+
+def banded_program(ep, schedule: Schedule):
+    """The lowered program ``ep`` with ``schedule`` applied (:func:`apply_schedule` on its own
+    lifted graph), as a new ``ExportedProgram`` *without* a second ``torch.export``: the band ops'
+    ``meta["val"]`` come from their fake kernels in the program's fake mode, their source metadata
+    (stack trace, module path) from the op they compute rows of; the constants, state and input
+    signature are the program's (the rewrite adds none).  Returns ``(ep, origins)``: origins maps
+    each node of the banded program to the unbanded node it comes from."""
+    from torch._guards import detect_fake_mode
+    from torch.export.exported_program import ExportedProgram
+    from torch.export.graph_signature import ExportGraphSignature, OutputSpec, TensorArgument
+
+    gm = apply_schedule(ep.graph_module, schedule)
+    origin = gm.meta.pop("corten_band_origin", {})
+    nodes = list(gm.graph.nodes)
+    unbanded = {n.name: n for n in ep.graph.nodes}
+    fake = detect_fake_mode([n.meta["val"] for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)])
+    val = lambda a: a.meta["val"]  # noqa: E731
+    with fake:
+        for n in nodes:
+            if n.op != "call_function" or "val" in n.meta:
+                continue
+            n.meta["val"] = n.target(*torch.fx.node.map_arg(n.args, val), **torch.fx.node.map_arg(n.kwargs, val))
+            src = unbanded.get(origin.get(n.name, ""))  # the op this band op computes rows of
+            for key in _COPIED_META:
+                if src is not None and key in src.meta:
+                    n.meta[key] = src.meta[key]
+    out_node = next(n for n in reversed(nodes) if n.op == "output")
+    out_args = out_node.args[0]
+    sig = ep.graph_signature
+    outputs = [OutputSpec(spec.kind, TensorArgument(out_args[k].name) if isinstance(spec.arg, TensorArgument)
+                          and isinstance(out_args[k], torch.fx.Node) else spec.arg, spec.target)
+               for k, spec in enumerate(sig.output_specs)]
+    new_sig = ExportGraphSignature(input_specs=list(sig.input_specs), output_specs=outputs)
+    new_ep = ExportedProgram(root=gm, graph=gm.graph, graph_signature=new_sig, state_dict=ep.state_dict,
+                             range_constraints=copy.deepcopy(ep.range_constraints),
+                             module_call_graph=copy.deepcopy(ep.module_call_graph), example_inputs=ep.example_inputs,
+                             constants=ep.constants, verifiers=ep.verifiers)
+    origins = {n.name: origin.get(n.name, n.name) for n in new_ep.graph.nodes if n.op == "call_function"}
+    return new_ep, origins
 
 
 def _activation_positions(node) -> list[int]:
@@ -492,16 +526,16 @@ def budget_error(target: str, budget: int, best_arena: int, schedule: Schedule, 
         "target with more memory.")
 
 
-def fit(ep, module: torch.fx.GraphModule, example_inputs: tuple, budget: int, plan_fn, target_name: str = "",
-        plan0=None):
+def fit(ep, budget: int, plan_fn, target_name: str = "", plan0=None):
     """Search a banded schedule whose real memory plan fits ``budget`` bytes.
 
     ``plan_fn(ep, banded)`` plans a program (``banded``: in-place cats on).  Returns ``(ep, schedule,
     plan)``: the unchanged ``ep`` and an empty schedule when the layer-by-layer plan fits, else the
-    rewritten, re-exported program.  Raises :class:`BudgetError` naming the smallest arena found,
+    rewritten program.  Raises :class:`BudgetError` naming the smallest arena found,
     the step that sets it and what to change.  The search works on estimates (whole tensors + band
     tensors + scratch, no packing slack); when the packed arena overshoots, it searches again with
-    the budget lowered by the overshoot (at most 4 rounds)."""
+    the budget lowered by the overshoot (at most 4 rounds).  Each candidate is built by
+    :func:`banded_program` (no second ``torch.export``)."""
     plan0 = plan_fn(ep, False) if plan0 is None else plan0  # (the layer-by-layer plan, when known)
     if plan0.arena_bytes <= budget:
         return ep, Schedule([], 0, budget, plan0.arena_bytes, plan0.arena_bytes), plan0
@@ -515,9 +549,7 @@ def fit(ep, module: torch.fx.GraphModule, example_inputs: tuple, budget: int, pl
         schedule.arena_before, schedule.budget = plan0.arena_bytes, budget
         if not schedule.segments:
             break
-        banded = apply_schedule(module, schedule)
-        new_ep = torch.export.export(banded, example_inputs)
-        schedule.origins = step_origins(banded, new_ep)  # for the program's node sources (not saved)
+        new_ep, schedule.origins = banded_program(ep, schedule)  # origins: the node sources (not saved)
         plan = plan_fn(new_ep, True)
         schedule.arena_after = plan.arena_bytes
         if plan.arena_bytes < best[0]:
