@@ -646,3 +646,29 @@ def test_mul_s16_matches_cmsis_nn_test_vectors(case):
         x1, x2, cfg["INPUT1_OFFSET"], cfg["INPUT2_OFFSET"], cfg["OUTPUT_OFFSET"], cfg["OUTPUT_MULT"],
         cfg["OUTPUT_SHIFT"], cfg["OUT_ACTIVATION_MIN"], cfg["OUT_ACTIVATION_MAX"])
     assert got.tolist() == a["output_ref"]
+
+
+class Gated(nn.Module):
+    """x * sigmoid(x) and x + tanh(x) in an int16 model: the tables' outputs are int8 (read as they
+    are), so those products/sums stay int8; the constant scale and shift stay int8 too."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = h * torch.sigmoid(h)
+        h = h + torch.tanh(h)
+        return self.b(h * 0.5 + 1.0)
+
+
+@needs_gcc
+def test_int16_binary_ops_after_tables_or_with_constants_stay_int8():
+    import corten
+
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(9))
+    prog = corten.compile(Gated().eval(), (x,), precision="int16")
+    ops = prog.op_counts()
+    assert not prog.unlowered_ops() and ops["quantized_mul"] == 2 and ops["quantized_add"] == 2
+    assert torch.equal(prog.c_run(x, on="host", kernels="portable").outputs[0], prog.run_int8(x)[0])

@@ -311,8 +311,16 @@ class CortenQuantizer(Quantizer):
 
 
 def _two_activations(node: Node) -> bool:
-    """Both operands of a binary op are computed tensors (the 16x8 add takes no constant operand)."""
-    return all(isinstance(a, Node) and a.op != "get_attr" for a in node.args[:2])
+    """Both operands of a binary op are computed tensors the op may observe in int16: no constant
+    operand, no int8 output of a fixed-qparams op (sigmoid, tanh, softmax: read as they are), as the
+    16x8 add and mul take two int16 tensors."""
+    def ok(a) -> bool:
+        if not isinstance(a, Node) or a.op == "get_attr":
+            return False
+        ann = a.meta.get("quantization_annotation")
+        return ann is None or not isinstance(ann.output_qspec, FixedQParamsQuantizationSpec)
+
+    return all(ok(a) for a in node.args[:2])
 
 
 def _input_qspec(arg: Node, act: QuantizationSpec):
