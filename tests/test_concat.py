@@ -166,20 +166,63 @@ def test_dialect_linear_cat_last_dim_and_program_input():
                                             "dequantize_per_tensor": 1}, qtol=1)
 
 
-def test_cat_of_a_constant_is_refused_with_reason():
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = nn.Conv2d(2, 3, 1)
-            self.register_buffer("extra", torch.randn(1, 1, 4, 4))
+class CatBuffer(nn.Module):
+    """CoordConv-style: a conv's output concatenated with a constant buffer along channels."""
 
-        def forward(self, x):
-            return torch.cat([self.a(x), self.extra], 1)
+    def __init__(self):
+        super().__init__()
+        self.a, self.c = nn.Conv2d(2, 3, 1), nn.Conv2d(4, 2, 1)
+        self.register_buffer("extra", torch.randn(1, 1, 4, 4))
 
+    def forward(self, x):
+        return self.c(torch.cat([self.a(x), self.extra], 1))
+
+
+class ClassToken(nn.Module):
+    """ViT-style: a learned class token expanded to the batch, prepended to the tokens, + positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.cls = nn.Parameter(torch.randn(1, 1, 16))
+        self.pos = nn.Parameter(torch.randn(1, 5, 16) * 0.1)
+        self.proj, self.head = nn.Linear(16, 16), nn.Linear(16, 5)
+
+    def forward(self, x):
+        t = torch.cat([self.cls.expand(x.shape[0], -1, -1), self.proj(x)], dim=1) + self.pos
+        return self.head(t[:, 0])
+
+
+def test_dialect_cat_of_a_constant_buffer():
     torch.manual_seed(5)
-    t = Tester(Net().eval(), (torch.randn(1, 2, 4, 4),)).lower()
-    reasons = [u.reason for u in t.program.unlowered_ops() if "cat" in u.op]
-    assert reasons and "constant or unquantized" in reasons[0]
+    t = Tester(CatBuffer().eval(), (torch.randn(1, 2, 4, 4),))
+    t.test_dialect({"aten.cat.default": 1}, {"quantize_per_tensor": 1, "quantized_conv2d": 2, "quantized_cat": 1,
+                                            "dequantize_per_tensor": 1}, qtol=1)
+    (node,) = [n for n in t.program.ep.graph.nodes if n.target == cat.default]
+    assert [a.op for a in node.args[0]] == ["call_function", "placeholder"]  # the buffer is a lifted constant
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_dialect_class_token_cat(batch):
+    torch.manual_seed(7)
+    t = Tester(ClassToken().eval(), (torch.randn(batch, 4, 16),))
+    t.test_dialect({"aten.cat.default": 1}, {"quantize_per_tensor": 1, "quantized_linear": 2, "quantized_cat": 1,
+                                            "quantized_add": 1, "quantized_strided_copy": 1,  # t[:, 0]
+                                            "dequantize_per_tensor": 1}, qtol=1)
+
+
+def test_implementation_cat_of_constants_host_and_qemu():
+    torch.manual_seed(8)
+    Tester(CatBuffer().eval(), (torch.randn(1, 2, 4, 4),)).test_implementation(on=("host", "qemu"), n_inputs=2)
+    Tester(ClassToken().eval(), (torch.randn(2, 4, 16),)).test_implementation(on=("host",), n_inputs=2)
+
+
+@needs_cmsis_nn
+def test_implementation_cmsis_nn_cat_of_constants():
+    torch.manual_seed(8)
+    Tester(CatBuffer().eval(), (torch.randn(1, 2, 4, 4),)).test_implementation(on=("host",), kernels="cmsis-nn",
+                                                                               n_inputs=1)
+    Tester(ClassToken().eval(), (torch.randn(1, 4, 16),)).test_implementation(on=("host",), kernels="cmsis-nn",
+                                                                              n_inputs=1)
 
 
 # ----------------------------------------------------------------------------- C kernel

@@ -199,6 +199,11 @@ class EmitContext:
             return "NULL"
         return self.emitter.constant_array(value, dtype, self.emitter.node_prefix(self.node) + "_" + name)
 
+    def constant(self, node: torch.fx.Node, suffix: str, dtype: torch.dtype | None = None) -> str:
+        """C array name of a constant node read by this op (an element of a list argument, e.g. a cat's
+        ``inputs``): ``<model>_<module path>_<suffix>``."""
+        return self.emitter.constant_array(node, dtype, self.emitter.node_prefix(self.node) + "_" + suffix)
+
     def derived_const(self, suffix: str, tensor: torch.Tensor) -> str:
         """Register an extra constant array (named after this node's module and ``suffix``); returns its name."""
         return self.emitter.derived_array(f"{self.node.name}_{suffix}", tensor,

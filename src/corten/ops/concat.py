@@ -2,7 +2,8 @@
 (CMSIS-NN's ``arm_concatenation_s8_{x,y,z,w}``).
 
 ``torch.cat(inputs, dim)`` on logical dimensions; all inputs and the output share the first
-input's quantization parameters (the quantizer shares them), so only bytes move.
+input's quantization parameters (the quantizer shares them), so only bytes move.  An input may
+be a constant (a class token, a coordinate map): it is stored as an int8 array in that quantization.
 
 In storage order (NHWC for 4-D, row-major otherwise) a concatenation along storage position
 ``k`` is, for each of the ``outer = prod(dims[:k])`` outer indices, one contiguous chunk of
@@ -19,8 +20,9 @@ import torch
 
 from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops._common import output_format, storage_dim_order, storage_shape
-from corten.ops._rules import Match
+from corten.ops._broadcast import is_constant
+from corten.ops._common import is_activation_operand, output_format, storage_dim_order, storage_shape
+from corten.ops._rules import DQ_PER_TENSOR, Match, qparams_of
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "concat"
@@ -109,23 +111,48 @@ annotates("shared", _aten.cat.default)
 
 @lowers(_aten.cat.default)
 def lower_cat(m: Match):
-    """``torch.cat`` of int8 tensors sharing one quantization -> ``quantized_cat``."""
+    """``torch.cat`` of int8 tensors sharing one quantization -> ``quantized_cat``.  An input that
+    is a quantized constant (a ViT class token ``cls.expand(B, -1, -1)``, a learned padding row)
+    becomes an int8 constant array in the output's quantization, copied like an activation."""
     tensors = m.node.args[0]
     dim = m.node.args[1] if len(m.node.args) > 1 else m.node.kwargs.get("dim", 0)
-    if len(m.inputs) != len(tensors):
-        raise LoweringError("cat of a constant or unquantized tensor is not supported; every input must be an "
-                            "int8 activation")
     if m.activation is not None:
         raise LoweringError("an activation after a cat is not fused; apply it to the inputs")
-    for i, v in enumerate(m.inputs):
-        if v.qparams != m.output:
-            raise LoweringError(f"cat input {i} has quantization {v.qparams}, the output {m.output}: all inputs "
-                                "must share the output's (CortenQuantizer shares them unless a producer fixes its "
-                                "own, e.g. a sigmoid)")
-    rank = m.inputs[0].node.meta["val"].dim()
-    if len(m.inputs) == 1:
-        return m.inputs[0].node
-    return m.call("quantized_cat", [v.node for v in m.inputs], int(dim) % rank)
+    parts = []
+    for i, arg in enumerate(tensors):
+        value = next((v for v in m.inputs if is_activation_operand(arg, v)), None)
+        if value is None:
+            parts.append(m.add_constant(_constant_in(m, arg, i), f"input{i}"))
+            continue
+        if value.qparams != m.output:
+            raise LoweringError(f"cat input {i} has quantization {value.qparams}, the output {m.output}: all "
+                                "inputs must share the output's (CortenQuantizer shares them unless a producer "
+                                "fixes its own, e.g. a sigmoid)")
+        parts.append(value.node)
+    if len(parts) == 1:
+        if parts[0].op == "get_attr":
+            raise LoweringError("cat of a single constant is a constant; compute it outside the model")
+        return parts[0]
+    if all(p.op == "get_attr" for p in parts):
+        raise LoweringError("cat of constants only is a constant; compute it outside the model")
+    return m.call("quantized_cat", parts, int(dim) % len(m.node.meta["val"].shape))
+
+
+def _constant_in(m: Match, arg, index: int) -> torch.Tensor:
+    """The int8 values, in the cat output's quantization, of the quantized constant input ``arg``
+    (requantized exactly as the fake-quantized model rounds it: ``round_half_even``)."""
+    if not (isinstance(arg, torch.fx.Node) and arg.target in DQ_PER_TENSOR and arg.args[0].op == "get_attr"):
+        raise LoweringError(f"cat input {index} is neither an int8 activation nor a quantized constant; every "
+                            "input must be one (CortenQuantizer quantizes tensors and parameters it sees)")
+    values = m.constant(arg.args[0])
+    q = qparams_of(arg)
+    if values.dtype != torch.int8 or q.dtype != torch.int8:
+        raise LoweringError(f"cat input {index}: the constant is not an int8 per-tensor quantized tensor")
+    if q == m.output:
+        return values
+    real = (values.to(torch.float64) - q.zero_point) * q.scale
+    out = m.output
+    return (torch.round(real / out.scale) + out.zero_point).clamp(out.qmin, out.qmax).to(torch.int8)
 
 
 # ----------------------------------------------------------------------------- scratch memory
@@ -190,15 +217,15 @@ def _emit_cat_c(ctx) -> str:
     dim = int(ctx.arg("dim"))
     shapes = [ctx.shape(n) for n in nodes]
     out = ctx.out()
-    for n in nodes:
-        if ctx.buffer(n) == out:
-            ctx.fail("the memory plan puts an input in the output buffer; a cat cannot run in place")
+    srcs = [ctx.constant(n, f"input{i}", torch.int8) if is_constant(n) else ctx.buffer(n) for i, n in enumerate(nodes)]
+    if out in srcs:
+        ctx.fail("the memory plan puts an input in the output buffer; a cat cannot run in place")
     if ctx.kernels == "portable":
-        calls = [ctx.call(f"corten_concat_s8({ctx.buffer(n)}, {c.outer}, {c.inner}, {c.output_inner}, {c.offset}, "
-                          f"{out})") for n, c in zip(nodes, concat_geometry(shapes, dim))]
+        calls = [ctx.call(f"corten_concat_s8({src}, {c.outer}, {c.inner}, {c.output_inner}, {c.offset}, {out})")
+                 for src, c in zip(srcs, concat_geometry(shapes, dim))]
         return "\n".join(calls)
     try:
         calls = cmsis_concat_calls(shapes, dim)
     except ValueError as e:
         ctx.fail(f"{e}; emit with kernels='portable'")
-    return "\n".join(f"arm_concatenation_s8_{c.axis}({c.args(ctx.buffer(n), out)});" for n, c in zip(nodes, calls))
+    return "\n".join(f"arm_concatenation_s8_{c.axis}({c.args(src, out)});" for src, c in zip(srcs, calls))
