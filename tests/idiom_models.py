@@ -877,3 +877,33 @@ BLOCKS = [  # timm / torchvision / audio blocks (issue 8/9 breadth, wave 2)
      [VEC]),
 ]
 IDIOMS += BLOCKS
+
+# ----------------------------------------------------------------------------- more everyday math
+MATH = [
+    ("threshold_module", lambda: nn.Sequential(lin(), nn.Threshold(0.1, -0.5), lin()), [VEC]),
+    ("round_to_eighths", lambda: Fn(lambda s, x: torch.round(s.fc(x) * 8) / 8, fc=lin()), [VEC]),
+    ("floor_ceil_trunc_frac", lambda: Fn(lambda s, x: torch.floor(s.fc(x) * 8) + torch.ceil(s.fc(x) * 8)
+                                         + torch.trunc(s.fc(x) * 8) + torch.frac(s.fc(x)), fc=lin()), [VEC]),
+    ("rrelu_eval", lambda: nn.Sequential(lin(), nn.RReLU(0.1, 0.3), lin()), [VEC]),
+    ("lerp_residual", lambda: Fn(lambda s, x: torch.lerp(x, s.fc(x), 0.25), fc=nn.Linear(8, 8)), [VEC]),
+    ("addcmul_gate", lambda: Fn(lambda s, x: torch.addcmul(x, s.a(x), torch.sigmoid(s.b(x)), value=0.5),
+                                a=nn.Linear(8, 8), b=nn.Linear(8, 8)), [VEC]),
+    ("var_mean_standardise", lambda: Fn(lambda s, x: (lambda h, vm: (h - vm[1]) / torch.sqrt(vm[0] + 1e-5))(
+        s.fc(x), torch.var_mean(s.fc(x), -1, keepdim=True)), fc=nn.Linear(8, 8)), [(4, 8)]),
+    ("pairwise_distance_siamese", lambda: Fn(lambda s, x, y: F.pairwise_distance(s.fc(x), s.fc(y)), fc=lin()),
+     [(4, 8), (4, 8)]),
+    ("hypot_magnitude", lambda: Fn(lambda s, x: torch.hypot(s.a(x), s.b(x)), a=lin(), b=lin()), [VEC]),
+    ("conv_transpose1d_upsampler", lambda: nn.Sequential(nn.Conv1d(4, 8, 3, padding=1), nn.ReLU(),
+                                                         nn.ConvTranspose1d(8, 4, 4, stride=2, padding=1)),
+     [(2, 4, 6)]),
+    ("adaptive_max_pool1d_head", lambda: nn.Sequential(nn.Conv1d(4, 8, 3), nn.AdaptiveMaxPool1d(2), nn.Flatten(),
+                                                       nn.Linear(16, 3)), [(2, 4, 9)]),
+    ("x_over_abs_max", lambda: Fn(lambda s, x: s.fc(x) / (s.fc(x).abs().max() + 1e-3), fc=lin()), [VEC]),
+    ("x_times_std", lambda: Fn(lambda s, x: s.fc(x) * s.fc(x).std(), fc=lin()), [VEC]),
+    ("where_dead_zone_and", lambda: Fn(lambda s, x: (lambda h: torch.where((h > -0.5) & (h < 0.5),
+                                                                            torch.zeros_like(h), h))(s.fc(x)),
+                                       fc=lin()), [VEC]),
+    ("masked_fill_or_not", lambda: Fn(lambda s, x: (lambda h: h.masked_fill(~((h > 1) | (h < -1)), 0.0))(s.fc(x)),
+                                      fc=lin()), [VEC]),
+]
+IDIOMS += MATH

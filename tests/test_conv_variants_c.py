@@ -184,8 +184,15 @@ def _transpose_fallback_net():
                          nn.ConvTranspose2d(5, 4, 2, dilation=2))
 
 
+def _transpose1d_net():
+    """A 1-D decoder: conv1d, then conv_transpose1d upsampling (the [N, C, 1, L] view of the 2-D kernel)."""
+    return nn.Sequential(nn.Conv1d(4, 8, 3, padding=1), nn.ReLU(), nn.ConvTranspose1d(8, 6, 4, stride=2, padding=1),
+                         nn.ReLU(), nn.ConvTranspose1d(6, 3, 3))
+
+
 NETS = {
     "kws_like": (KwsLike, (1, 10, 24)),
+    "transpose1d": (_transpose1d_net, (2, 4, 6)),
     "grouped": (_grouped_net, (1, 3, 8, 8)),
     "transpose": (_transpose_net, (1, 3, 8, 8)),
     "transpose_fallback": (_transpose_fallback_net, (1, 3, 4, 4)),
@@ -207,7 +214,7 @@ def test_implementation_portable(name):
 
 @needs_qemu
 @needs_cmsis_nn
-@pytest.mark.parametrize("name", ["grouped", "transpose", "transpose_fallback"])
+@pytest.mark.parametrize("name", ["grouped", "transpose", "transpose_fallback", "transpose1d"])
 def test_implementation_cmsis_nn(name):
     """arm_convolve_s8 (groups) and arm_transpose_conv_s8 (or the portable fallback) on QEMU (Helium)
     and the host (plain C)."""

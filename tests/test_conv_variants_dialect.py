@@ -97,6 +97,13 @@ CASES = [
      (1, 4, 4, 4), {A_TRANSPOSE: 1, A_RELU: 1}, lowered(**{TRANSPOSE: 1})),
     ("conv_transpose2d_no_bias_2x2", lambda: nn.ConvTranspose2d(5, 2, 2, stride=2, bias=False), (1, 5, 3, 3),
      {A_TRANSPOSE: 1}, lowered(**{TRANSPOSE: 1})),
+    ("conv_transpose1d_bn_relu", lambda: nn.Sequential(nn.Conv1d(3, 6, 3, padding=1), nn.ReLU(),
+                                                       nn.ConvTranspose1d(6, 4, 4, stride=2, padding=1), _bn1d(4),
+                                                       nn.ReLU()),
+     (1, 3, 8), {A_CONV1D: 1, "aten.conv_transpose1d.default": 1, A_BN: 0}, lowered(**{CONV: 1, TRANSPOSE: 1})),
+    ("conv_transpose1d_output_padding_dilation", lambda: nn.ConvTranspose1d(4, 2, 3, stride=3, padding=1,
+                                                                            output_padding=1, dilation=2),
+     (2, 4, 5), {"aten.conv_transpose1d.default": 1}, lowered(**{TRANSPOSE: 1})),
 ]
 
 

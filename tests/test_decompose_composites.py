@@ -64,6 +64,23 @@ CASES = {
     "cosine_similarity": (lambda s, x: F.cosine_similarity(x, x * x - 0.5, dim=1), [(3, 5)], "cosine_similarity"),
     "cosine_similarity_eps": (lambda s, x: F.cosine_similarity(x, x * 0, dim=-1, eps=1e-3), [(2, 3, 4)],
                               "cosine_similarity"),
+    "var_mean": (lambda s, x: torch.var_mean(x, dim=-1)[0] + torch.var_mean(x, dim=-1)[1], [(2, 5)], "var_mean"),
+    "var_mean_correction": (lambda s, x: sum(torch.var_mean(x, 1, correction=0, keepdim=True)), [(2, 5)],
+                            "var_mean"),
+    "lerp_scalar": (lambda s, x: torch.lerp(x, x * x, 0.3), [(2, 5)], "lerp"),
+    "lerp_tensor": (lambda s, x: torch.lerp(x, -x, torch.sigmoid(x)), [(2, 5)], "lerp"),
+    "addcmul": (lambda s, x: torch.addcmul(x, x, x - 1, value=0.5), [(2, 5)], "addcmul"),
+    "addcdiv": (lambda s, x: torch.addcdiv(x, x, x * x + 1, value=2.0), [(2, 5)], "addcdiv"),
+    "hypot": (lambda s, x: torch.hypot(x, x - 1), [(2, 5)], "hypot"),
+    "pairwise_l2": (lambda s, x: F.pairwise_distance(x, x * 0.5), [(3, 5)], "pairwise_distance"),
+    "pairwise_l1_keepdim": (lambda s, x: F.pairwise_distance(x, -x, p=1, keepdim=True), [(3, 5)],
+                            "pairwise_distance"),
+    "adaptive_max_pool1d": (lambda s, x: F.adaptive_max_pool1d(x, 3), [(2, 3, 7)], "adaptive_max_pool1d"),
+    "where_and": (lambda s, x: torch.where((x > 0) & (x < 1), x, -x), [(2, 5)], "__and__"),
+    "where_or_not": (lambda s, x: torch.where(~((x > 1) | (x < -1)), x, torch.zeros_like(x)), [(2, 5)],
+                     "__or__"),
+    "masked_fill_logical_and": (lambda s, x: x.masked_fill(torch.logical_and(x > 0, x < 0.5), 0.0), [(2, 5)],
+                                "logical_and"),
 }
 # rewrites that keep the op's name (checked by what they leave instead)
 SAME_NAME = {
@@ -73,6 +90,10 @@ SAME_NAME = {
     "sum_all_output_rank3": (lambda s, x: x.sum() * 2, [(2, 3, 2)]),
     "mean_all_broadcast": (lambda s, x: x - x.mean(), [(2, 5)]),
     "sum_all_feeds_both_sides": (lambda s, x: x.sum() / (x * x), [(3, 2, 2)]),
+    "max_all_broadcast": (lambda s, x: x / x.abs().max(), [(2, 5)]),
+    "min_all_output": (lambda s, x: x.min(), [(2, 3, 2)]),
+    "std_all_broadcast": (lambda s, x: x * x.std(), [(2, 5)]),
+    "var_all_output": (lambda s, x: x.var(), [(2, 5)]),
 }
 
 
@@ -115,7 +136,9 @@ def test_rewrite_keeping_the_op_name_computes_the_same_float_values(name):
         got = gm(*xs)
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     assert all(n.args[0].meta["val"].dim() == 3 for n in calls if n.target == torch.ops.aten.linear.default)
-    assert not [n for n in calls if n.target in (torch.ops.aten.mean.default, torch.ops.aten.sum.default)]
-    if name == "mean_all_broadcast":  # the broadcast reads the keepdim mean: no 0-D tensor in the graph
+    aten = torch.ops.aten
+    assert not [n for n in calls if n.target in (aten.mean.default, aten.sum.default, aten.max.default,
+                                                 aten.min.default, aten.std.default, aten.var.default)]
+    if name in ("mean_all_broadcast", "max_all_broadcast", "std_all_broadcast"):  # the broadcast reads the keepdim mean: no 0-D tensor in the graph
         assert all(n.meta["val"].dim() > 0 for n in calls)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

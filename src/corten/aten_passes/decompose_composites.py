@@ -23,9 +23,15 @@ reading ``c_n``                              initial state drops the terms it mu
 ``cosine_similarity(a, b, dim)``             ``sum(a * b) / (max(|a|, eps) * max(|b|, eps))``
 ``linear`` on a 4-D/5-D tensor               ``reshape`` to ``[N, -1, C]``, ``linear``, ``reshape`` back (the
                                              channels-last ``x.permute(0, 2, 3, 1)`` of ConvNeXt blocks)
-``x.mean()`` / ``x.sum()`` (all dims, 0-D)   ``mean``/``sum`` over every dim with ``keepdim``; users that
-                                             broadcast it read that directly, others a ``reshape`` to ``[]``
+``x.mean()`` / ``sum`` / ``max`` / ``min`` /  the reduction over every dim with ``keepdim``; users that
+``std`` / ``var`` (all dims, 0-D)            broadcast it read that directly, others a ``reshape`` to ``[]``
+``var_mean``                                 ``var`` and ``mean`` as above
+``lerp`` / ``addcmul`` / ``addcdiv``          ``a + w * (b - a)``, ``a + v * b * c``, ``a + v * b / c``
+``hypot`` / ``pairwise_distance`` (p 1, 2)   ``sqrt(a * a + b * b)``, ``sqrt(sum(d * d))`` / ``sum(abs(d))``,
+                                             ``d = a - b + eps``
+``adaptive_max_pool1d``                      ``adaptive_max_pool2d`` on ``[N, C, 1, L]`` (same indices)
 ``pad`` reflect / replicate / circular       ``index_select`` with constant indices per padded dim (exact bytes)
+``where(c1 & c2, a, b)``, ``|``, ``~``      nested ``where`` on the comparisons (no boolean tensors)
 ``softmax(x.masked_fill(mask, -inf))``       ``p = softmax(x) * keep; p / p.sum()`` (``keep = ~mask``, a constant):
                                              the masked softmax of causal attention, exact in real numbers
 ==========================================  ==================================================
@@ -74,7 +80,7 @@ def _var(x, dim, correction, keepdim):
 def _var_args(node: Node):
     """(dim, correction, keepdim) of var/std ``.correction`` / ``.dim`` / ``.default``."""
     a, kw = node.args, node.kwargs
-    if node.target in (aten.var.dim, aten.std.dim):
+    if node.target in (aten.var.dim, aten.std.dim, aten.var_mean.dim):
         dim = a[1] if len(a) > 1 else kw.get("dim")
         unbiased = a[2] if len(a) > 2 else kw.get("unbiased", True)
         keepdim = a[3] if len(a) > 3 else kw.get("keepdim", False)
@@ -86,6 +92,42 @@ def _var_args(node: Node):
     correction = a[2] if len(a) > 2 else kw.get("correction")
     keepdim = a[3] if len(a) > 3 else kw.get("keepdim", False)
     return dim, 1 if correction is None else float(correction), keepdim
+
+
+# x.mean() / x.sum() / x.max() / x.min() (0-D): the reduction over every dim with keepdim
+FULL_REDUCTIONS = {aten.mean.default: torch.mean, aten.sum.default: torch.sum,
+                   aten.max.default: torch.amax, aten.min.default: torch.amin}
+_BROADCAST_USERS = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor}
+
+
+_SCALAR_UNARY = {aten.sqrt.default, aten.rsqrt.default, aten.abs.default, aten.neg.default, aten.exp.default,
+                 aten.log.default, aten.reciprocal.default, aten.clamp.default, aten.clamp_min.default,
+                 aten.clamp_max.default, aten.relu.default, aten.sigmoid.default, aten.tanh.default}
+
+
+def _zero_d(node: Node, keepdim_fn: Callable) -> Callable:
+    """The decomposition of a 0-D reduction ``node``: ``keepdim_fn`` (the ``[1, ..., 1]`` result) when
+    every path from it ends in an elementwise op broadcasting it against a tensor with every dim
+    (``[1, ..., 1]`` broadcasts as ``[]`` does), through elementwise ops with a Python number or none
+    (``x / (x.abs().max() + eps)``); else that result reshaped to ``[]``."""
+    rank = node.args[0].meta["val"].dim()
+
+    def reads_keepdim(u, src, depth=0):
+        if depth > 8 or not u.users and u.op != "output":
+            return False
+        if u.target in _SCALAR_UNARY and u.args[0] is src:
+            return all(reads_keepdim(w, u, depth + 1) for w in u.users)
+        others = [v for v in u.args[:2] if v is not src]
+        if u.target not in _BROADCAST_USERS or len(others) != 1:
+            return False
+        other = others[0]
+        if isinstance(other, (int, float)) and not isinstance(other, bool):
+            return bool(u.users) and all(reads_keepdim(w, u, depth + 1) for w in u.users)
+        return isinstance(other, Node) and isinstance(other.meta.get("val"), torch.Tensor) \
+            and other.meta["val"].dim() >= rank
+    if node.users and all(reads_keepdim(u, node) for u in node.users):
+        return keepdim_fn
+    return lambda x: keepdim_fn(x).reshape([])
 
 
 def _normalize_groups(x, groups: int, weight, bias, eps: float):
@@ -328,12 +370,53 @@ def scalar_wheres(gm: GraphModule) -> bool:
     return modified
 
 
+_AND = {aten.__and__.Tensor, aten.bitwise_and.Tensor, aten.logical_and.default}
+_OR = {aten.__or__.Tensor, aten.bitwise_or.Tensor, aten.logical_or.default}
+_NOT = {aten.bitwise_not.default, aten.logical_not.default}
+_WHERES = {(True, True): aten.where.self, (True, False): aten.where.ScalarOther, (False, True): aten.where.ScalarSelf}
+
+
+def logical_wheres(gm: GraphModule) -> bool:
+    """``where(c1 & c2, a, b)`` -> ``where(c1, where(c2, a, b), b)``, ``where(c1 | c2, a, b)`` ->
+    ``where(c1, a, where(c2, a, b))``, ``where(~c, a, b)`` -> ``where(c, b, a)`` (any nesting): the
+    conditions stay comparisons, which ``quantized_where`` reads, and no boolean arithmetic is left."""
+    modified, changed = False, True
+    while changed:
+        changed = False
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function" or node.target not in _WHERES.values() or node.kwargs:
+                continue
+            cond, x, y = node.args
+            if not isinstance(cond, Node) or cond.op != "call_function" or \
+                    cond.target not in (_AND | _OR | _NOT):
+                continue
+            with gm.graph.inserting_before(node):
+                if cond.target in _NOT:
+                    node.args = (cond.args[0], y, x)
+                    node.target = _WHERES[(isinstance(y, Node), isinstance(x, Node))]
+                else:
+                    c1, c2 = cond.args[:2]
+                    if not (isinstance(c1, Node) and isinstance(c2, Node)):
+                        continue
+                    inner = gm.graph.call_function(node.target, (c2, x, y))
+                    inner.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+                    if cond.target in _AND:
+                        node.args, node.target = (c1, inner, y), _WHERES[(True, isinstance(y, Node))]
+                    else:
+                        node.args, node.target = (c1, x, inner), _WHERES[(isinstance(x, Node), True)]
+            if not cond.users:
+                gm.graph.erase_node(cond)
+            changed = modified = True
+    return modified
+
+
 class DecomposeCompositesPass(PassBase):
     """Replace the composite ops of the module docstring by the graphs of their Python decompositions."""
 
     def call(self, gm: GraphModule) -> PassResult:
         modified = fold_constants(gm)
         modified = scalar_wheres(gm) or modified
+        modified = logical_wheres(gm) or modified
         for node in list(gm.graph.nodes):
             if node.op != "call_function":
                 continue
@@ -361,6 +444,8 @@ class DecomposeCompositesPass(PassBase):
         t, a, kw = node.target, node.args, node.kwargs
         val = node.meta.get("val")
         vals = val if isinstance(val, (tuple, list)) else [val]
+        if t == aten.adaptive_max_pool1d.default:  # (values, int64 indices)
+            vals = vals[:1]
         if not vals or not all(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in vals):
             return None
         if t == aten.einsum.default:
@@ -385,8 +470,140 @@ class DecomposeCompositesPass(PassBase):
                  aten.std.default):
             dim, corr, keepdim = _var_args(node)
             sqrt = t in (aten.std.correction, aten.std.dim, aten.std.default)
-            return (lambda x: torch.sqrt(_var(x, dim, corr, keepdim)) if sqrt else _var(x, dim, corr, keepdim)), \
-                [a[0]], []
+            rank = a[0].meta["val"].dim()
+            full = not keepdim and len(_dims(dim, rank)) == rank  # a 0-D result
+
+            def var(x):
+                v = _var(x, dim, corr, keepdim or full)
+                return torch.sqrt(v) if sqrt else v
+            return (_zero_d(node, var) if full else var), [a[0]], []
+        if t in (aten.var_mean.correction, aten.var_mean.dim):
+            dim, correction, keepdim = _var_args(node)
+
+            def var_mean(x):
+                dims = _dims(dim, x.dim())
+                return _var(x, dims, correction, keepdim), x.mean(dims, keepdim=keepdim)
+            return var_mean, [a[0]], []
+        if t in (aten.lerp.Scalar, aten.lerp.Tensor):
+            if t == aten.lerp.Scalar:
+                w = float(a[2])
+                return (lambda x, y: x + w * (y - x)), [a[0], a[1]], []
+            return (lambda x, y, wt: x + wt * (y - x)), [a[0], a[1], a[2]], []
+        if t in (aten.addcmul.default, aten.addcdiv.default):
+            value = float(kw.get("value", a[3] if len(a) > 3 else 1))
+            mul = t == aten.addcmul.default
+
+            def addc(x, y, z):
+                p = y * z if mul else y / z
+                return x + (p if value == 1 else value * p)
+            return addc, list(a[:3]), []
+        if t == aten.hypot.default:
+            return (lambda x, y: torch.sqrt(x * x + y * y)), [a[0], a[1]], []
+        if t == aten.pairwise_distance.default:
+            order = float(a[2] if len(a) > 2 else kw.get("p", 2.0))
+            eps = float(a[3] if len(a) > 3 else kw.get("eps", 1e-6))
+            keepdim = bool(a[4] if len(a) > 4 else kw.get("keepdim", False))
+            if order not in (1.0, 2.0):
+                return None
+
+            def pairwise(x, y):
+                d = x - y + eps
+                if order == 2.0:
+                    return torch.sqrt((d * d).sum(-1, keepdim=keepdim))
+                return d.abs().sum(-1, keepdim=keepdim)
+            return pairwise, [a[0], a[1]], []
+        if t == aten.adaptive_max_pool1d.default:  # (values, int64 indices)
+            vals = vals[:1]
+        if not vals or not all(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in vals):
+            return None
+        if t == aten.einsum.default:
+            eq, ops = a[0], list(a[1])
+            return (lambda *xs: torch.einsum(eq, *xs)), ops, []
+        if t in (aten.addmm.default, aten.baddbmm.default):
+            beta, alpha = kw.get("beta", 1), kw.get("alpha", 1)
+            mm = torch.mm if t == aten.addmm.default else torch.bmm
+
+            def addmm(c, x, y):
+                p = mm(x, y)
+                return (c if beta == 1 else beta * c) + (p if alpha == 1 else alpha * p)
+            return addmm, list(a[:3]), []
+        if t == aten.glu.default:
+            dim = a[1] if len(a) > 1 else kw.get("dim", -1)
+
+            def glu(x):
+                h1, h2 = x.chunk(2, dim)
+                return h1 * torch.sigmoid(h2)
+            return glu, [a[0]], []
+        if t in (aten.var.correction, aten.var.dim, aten.var.default, aten.std.correction, aten.std.dim,
+                 aten.std.default):
+            dim, corr, keepdim = _var_args(node)
+            sqrt = t in (aten.std.correction, aten.std.dim, aten.std.default)
+            rank = a[0].meta["val"].dim()
+            full = not keepdim and len(_dims(dim, rank)) == rank  # a 0-D result
+
+            def var(x):
+                v = _var(x, dim, corr, keepdim or full)
+                return torch.sqrt(v) if sqrt else v
+            return (_zero_d(node, var) if full else var), [a[0]], []
+        if t in (aten.var_mean.correction, aten.var_mean.dim):
+            dim, correction, keepdim = _var_args(node)
+
+            def var_mean(x):
+                dims = _dims(dim, x.dim())
+                return _var(x, dims, correction, keepdim), x.mean(dims, keepdim=keepdim)
+            return var_mean, [a[0]], []
+        if t in (aten.lerp.Scalar, aten.lerp.Tensor):
+            if t == aten.lerp.Scalar:
+                w = float(a[2])
+                return (lambda x, y: x + w * (y - x)), [a[0], a[1]], []
+            return (lambda x, y, wt: x + wt * (y - x)), [a[0], a[1], a[2]], []
+        if t in (aten.addcmul.default, aten.addcdiv.default):
+            value = float(kw.get("value", a[3] if len(a) > 3 else 1))
+            mul = t == aten.addcmul.default
+
+            def addc(x, y, z):
+                p = y * z if mul else y / z
+                return x + (p if value == 1 else value * p)
+            return addc, list(a[:3]), []
+        if t == aten.hypot.default:
+            return (lambda x, y: torch.sqrt(x * x + y * y)), [a[0], a[1]], []
+        if t == aten.pairwise_distance.default:
+            order = float(a[2] if len(a) > 2 else kw.get("p", 2.0))
+            eps = float(a[3] if len(a) > 3 else kw.get("eps", 1e-6))
+            keepdim = bool(a[4] if len(a) > 4 else kw.get("keepdim", False))
+            if order not in (1.0, 2.0):
+                return None
+
+            def pairwise(x, y):
+                d = x - y + eps
+                if order == 2.0:
+                    return torch.sqrt((d * d).sum(-1, keepdim=keepdim))
+                return d.abs().sum(-1, keepdim=keepdim)
+            return pairwise, [a[0], a[1]], []
+        if t == aten.conv_transpose1d.default and all(isinstance(v, Node) and v.op == "get_attr"
+                                                      for v in a[1:3] if v is not None):
+            # as conv_transpose2d on [N, C, 1, L] (the 2-D lowering's), weights reshaped ahead of time
+            stride, padding, output_padding, groups, dilation = (_one(a, 3, kw, "stride", 1),
+                                                                 _one(a, 4, kw, "padding", 0),
+                                                                 _one(a, 5, kw, "output_padding", 0),
+                                                                 a[6] if len(a) > 6 else kw.get("groups", 1),
+                                                                 _one(a, 7, kw, "dilation", 1))
+            w = attr_of(node.graph.owning_module, a[1].target).detach().unsqueeze(2)
+            bias = a[2] if len(a) > 2 and a[2] is not None else None
+
+            def conv_t1d(x, *rest):
+                b, wv = (rest[0], rest[1]) if bias is not None else (None, rest[0])
+                y = F.conv_transpose2d(x.unsqueeze(2), wv, b, (1, stride), (0, padding), (0, output_padding),
+                                       int(groups), (1, dilation))
+                return y.squeeze(2)
+            return conv_t1d, [a[0]] + ([bias] if bias is not None else []), [w], True
+        if t == aten.adaptive_max_pool1d.default:
+            size = int(a[1][0] if isinstance(a[1], (list, tuple)) else a[1])
+
+            def adaptive_max1d(x):  # indices along L: with H = 1, the 2-D flat index h * W + w is w
+                v, i = F.adaptive_max_pool2d(x.unsqueeze(-2), (1, size), return_indices=True)
+                return v.squeeze(-2), i.squeeze(-2)
+            return adaptive_max1d, [a[0]], []
         if t == aten.group_norm.default:
             groups = a[1]
             eps = a[4] if len(a) > 4 else kw.get("eps", 1e-5)
@@ -514,21 +731,10 @@ class DecomposeCompositesPass(PassBase):
                 y = F.linear(x.reshape(shape[0], -1, shape[-1]), w, b[0] if b else None)
                 return y.reshape(shape[:-1] + [y.shape[-1]])
             return linear_nd, [a[0]] + wb, [], True
-        if t in (aten.mean.default, aten.sum.default) and kw.get("dtype") is None and len(a) == 1 \
-                and a[0].meta["val"].dim() >= 1:
+        if t in FULL_REDUCTIONS and kw.get("dtype") is None and len(a) == 1 and a[0].meta["val"].dim() >= 1:
             rank = a[0].meta["val"].dim()
-            mean = t == aten.mean.default
-            reduced = (lambda x: x.mean(list(range(rank)), keepdim=True)) if mean else \
-                (lambda x: x.sum(list(range(rank)), keepdim=True))
-            binary = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor}
-
-            def broadcasts(u):  # the other operand has every dim: [1, ..., 1] broadcasts as [] does
-                others = [v for v in u.args[:2] if v is not node]
-                return u.target in binary and len(others) == 1 and isinstance(others[0], Node) \
-                    and isinstance(others[0].meta.get("val"), torch.Tensor) and others[0].meta["val"].dim() >= rank
-            if node.users and all(broadcasts(u) for u in node.users):
-                return reduced, [a[0]], []
-            return (lambda x: reduced(x).reshape([])), [a[0]], []
+            reduce = FULL_REDUCTIONS[t]
+            return _zero_d(node, lambda x: reduce(x, list(range(rank)), keepdim=True)), [a[0]], []
         if t == aten.pad.default:
             mode = a[2] if len(a) > 2 else kw.get("mode", "constant")
             pads = [int(p) for p in a[1]]

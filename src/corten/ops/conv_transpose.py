@@ -25,7 +25,7 @@ import torch
 
 from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops._common import check_conv_common, empty_nchw, finish_accumulators
+from corten.ops._common import as_4d_view, back_to_3d, check_conv_common, empty_nchw, finish_accumulators
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
@@ -123,7 +123,7 @@ family = register_family(OpFamily(FAMILY, (OP,), doc=__doc__))
 _aten = torch.ops.aten
 
 # PyTorch's transposed weights are [C_in, C_out / groups, kH, kW]: output channels on axis 1.
-annotates("weighted", _aten.conv_transpose2d.input, weight_axis=1)
+annotates("weighted", _aten.conv_transpose2d.input, _aten.conv_transpose1d.default, weight_axis=1)
 
 
 def _transpose_args(node) -> dict:
@@ -145,12 +145,41 @@ def _pair(v) -> list[int]:
 def lower_conv_transpose2d(m: Match):
     """``aten.conv_transpose2d`` with groups 1 -> ``quantized_conv_transpose2d`` (OHWI weights)."""
     a = _transpose_args(m.node)
+    weight, w_scales = _transpose_weight(m, a)
+    return _lower_transpose(m, m.inputs[0].node, weight, w_scales, a, _pair(a["stride"]), _pair(a["padding"]),
+                            _pair(a["output_padding"]), _pair(a["dilation"]))
+
+
+@lowers(_aten.conv_transpose1d.default)
+def lower_conv_transpose1d(m: Match):
+    """``aten.conv_transpose1d`` on ``[N, C, L]`` -> the 2-D op on the ``[N, C, 1, L]`` view (weights
+    ``[C_in, C_out, K]`` as ``[C_in, C_out, 1, K]``), as :func:`corten.ops.conv.lower_conv1d` does."""
+    a = _transpose_args(m.node)
+    weight, w_scales = _transpose_weight(m, a)
+    in_shape, out_shape = m.node.args[0].meta["val"].shape, m.node.meta["val"].shape
+    if len(in_shape) != 3:
+        raise LoweringError(f"conv_transpose1d of a {len(in_shape)}-D input is not supported (batch it: [N, C, L])")
+    one = lambda v, d: [d, _pair(v)[0]]  # noqa: E731  (k or [k] -> [d, k])
+    x4 = as_4d_view(m, m.inputs[0].node, in_shape)
+    y4 = _lower_transpose(m, x4, weight.unsqueeze(2), w_scales, a, one(a["stride"], 1), one(a["padding"], 0),
+                          one(a["output_padding"], 0), one(a["dilation"], 1))
+    return back_to_3d(m, y4, [out_shape[0], out_shape[1], 1, out_shape[2]])
+
+
+def _transpose_weight(m: Match, a: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 ``[C_in, C_out, ...]`` weights and their per-output-channel scales."""
+    what = m.node.target.__name__.split(".")[0]
     if int(a["groups"]) != 1:
-        raise LoweringError(f"conv_transpose2d with groups={a['groups']} is not supported (groups must be 1)")
+        raise LoweringError(f"{what} with groups={a['groups']} is not supported (groups must be 1)")
     weight, w_scales, axis = m.quantized_constant(a["weight"])
     if axis not in (None, 1):
-        raise LoweringError(f"conv_transpose2d weights quantized along axis {axis}; expected per-output-channel "
-                            "(axis 1 of [C_in, C_out, kH, kW])")
+        raise LoweringError(f"{what} weights quantized along axis {axis}; expected per-output-channel "
+                            "(axis 1 of [C_in, C_out, ...])")
+    return weight, w_scales
+
+
+def _lower_transpose(m: Match, x_node, weight, w_scales, a: dict, stride, padding, output_padding, dilation):
+    """``quantized_conv_transpose2d`` of the 4-D int8 ``x_node`` with ``[C_in, C_out, kH, kW]`` weights."""
     x = m.inputs[0]
     c_out = int(weight.shape[1])
     bias = m.bias_int32(a["bias"], x.qparams.scale, w_scales)
@@ -160,9 +189,9 @@ def lower_conv_transpose2d(m: Match):
     act_min, act_max = m.activation_bounds
     w = m.add_constant(weight.permute(1, 2, 3, 0).contiguous().to(torch.int8), "weight")  # OHWI
     bias_node = m.add_constant(bias, "bias") if bias is not None else None
-    return m.call(OP, x.node, w, bias_node, _pair(a["stride"]), _pair(a["padding"]), _pair(a["output_padding"]),
-                  _pair(a["dilation"]), x.qparams.offset, m.output.zero_point, m.add_constant(mult, "multiplier"),
-                  m.add_constant(shift, "shift"), act_min, act_max)
+    return m.call(OP, x_node, w, bias_node, stride, padding, output_padding, dilation, x.qparams.offset,
+                  m.output.zero_point, m.add_constant(mult, "multiplier"), m.add_constant(shift, "shift"), act_min,
+                  act_max)
 
 
 # ----------------------------------------------------------------------------- CMSIS-NN

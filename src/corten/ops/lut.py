@@ -18,7 +18,8 @@ Lowered this way: ``hardswish``, ``hardsigmoid``, ``sigmoid``, ``tanh``, ``silu`
 ``softplus``, ``selu``, ``celu``, ``logsigmoid``, ``hardshrink``, ``softshrink``, the elementwise math
 ``abs``, ``neg``, ``sign``, ``square`` / ``x ** k`` (any constant exponent), ``sqrt``, ``rsqrt``, ``exp``,
 ``exp2``, ``expm1``, ``log``, ``log2``, ``log10``, ``log1p``, ``erf``, ``sin``, ``cos``, ``atan``,
-``clamp_min``, ``clamp_max``, ``k - x`` (``rsub``), their
+``clamp_min``, ``clamp_max``, ``k - x`` (``rsub``), ``threshold``, ``floor``, ``ceil``, ``round``,
+``trunc``, ``frac``, ``rrelu`` (eval), their
 in-place variants, and ``relu`` / ``relu6`` / ``hardtanh`` / ``clamp`` when they are *not* fused into
 the conv/linear/add before them (after a pool, at the model input, or when the producer has other
 users).  ``sigmoid`` and ``tanh`` get TFLite's fixed output quantization (scale 1/256, zero point
@@ -127,7 +128,10 @@ FUNCTIONS = {
         _aten.erf.default, _aten.sin.default, _aten.cos.default, _aten.atan.default, _aten.mish.default,
         _aten.softplus.default, _aten.selu.default, _aten.celu.default, _aten.log_sigmoid.default,
         _aten.hardshrink.default, _aten.softshrink.default, _aten.clamp_min.default, _aten.clamp_max.default,
-        _aten.rsub.Scalar)},
+        _aten.rsub.Scalar, _aten.threshold.default, _aten.floor.default, _aten.ceil.default, _aten.round.default,
+        _aten.trunc.default, _aten.frac.default)},
+    # nn.RReLU in eval mode: a leaky relu of slope (lower + upper) / 2 (the training flag is a constant)
+    _aten.rrelu.default: _aten.rrelu.default,
 }
 # Functions defined on part of the real line: the table evaluates them on the int8 grid clamped to
 # their domain (the float model never feeds them values outside it; a grid point just below 0 is
