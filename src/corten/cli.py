@@ -262,6 +262,10 @@ def cmd_run(args) -> int:
     differing = sum(int((e != g).sum()) for e, g in zip(expected, got))
     print(f"output: {sum(g.numel() * g.element_size() for g in got)} bytes; byte-for-byte equal to the Python reference: "
           f"{'YES' if same else f'NO ({differing} bytes differ)'}")
+    if prog.output_tree.keyed:  # outputs returned in a dict / NamedTuple: each with its C name and path
+        for name, path, e, g in zip(prog.output_names, prog.output_tree.paths, expected, got):
+            print(f"  {name:<16} {path:<28} shape {list(g.shape)}, {g.numel() * g.element_size()} bytes, "
+                  f"{'equal' if torch.equal(e, g) else f'{int((e != g).sum())} differ'}")
     if run.instructions is not None:
         print(f"instructions (inference only, QEMU -icount): {run.instructions:,}")
     label = "inference wall time" if args.on == "host" else "QEMU run wall time"

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from corten.capture import capture, remove_guards_fn
+from corten.capture.outputs import OutputTree, flatten_outputs, output_tree, tensor_leaves
 from corten.errors import UnsupportedOpsError, UsageError
 from corten.lowering import CortenPassManager, unlowered_nodes
 from corten.program import Program, check_program_name
@@ -171,11 +172,13 @@ def _flat_outputs(graph: torch.fx.Graph) -> list:
     return flat
 
 
-def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) -> None:
+def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) -> OutputTree:
     """Refuse, before quantization, what no later stage can handle: outputs that are not float
-    tensors (:class:`CaptureError`), control flow (``torch.cond``, ``while_loop``) and ops whose
+    tensors (or None leaves) in tuples, lists, dicts and NamedTuples (:class:`CaptureError` naming
+    the output's path), control flow (``torch.cond``, ``while_loop``) and ops whose
     output shape depends on the data (``nonzero``, one-argument ``where``, ``masked_select``,
-    ``unique``) (:class:`UnsupportedOpsError`, naming each op, its count and source line)."""
+    ``unique``) (:class:`UnsupportedOpsError`, naming each op, its count and source line).
+    Returns the outputs' structure (:class:`~corten.capture.outputs.OutputTree`)."""
     from corten.capture import CaptureError
     from corten.ops._rules import source_location
     from corten.lowering.pass_manager import UnloweredNode, op_display_name
@@ -201,20 +204,22 @@ def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) 
     if refused:
         raise UnsupportedOpsError(model_name, refused)
     max_indices_as_argmax(exported.graph_module)
-    for i, a in enumerate(_flat_outputs(exported.graph)):
+    outs = _flat_outputs(exported.graph)
+    tree = output_tree(exported.call_spec.out_spec, outs, model_name)  # containers, non-tensor leaves
+    paths = iter(tree.paths)
+    for i, a in enumerate(outs):
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
         if not isinstance(val, torch.Tensor):
-            what = "None" if val is None else type(val).__name__
-            raise CaptureError(f"{model_name}.forward returns {what} as output {i}; a compiled model returns "
-                               "float tensors only (a tensor, or a tuple/list/dict of tensors): return "
-                               "constants and other values from a Python wrapper around the compiled program")
+            continue  # a None leaf (output_tree refused the other values)
+        path = next(paths)
         if not val.dtype.is_floating_point and not (isinstance(a, torch.fx.Node) and a.op == "call_function"
                                                     and a.target in INDEX_OUTPUT_OPS):
-            raise CaptureError(f"{model_name}.forward returns a {val.dtype} tensor as output {i} "
-                               f"({op_display_name(a.target) if a.op == 'call_function' else a.op} at "
+            raise CaptureError(f"{model_name}.forward returns a {val.dtype} tensor as output {i} ({path}: "
+                               f"{op_display_name(a.target) if a.op == 'call_function' else a.op} at "
                                f"{source_location(a)}); Corten programs return float tensors computed in int8: "
                                "return float tensors or argmax/argmin indices (int32 in C) and do other comparisons "
                                "and index computations after the program, in the caller")
+    return tree
 
 
 MAX_WITH_INDICES = {torch.ops.aten.max.dim: torch.ops.aten.argmax.default,
@@ -286,9 +291,10 @@ def _unknown_ops(gm: torch.fx.GraphModule) -> list:
         if annotation_for(n.target) is None and lowering_rule(n.target) is None:
             out.append(UnloweredNode(n.name, op_display_name(n.target), source_location(n), ""))
     return out
-def _output_saturation_warnings(prepared: torch.fx.GraphModule) -> None:
+def _output_saturation_warnings(prepared: torch.fx.GraphModule, tree: OutputTree | None = None) -> None:
     """Warn when the qparams chosen for a program output clip values seen in calibration."""
     for i, arg in enumerate(a for a in prepared.graph.output_node().args[0] if isinstance(a, torch.fx.Node)):
+        label = f"output {i}" + (f" ({tree.paths[i]})" if tree is not None and tree.keyed and i < tree.num_tensors else "")
         obs = getattr(prepared, str(arg.target), None) if arg.op == "call_module" else None
         lo_seen, hi_seen = getattr(obs, "min_val", None), getattr(obs, "max_val", None)
         if obs is None or not isinstance(lo_seen, torch.Tensor) or lo_seen.numel() != 1 or \
@@ -300,7 +306,7 @@ def _output_saturation_warnings(prepared: torch.fx.GraphModule) -> None:
         if float(hi_seen) > hi + scale / 2 or float(lo_seen) < lo - scale / 2:
             width = "int16" if qmax > 127 else "int8"
             warn_quantization(
-                f"output {i}: calibration saw [{float(lo_seen):.4g}, {float(hi_seen):.4g}] but its {width} range "
+                f"{label}: calibration saw [{float(lo_seen):.4g}, {float(hi_seen):.4g}] but its {width} range "
                 f"is [{lo:.4g}, {hi:.4g}]; the program saturates this output (use observer='minmax', or "
                 "calibrate longer in QAT)")
 
@@ -364,6 +370,7 @@ class Pipeline:
         self.lowered: torch.fx.GraphModule | None = None
         self.unlowered: list = []
         self.program: Program | None = None
+        self.output_tree: OutputTree | None = None  # what forward returns (capture); the program's outputs are flat
 
     def _timed(self, key: str, t0: tuple[float, float]) -> None:
         wall, cpu = _clock()
@@ -377,7 +384,8 @@ class Pipeline:
         from corten.validation import check_exported
 
         self.exported = capture(self.model, self.example_inputs)
-        check_exported_ops(self.exported, self.model_name)  # data-dependent shapes, control flow, non-float outputs
+        # data-dependent shapes, control flow, non-float outputs; the outputs' structure
+        self.output_tree = check_exported_ops(self.exported, self.model_name)
         check_exported(self.exported, self.model_name)
         self.graphs["exported"] = graph_text(self.exported)
         self._timed("capture", t0)
@@ -391,6 +399,7 @@ class Pipeline:
         t0 = _clock()
         self.quantizer = CortenQuantizer(observer=self.observer, precision=self.precision)
         self.float_module = unguarded_module(self.exported)
+        flatten_outputs(self.float_module, self.model_name)  # the program computes a flat tuple of tensors
         with _torchao_warnings():
             fuse_conv_bn(self.float_module)
             self.prepared = prepare_pt2e(self.float_module, self.quantizer)
@@ -418,7 +427,7 @@ class Pipeline:
                                                    self.model_name)
         self._calibrated = True
         check_observers(self.prepared, self.model_name)
-        _output_saturation_warnings(self.prepared)
+        _output_saturation_warnings(self.prepared, self.output_tree)
         self._timed("quantize", t0)
         return self
 
@@ -475,7 +484,7 @@ class Pipeline:
         self.graphs["lowered"] = graph_text(program_ep)
         self._timed("lower", t0)
         self.program = Program(program_ep, self.target, name=self.name, stages=dict(self.graphs),
-                               unlowered=self.unlowered,
+                               unlowered=self.unlowered, output_tree=self.output_tree,
                                info={"calibration_samples": self.calibration_samples, "seed": self.seed,
                                      "timings_s": dict(self.timings),
                                      "cpu_timings_s": dict(self.cpu_timings), "node_sources": node_sources,
@@ -516,7 +525,7 @@ def output_agreement(prog: Program, model: torch.nn.Module, samples) -> float:
     for sample in samples:
         with torch.no_grad():
             ref, got = model(*sample), prog.run(*sample)
-        for r, g in zip(ref if isinstance(ref, (tuple, list)) else (ref,), got if isinstance(got, (tuple, list)) else (got,)):
+        for r, g in zip(tensor_leaves(ref), tensor_leaves(got)):
             if r.dim() == 2 and r.shape[1] > 1:
                 same += int((r.argmax(1) == g.argmax(1)).sum())
                 total += r.shape[0]
@@ -532,9 +541,7 @@ def output_sqnr_db(prog: Program, model: torch.nn.Module, samples) -> float:
         with torch.no_grad():
             ref = model(*sample)
             got = prog.run(*sample)
-        refs = ref if isinstance(ref, (tuple, list)) else (ref,)
-        gots = got if isinstance(got, (tuple, list)) else (got,)
-        for r, g in zip(refs, gots):
+        for r, g in zip(tensor_leaves(ref), tensor_leaves(got)):
             signal += float((r.to(torch.float64) ** 2).sum())
             noise += float(((r.to(torch.float64) - g.to(torch.float64)) ** 2).sum())
     if noise == 0.0:
@@ -753,6 +760,7 @@ def _compile_qat(qat: torch.fx.GraphModule, example_inputs, target, calibration,
     t0 = _clock()
     p.say("corten: converting the QAT module")
     p.converted = convert_qat(qat)
+    p.output_tree = flatten_outputs(p.converted, p.model_name)  # (dicts, NamedTuples: a flat tuple from here on)
     for n in p.converted.graph.nodes:  # the QAT graph was traced with a dynamic batch: shapes anew
         n.meta.pop("val", None)
     propagate_shapes(p.converted, p.example_inputs)

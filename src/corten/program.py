@@ -46,6 +46,18 @@ class TensorSpec:
         return TensorSpec(tuple(d["shape"]), float(d["scale"]), int(d["zero_point"]), int(d.get("bits", 8)))
 
 
+def _graph_output_tree(ep: torch.export.ExportedProgram, name: str, n: int):
+    """The structure the program graph itself returns (a program built without a recorded one, or
+    saved by an older Corten): its ``out_spec``, else ``n`` flat tensors."""
+    from corten.capture import CaptureError
+    from corten.capture.outputs import OutputTree, output_tree
+
+    try:
+        return output_tree(ep.call_spec.out_spec, list(ep.graph.output_node().args[0]), name)
+    except (CaptureError, AttributeError, TypeError):
+        return OutputTree.flat(n)
+
+
 def _edge_bits(node: torch.fx.Node) -> int:
     return int(node.args[3]) if len(node.args) > 3 else int(node.kwargs.get("bits", 8))
 
@@ -80,6 +92,9 @@ class Program:
     unlowered: list[UnloweredNode] | None = None
     info: dict[str, Any] = field(default_factory=dict)
     last_c_run: Any = None
+    # what forward returns (corten.capture.outputs.OutputTree): the program computes the flat list of its
+    # tensors (``outputs``); run / run_c return this structure.  None: the program graph's own structure.
+    output_tree: Any = None
 
     def __post_init__(self) -> None:
         self._module = None
@@ -88,6 +103,32 @@ class Program:
         self.inputs, self.outputs = _io_specs(self.ep)
         if self.unlowered is None:
             self.unlowered = unlowered_nodes(self.ep.graph)
+        if self.output_tree is None:
+            self.output_tree = _graph_output_tree(self.ep, self.name, len(self.outputs))
+        if self.output_tree.num_tensors != len(self.outputs):
+            raise UsageError(f"{self.name}: the output structure has {self.output_tree.num_tensors} tensor(s) "
+                             f"({', '.join(self.output_tree.paths)}) but the program computes {len(self.outputs)}")
+
+    @property
+    def output_names(self) -> list[str]:
+        """The C names of the outputs (``<name>_outputs`` fields, manifest): ``output0``, ``output1``, ... or,
+        for outputs returned in a dict / NamedTuple, their keys' path (``logits``, ``aux_0``, ``aux_1``)."""
+        from corten.codegen.context import output_field_names
+
+        return output_field_names(self.output_tree.keys, self.output_tree.keyed)
+
+    def structure(self, outputs: Sequence[torch.Tensor]):
+        """``outputs`` (one tensor per program output, e.g. ``c_run(...).outputs``) in the structure
+        forward returns (dict, NamedTuple, nested tuples; ``None`` leaves restored)."""
+        return self.output_tree.unflatten(outputs)
+
+    def _returned(self, outputs: Sequence[torch.Tensor]):
+        """What :meth:`run` / :meth:`run_c` return: :meth:`structure`, except that a forward
+        returning a tuple or list of one tensor gives that tensor (as always)."""
+        out = self.structure(outputs)
+        if type(out) in (tuple, list) and len(out) == 1 and isinstance(out[0], torch.Tensor):
+            return out[0]
+        return out
 
     # ------------------------------------------------------------------ inspection
     def op_counts(self) -> dict[str, int]:
@@ -156,11 +197,14 @@ class Program:
         return inputs
 
     def run(self, *inputs: torch.Tensor):
-        """Float outputs computed by the int8 program with the reference kernels."""
+        """Float outputs computed by the int8 program with the reference kernels, in the structure
+        forward returns them (a tensor, a tuple, a dict, a NamedTuple, ...)."""
+        from corten.capture.outputs import tensor_leaves
+
         inputs = self._check_inputs(inputs)
         with torch.no_grad():
             out = self.module()(*inputs)
-        return out[0] if isinstance(out, (tuple, list)) and len(out) == 1 else out
+        return self._returned(tensor_leaves(out))
 
     def int8_module(self) -> torch.fx.GraphModule:
         """A copy of the program whose outputs are the int8 tensors before each final dequantize."""
@@ -181,7 +225,8 @@ class Program:
         return self._int8_module
 
     def run_int8(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        """The int8 output tensors (NHWC bytes for 4-D) the C library must reproduce byte for byte."""
+        """The int8 output tensors (NHWC bytes for 4-D) the C library must reproduce byte for byte: a
+        flat list in output order (``output_names``; :meth:`structure` gives forward's structure)."""
         inputs = self._check_inputs(inputs)
         with torch.no_grad():
             out = self.int8_module()(*inputs)
@@ -269,7 +314,8 @@ class Program:
         sources = self.info.get("node_sources") or {}
         info = {**self.info, "schedule": schedule.to_json(),
                 "node_sources": {new: sources[old] for new, old in origins.items() if old in sources}}
-        prog = Program(ep, self.target, name=self.name, stages=dict(self.stages), unlowered=[], info=info)
+        prog = Program(ep, self.target, name=self.name, stages=dict(self.stages), unlowered=[], info=info,
+                       output_tree=self.output_tree)
         plan.schedule = prog.schedule
         prog._memory = {(kernels, self.target.name): plan}  # the plan the search checked
         return prog
@@ -290,7 +336,7 @@ class Program:
         tgt = self.target if target is None else get_target(target)
         plan = self.memory_for(kernels, tgt.name)
         return emit_c(self.ep, plan, out_dir, self.name, tgt, kernels=kernels,
-                      node_sources=self.info.get("node_sources"))
+                      node_sources=self.info.get("node_sources"), output_names=self.output_names)
 
     def kernel_choices(self, kernels: str = "cmsis-nn", target: str | None = None):
         """The steps of the C library for ``kernels`` (tuple of :class:`corten.codegen.StepInfo`:
@@ -331,6 +377,8 @@ class Program:
         flags = _cflags_tuple(cflags)
         outs, run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, cflags=flags)
         run.outputs = list(outs)
+        run.output_names = self.output_names
+        run.structured = self.structure(run.outputs)
         return run
 
     def profile(self, *inputs: torch.Tensor, on: str = "qemu", target: str | None = None,
@@ -381,8 +429,8 @@ class Program:
     def run_c(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
               cmsis_nn_path: str | None = None, target: str | None = None, int8: bool = False,
               progress: bool = False, cflags: str | Sequence[str] = ()):
-        """:meth:`c_run`, returning the outputs as :meth:`run` does (``int8=True``: the raw int8
-        outputs, as :meth:`run_int8`).  The run itself is also kept in ``last_c_run`` (a
+        """:meth:`c_run`, returning the outputs as :meth:`run` does, in forward's structure
+        (``int8=True``: the raw int8 outputs, a flat list as :meth:`run_int8`).  The run itself is also kept in ``last_c_run`` (a
         convenience; :meth:`c_run` returns it)."""
         run = self.c_run(*inputs, on=on, kernels=kernels, cmsis_nn_path=cmsis_nn_path, target=target,
                          progress=progress, cflags=cflags)
@@ -393,7 +441,7 @@ class Program:
         deq = [o if o.dtype == torch.int32 else  # argmax/argmin indices are returned as they are
                torch.ops.corten.dequantize_per_tensor(o.contiguous(), s.scale, s.zero_point)
                for o, s in zip(outs, self.outputs)]
-        return deq[0] if len(deq) == 1 else tuple(deq)
+        return self._returned(deq)
 
     # ------------------------------------------------------------------ persistence
     def manifest(self) -> dict:
@@ -405,7 +453,9 @@ class Program:
             "name": self.name,
             "target": self.target.name,
             "inputs": [s.to_json() for s in self.inputs],
-            "outputs": [s.to_json() for s in self.outputs],
+            "outputs": [{**s.to_json(), "name": name, "path": path}
+                        for s, name, path in zip(self.outputs, self.output_names, self.output_tree.paths)],
+            "output_tree": self.output_tree.to_json(),
             "op_counts": self.op_counts(),
             "unlowered": [str(n) for n in self.unlowered],
             "info": self.info,
@@ -537,6 +587,16 @@ def read_manifest(path: str | Path) -> tuple[Path, dict]:
         raise _manifest_error(man_path, f"'program_file' {pf!r} must be a file name in the program directory")
     _check_spec_list(man_path, man, "inputs")
     _check_spec_list(man_path, man, "outputs")
+    if "output_tree" in man:  # (older manifests have none: the program file's own structure)
+        from corten.capture.outputs import OutputTree
+
+        try:
+            tree = OutputTree.from_json(man["output_tree"])
+        except ValueError as e:
+            raise _manifest_error(man_path, f"'output_tree' is malformed ({e})") from None
+        if tree.num_tensors != len(man["outputs"]):
+            raise _manifest_error(man_path, f"'output_tree' has {tree.num_tensors} tensor leaves but 'outputs' "
+                                            f"lists {len(man['outputs'])}")
     try:
         get_target(man["target"])
     except ValueError as e:
@@ -559,7 +619,15 @@ def load(path: str | Path) -> Program:
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, KeyError, zipfile errors...
         raise _manifest_error(prog_file, f"torch.export.load cannot read it ({type(e).__name__}: "
                                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
-    prog = Program(ep, get_target(man["target"]), name=man["name"], info=man.get("info", {}))
+    tree = None
+    if "output_tree" in man:
+        from corten.capture.outputs import OutputTree
+
+        tree = OutputTree.from_json(man["output_tree"])
+    want_n, got_n = len(man["outputs"]), sum(1 for a in ep.graph.output_node().args[0] if isinstance(a, torch.fx.Node))
+    if want_n != got_n:
+        raise _manifest_error(man_path, f"it lists {want_n} output(s) but {prog_file.name} computes {got_n}")
+    prog = Program(ep, get_target(man["target"]), name=man["name"], info=man.get("info", {}), output_tree=tree)
     want = [tuple(d["shape"]) for d in man["inputs"]], [tuple(d["shape"]) for d in man["outputs"]]
     got = [s.shape for s in prog.inputs], [s.shape for s in prog.outputs]
     if want != got:

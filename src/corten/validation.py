@@ -6,8 +6,7 @@ never in a traceback from deep inside torch or in a silently wrong program.
 * :func:`check_example_inputs` - zero-size dimensions, non-finite values;
 * :func:`check_samples` - every calibration sample against the example inputs (arity, shape,
   dtype, finiteness) and calibration data that is constant (collapsed ranges);
-* :func:`check_exported` - after ``torch.export``: outputs that are not tensors, zero-size
-  intermediate tensors, non-finite parameters and buffers, BatchNorm with a negative variance;
+* :func:`check_exported` - after ``torch.export``: zero-size intermediate tensors, non-finite parameters and buffers, BatchNorm with a negative variance;
 * :func:`check_observers` - after calibration: non-finite, huge or collapsed activation ranges;
 * :func:`explain_calibration_failure` - the first float node giving NaN/Inf on a sample;
 * :func:`check_lowered` - after lowering: biases that do not fit int32, requantization multipliers
@@ -166,22 +165,8 @@ def _where(node: torch.fx.Node) -> str:
 
 
 def check_exported(ep: torch.export.ExportedProgram, model_name: str) -> None:
-    """Outputs, zero-size intermediate tensors, non-finite constants, negative BatchNorm variances."""
-    from torch.export.graph_signature import OutputKind, TensorArgument
-
-    spec = ep.call_spec.out_spec
-    kind = getattr(spec, "type", None)
-    if kind not in (None, tuple, list):
-        raise CaptureError(f"{model_name}.forward returns a {getattr(kind, '__name__', kind)}; Corten programs return "
-                           "a tensor or a tuple of tensors (return the values in a fixed order instead)")
-    user_outs = [s for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
-    for i, s in enumerate(user_outs):
-        if not isinstance(s.arg, TensorArgument):
-            val = getattr(s.arg, "value", s.arg)
-            raise CaptureError(f"{model_name}.forward output {i} is {val!r}, not a tensor; Corten programs return "
-                               "a tensor or a tuple of tensors computed from the inputs")
-    if not user_outs:
-        raise CaptureError(f"{model_name}.forward returns no tensor; return the tensor(s) to compile")
+    """Zero-size intermediate tensors, non-finite constants, negative BatchNorm variances (the
+    outputs' structure and types are checked by ``corten.compiler.check_exported_ops``)."""
     sig = ep.graph_signature
     fqn = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
            **getattr(sig, "inputs_to_lifted_tensor_constants", {})}

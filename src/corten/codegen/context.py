@@ -74,6 +74,29 @@ def c_identifier(text: str) -> str:
     return ident
 
 
+def output_field_names(keys: Sequence[tuple], keyed: bool) -> list[str]:
+    """The C names of a program's outputs (``<name>_outputs`` fields, header comments): ``output0``,
+    ``output1``, ... or, for outputs returned in a dict / NamedTuple (``keyed``), the path of each
+    one's keys, indices and fields joined by ``_`` (``{"logits": y, "aux": (a, b)}``: ``logits``,
+    ``aux_0``, ``aux_1``), made C identifiers (``output`` before a leading digit, ``output_`` before
+    a C keyword) and unique (``_2``, ``_3`` appended)."""
+    names, used = [], set()
+    for i, path in enumerate(keys):
+        base = "_".join(re.sub(r"[^0-9A-Za-z_]", "_", str(k)) for k in path) if keyed else ""
+        if not base:
+            base = f"output{i}"
+        elif base[0].isdigit():
+            base = "output" + base
+        elif base in C_KEYWORDS:
+            base = "output_" + base
+        name, k = base, 2
+        while name in used:
+            name, k = f"{base}_{k}", k + 1
+        used.add(name)
+        names.append(name)
+    return names
+
+
 def library_name_problem(name: object) -> str | None:
     """Why ``name`` cannot name a C model library (its files and ``<name>_*`` symbols), or None."""
     if not isinstance(name, str):

@@ -228,6 +228,7 @@ class _Generator:
     node_sources: dict = field(default_factory=dict)  # node name -> {"module": path, "source": file:line}
     step_info: list = field(default_factory=list)  # per step: StepInfo
     fallback_reasons: dict = field(default_factory=dict)  # step -> why it runs a portable kernel (EmitContext)
+    output_names: tuple = ()  # C names of the outputs (context.output_field_names); () = output0, output1, ...
 
     def __post_init__(self):
         self.macro = self.name.upper()
@@ -608,7 +609,8 @@ def _io_block(p: str, t: IOTensor, what: str, offset: bool) -> str:
 
 
 def _io_names(g: _Generator) -> tuple[list[str], list[str]]:
-    """C field names of the inputs (the forward's argument names) and outputs (output0, ...)."""
+    """C field names of the inputs (the forward's argument names) and outputs (output0, ..., or the
+    names the program gives them: dict keys and NamedTuple fields, see ``context.output_field_names``)."""
     quants, deqs = g.io_nodes()
     names, used = [], set()
     for ph in g.user_inputs:  # (an input the program never reads has no quantize node)
@@ -618,7 +620,10 @@ def _io_names(g: _Generator) -> tuple[list[str], list[str]]:
             name, k = f"{base}_{k}", k + 1
         used.add(name)
         names.append(name)
-    return names, [f"output{i}" for i in range(len(deqs))]
+    outs = list(g.output_names) or [f"output{i}" for i in range(len(deqs))]
+    if len(outs) != len(deqs) or len(set(outs)) != len(outs) or any(c_identifier(o) != o for o in outs):
+        raise CodegenError(f"output_names {outs} must be {len(deqs)} distinct C identifiers (one per program output)")
+    return names, outs
 
 
 QUANT_HELPERS = r"""
@@ -699,8 +704,10 @@ def _header(g: _Generator, lib: dict, n_steps: int) -> str:
     ins, outs = lib["inputs"], lib["outputs"]
     multi = len(ins) > 1 or len(outs) > 1
     in_names, out_names = _io_names(g)
+    named = out_names[0] != "output0" and not multi  # (one output returned in a dict / NamedTuple)
     blocks = [_io_block(f"{m}_INPUT", ins[0], f"Input{' 0 (' + in_names[0] + ')' if multi else ''}", False),
-              _io_block(f"{m}_OUTPUT", outs[0], f"Output{' 0' if multi else ''}", False)]
+              _io_block(f"{m}_OUTPUT", outs[0], f"Output{' 0' if multi else ''}{f' ({out_names[0]})' if named else ''}",
+                        False)]
     helpers = [_quant_helper(n, m, "input", "", ins[0])] + ([] if outs[0].int32 else
                                                             [_quant_helper(n, m, "output", "", outs[0])])
     io_api = ""
@@ -900,7 +907,8 @@ def _constants_source(g: _Generator) -> str:
 
 # ----------------------------------------------------------------------------- public entry point
 def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, name: str, target: Any,
-           kernels: str = "portable", node_sources: dict | None = None) -> EmittedLibrary:
+           kernels: str = "portable", node_sources: dict | None = None,
+           output_names: Sequence[str] = ()) -> EmittedLibrary:
     """Write the C library of the lowered program ``ep`` planned by ``plan`` into ``out_dir``.
 
     ``name`` becomes the file names and the ``<name>_run`` symbol (a C identifier); ``target`` is a
@@ -908,7 +916,8 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     kernels, copied next to the model) or ``"cmsis-nn"`` (calls into a CMSIS-NN tree found at
     build time through ``CMSIS_NN_PATH``).  ``node_sources`` (``Program.info["node_sources"]``)
     gives each node's PyTorch module path and source line: constant names and step comments use
-    them.  Output is deterministic byte for byte.
+    them.  ``output_names`` (``Program.output_names``): the C names of the outputs (fields of
+    ``<name>_outputs``), by default ``output0``, ``output1``, ...  Output is deterministic byte for byte.
     """
     from corten.targets import get_target
 
@@ -928,7 +937,8 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         raise CodegenError(f"{out_dir}: cannot write the C library there ({e.strerror or e}); "
                            "choose a writable directory") from None
 
-    g = _Generator(ep, plan, name, target, kernels, node_sources=dict(node_sources or {}))
+    g = _Generator(ep, plan, name, target, kernels, node_sources=dict(node_sources or {}),
+                   output_names=tuple(output_names or ()))
     quants, dequants = g.io_nodes()
     quant, dequant = next(q for q in quants if q is not None), dequants[0]
     statements, op_lines = g.statements()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,6 +74,8 @@ class CRun:
     instructions: int | None  # QEMU: instructions of the inference alone
     result: CRunResult
     outputs: list[torch.Tensor] = field(default_factory=list)  # the int8 outputs, set by Program.c_run
+    output_names: list[str] = field(default_factory=list)  # their C names (Program.output_names)
+    structured: Any = None  # the int8 outputs in the structure forward returns (dict, NamedTuple, ...)
 
 
 _KERNEL_OBJECTS: dict[str, Path] = {}

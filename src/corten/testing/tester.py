@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from corten.capture.outputs import tensor_leaves
 from corten.compiler import Pipeline
 from corten.lowering import CortenPassManager
 from corten.lowering.pass_manager import op_display_name
@@ -166,4 +167,5 @@ class Tester:
 
 
 def _as_list(x) -> list[torch.Tensor]:
-    return list(x) if isinstance(x, (tuple, list)) else [x]
+    """The output tensors of a model / program run, in order (dicts, NamedTuples, nested tuples)."""
+    return tensor_leaves(x)
