@@ -7,7 +7,9 @@ would with the header's scale/zero-point macros.
 """
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,9 +120,11 @@ class ProgramRunner:
 
     def __init__(self, program) -> None:
         self.program = program
-        # Removed when the runner (the program) goes away or the process exits.
-        self._tmp = tempfile.TemporaryDirectory(prefix=f"corten-{program.name}-")
-        self.workdir = Path(self._tmp.name)
+        # Removed when the runner (the program) goes away or the process exits - silently: a
+        # TemporaryDirectory would warn (ResourceWarning) whenever the garbage collector frees a
+        # program that ran C, inside whatever code happens to be running then.
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"corten-{program.name}-"))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.workdir), ignore_errors=True)
         self._emitted: dict[tuple[str, str], object] = {}
 
     def library(self, kernels: str, target) -> object:
