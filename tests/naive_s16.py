@@ -153,3 +153,107 @@ def add_s16(x1, x2, mult1, shift1, mult2, shift2, left_shift, out_mult, out_shif
 def mul_s16(x1, x2, out_mult, out_shift, act_min, act_max):
     """``arm_elementwise_mul_s16`` on two equal-length lists of int16 values (offsets are 0)."""
     return [min(max(requantize(a * b, out_mult, out_shift), act_min), act_max) for a, b in zip(x1, x2)]
+
+
+# ----------------------------------------------------------------------------- int16 tables (16x8 nonlinearities)
+def _f32_round(x):
+    """C's ``std::round`` on a float: ties away from zero (exact on a numpy float32 value)."""
+    import math
+
+    import numpy as np
+
+    if not math.isfinite(float(x)):
+        return np.float32(x)
+    a = abs(float(x))
+    r = math.floor(a)
+    if a - r >= 0.5:
+        r += 1
+    return np.float32(math.copysign(r, float(x)))
+
+
+def lut_populate_s16(fn, input_scale, input_zero_point, output_scale, output_zero_point):
+    """TFLite's ``LUTPopulateInt16<float>`` written out with numpy float32 scalars, one entry at a
+    time, as the C++ loop does (``fn``: a Python float -> float function, evaluated in double and
+    rounded to float32).  A NaN bias (``inf - inf``) counts as 0."""
+    import math
+
+    import numpy as np
+
+    f32 = np.float32
+    s_in, s_out = f32(input_scale), f32(output_scale)
+    input_min = s_in * f32(-32768 - input_zero_point)
+    input_max = s_in * f32(32767 - input_zero_point)
+    output_min = s_out * f32(-32768 - output_zero_point)
+    output_max = s_out * f32(32767 - output_zero_point)
+    step = (input_max - input_min) / f32(512)
+    half_step = step / f32(2)
+    inv = f32(65536) / (output_max - output_min)
+    with np.errstate(over="ignore", invalid="ignore"):
+        def f(v):
+            return f32(fn(float(v)))
+
+        lut = []
+        for i in range(512):
+            val = f(input_min + f32(i) * step)
+            val_mid = f(input_min + f32(i) * step + half_step)
+            val_next = f(input_min + f32(i + 1) * step)
+            sample = _f32_round(val * inv)
+            interp = _f32_round((val_next * inv + sample) / f32(2))
+            bias = _f32_round((interp - _f32_round(val_mid * inv)) / f32(2))
+            if math.isnan(float(bias)):
+                bias = f32(0)
+            lut.append(int(min(max(float(sample - bias), -32768.0), 32767.0)))
+        lut.append(int(min(max(float(_f32_round(f(input_max) * inv)), -32768.0), 32767.0)))
+    return lut
+
+
+def lut_lookup_s16(q, lut):
+    """``lut_lookup_with_interpolation`` on one int16 value (the slope kept in a Python int)."""
+    index = 256 + (q >> 7)
+    base = lut[index]
+    return base + ((lut[index + 1] - base) * (q & 0x7F) + 64 >> 7)
+
+
+def cmsis_sigmoid_table():
+    """CMSIS-NN's ``sigmoid_table_uint16`` (sigmoid(i / 24) in 0.16) from its formula: each entry
+    lowered by half the error of the interpolated midpoint, rounded; the last entry 65535."""
+    import math
+
+    def s(t):
+        return 65536.0 / (1.0 + math.exp(-t / 24.0))
+
+    out = []
+    for i in range(255):
+        v = s(i) - ((s(i) + s(i + 1)) / 2 - s(i + 0.5)) / 2
+        out.append(int(math.floor(v + 0.5)))
+    return out + [65535]
+
+
+def activation_s16(q, multiplier, shift, tanh, table):
+    """TFLite's int16 ``reference_integer_ops::Logistic`` / ``Tanh`` on one value (general multiplier;
+    ``arm_nn_activation_s16(left_shift)`` is multiplier ``3 << left_shift`` with shift 0, or 3 with
+    shift ``-left_shift``)."""
+    rounding = 1 << (shift - 1) if shift > 0 else 0
+    frac, sat = (8, 0xFFFF << 8) if tanh else (9, 0x7FFF << 10)
+    x = (q * multiplier + rounding) >> shift
+    a = abs(x)
+    uh = a >> frac
+    if uh >= 255:
+        r = sat
+    else:
+        ua, ub = table[uh], table[uh + 1]
+        r = (ua << frac) + (a & ((1 << frac) - 1)) * (ub - ua)
+    if tanh:  # int32 result, arithmetic shift
+        r = (r - (1 << 23) + (1 << 7)) if x >= 0 else (-r + (1 << 23) + (1 << 7) - 1)
+        return r >> 8
+    r = (r + (1 << 9)) if x >= 0 else ((1 << 25) - r + (1 << 9) - 1)
+    return r >> 10
+
+
+def activation_s16_params(scale):
+    """TFLite's int16 SigmoidPrepare / TanhPrepare, general path."""
+    m, shift = scale * 4096.0 * 3.0, 0
+    while m <= 32767.0 / 2.0 and shift <= 30:
+        shift += 1
+        m *= 2.0
+    return int(m), shift

@@ -1,4 +1,5 @@
-"""``quantized_lut``: any elementwise int8 -> int8 function as a 256-entry lookup table.
+"""``quantized_lut``: any elementwise function as a lookup table (int8: 256 entries; int16: 513, interpolated),
+and ``quantized_activation_s16``: TFLite's 16x8 sigmoid / tanh.
 
 One op serves every elementwise nonlinearity: ``output[i] = table[input[i] + 128]``, where entry
 ``k`` of the int8 ``table`` is the output for the input value ``k - 128``.  The reference kernel
@@ -27,6 +28,40 @@ users).  ``sigmoid`` and ``tanh`` get TFLite's fixed output quantization (scale 
 
 CMSIS-NN has no generic int8 table-lookup kernel, so both C flavours run Corten's portable
 ``corten_lut_s8``.  The output keeps the input's memory format (channels_last stays channels_last).
+
+**int16 activations (TFLite's 16x8 scheme).**  On an int16 input the op takes an int16 table of 513
+entries and interpolates between two of them (TFLite's ``lut_lookup_with_interpolation``; the table
+is TFLite's ``LUTPopulate<int16_t>`` of the same float function, see :mod:`corten.ops._lut16`)::
+
+    output[i] = lut[256 + (q >> 7)] + ((lut[257 + (q >> 7)] - lut[256 + (q >> 7)]) * (q & 0x7f) + 64 >> 7)
+
+with ``q = input[i]``; input and output are int16 (zero point 0).  Every function above but
+``sigmoid`` and ``tanh`` lowers this way in an int16 region, with an observed symmetric int16 output.
+C: the portable ``corten_lut_s16`` in both flavours (in place allowed; CMSIS-NN has no generic s16
+table kernel).  The table's 512 segments span the whole input range, so its error grows with the
+input scale (measured over all 65536 inputs, in output steps: tanh 6.0 at input scale 2**-12, 117
+at 1.9e-3; the drift of TFLite's grid - entry i sampled at ``-32768 + i * 65535 / 512``, read at
+``-32768 + 128 i`` - adds up to one input step).
+
+**int16 sigmoid and tanh** lower to ``quantized_activation_s16(input, table, input_multiplier,
+input_shift, function)``, TFLite's 16x8 ``Logistic`` / ``Tanh`` (``reference_integer_ops``; output
+scale 1/32768, zero point 0 for both, TFLite's fixed 16x8 quantization)::
+
+    x  = (q * input_multiplier + rounding) >> input_shift     # the input in steps of 1 / (3 * 4096)
+    y  = interpolate sigmoid_table[|x| >> 9] .. [+1] on |x| & 0x1ff   (tanh: >> 8, & 0xff: 2 sigmoid(2x) - 1)
+    y  = mirrored for x < 0, rounded to Q0.15 (saturated where |x| >> 9 >= 255)
+
+``sigmoid_table`` is ``sigmoid(i / 24)`` in 0.16 for i = 0..255 (:func:`sigmoid_table`: each entry
+lowered by half the error of its interpolated midpoint; equal to CMSIS-NN's ``sigmoid_table_uint16``,
+checked in ``tests/test_lut16.py``), so the table covers sigmoid's useful range at every input scale
+(measured max error over all inputs: sigmoid 1.0 / tanh 1.5 steps at input scale 2**-12, 1.2 / 2.4
+at 1.9e-3, against 2.4 / 6.0 and 17 / 117 for the 513-entry table).  ``input_multiplier`` /
+``input_shift`` come from TFLite's ``SigmoidPrepare``/``TanhPrepare`` (:func:`activation_s16_params`).
+CMSIS-NN's ``arm_nn_activation_s16`` is the same arithmetic for multipliers ``3 * 2**j`` only (a
+power-of-two input scale ``2**(left_shift - 12)``; byte-identical on all 65536 inputs for left
+shifts -6..3, ``tests/test_lut16.py``): the "cmsis-nn" flavour calls it for those and runs Corten's
+portable ``corten_activation_s16`` for every other scale (observed scales are not powers of two, so
+that is the common case; the CMSIS-NN kernel is a plain C loop, no faster).
 """
 from __future__ import annotations
 
@@ -37,7 +72,7 @@ import torch
 
 from corten.errors import LoweringError
 from corten.fixed_point import round_half_away_t as round_half_away  # exact ties-away rounding
-from corten.ops import checks
+from corten.ops import _lut16, checks
 from corten.ops._common import layout_of
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
@@ -49,6 +84,10 @@ INPUT_BIAS = 128  # table index of input value q is q + 128
 
 def _check(input: torch.Tensor, table: torch.Tensor) -> None:
     op = "quantized_lut"
+    if input.dtype == torch.int16:  # 16x8: 513 int16 entries, interpolated
+        checks.dtype(op, "table", table, torch.int16)
+        checks.shape(op, "table", table, (_lut16.LUT16_SIZE,))
+        return
     checks.dtype(op, "input", input, torch.int8)
     checks.dtype(op, "table", table, torch.int8)
     checks.shape(op, "table", table, (TABLE_SIZE,))
@@ -57,6 +96,9 @@ def _check(input: torch.Tensor, table: torch.Tensor) -> None:
 @torch.library.custom_op("corten::quantized_lut", mutates_args=())
 def quantized_lut(input: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     _check(input, table)
+    if input.dtype == torch.int16:
+        out = _lut16.lookup(input, table).to(torch.int16)
+        return out.contiguous(memory_format=layout_of(input))
     index = input.to(torch.int64) + INPUT_BIAS
     return table[index].contiguous(memory_format=layout_of(input))
 
@@ -67,7 +109,91 @@ def _(input, table):
     return torch.empty_like(input, memory_format=layout_of(input))
 
 
-family = register_family(OpFamily(FAMILY, ("quantized_lut",), doc=__doc__))
+# ----------------------------------------------------------------------------- int16 sigmoid / tanh
+SIGMOID, TANH = 0, 1  # CMSIS-NN's arm_nn_activation_type (ARM_SIGMOID, ARM_TANH)
+SIGMOID_TABLE_SIZE = 256
+
+
+def sigmoid_table() -> torch.Tensor:
+    """TFLite's / CMSIS-NN's ``sigmoid_table_uint16``: ``sigmoid(i / 24)`` in 0.16 for i = 0..255, each
+    entry lowered by half the error of the interpolated midpoint and rounded, the last 65535 (equal
+    to CMSIS-NN's table, ``tests/test_lut16.py``).  Returned as int16 holding the uint16 bits."""
+    def s(t: float) -> float:
+        return 65536.0 / (1.0 + math.exp(-t / 24.0))
+
+    vals = [math.floor(s(i) - ((s(i) + s(i + 1)) / 2 - s(i + 0.5)) / 2 + 0.5) for i in range(SIGMOID_TABLE_SIZE - 1)]
+    return torch.tensor(vals + [65535], dtype=torch.int32).to(torch.int16)  # (uint16 bits)
+
+
+def activation_s16_params(input_scale: float) -> tuple[int, int]:
+    """TFLite's int16 ``SigmoidPrepare`` / ``TanhPrepare`` multiplier (the general-scale path):
+    ``(multiplier, right_shift)`` with ``q * multiplier >> right_shift`` the input in steps of
+    1 / (3 * 4096) - the units of the table.  (TFLite takes a separate power-of-two path when
+    ``log2(scale)`` is within 1e-3 of -12 or -11; at exact powers of two both paths compute the same
+    values, near them TFLite's rounds the scale - Corten always takes the general one.)"""
+    multiplier, shift = float(input_scale) * 4096.0 * 3.0, 0
+    while multiplier <= 32767.0 / 2.0 and shift <= 30:
+        shift += 1
+        multiplier *= 2.0
+    mult = int(multiplier)
+    if not 0 < mult <= 65535:
+        raise ValueError(f"int16 sigmoid/tanh: input scale {input_scale!r} is outside what the int32 arithmetic "
+                         "takes (multiplier 1 .. 65535, input scale up to ~5.3)")
+    return mult, shift
+
+
+def _check_activation(input, table, input_multiplier, input_shift, function):
+    op = "quantized_activation_s16"
+    checks.dtype(op, "input", input, torch.int16)
+    checks.dtype(op, "table", table, torch.int16)
+    checks.shape(op, "table", table, (SIGMOID_TABLE_SIZE,))
+    checks.in_range(op, "input_multiplier", input_multiplier, 1, 65535)
+    checks.in_range(op, "input_shift", input_shift, 0, 31)
+    checks.in_range(op, "function", function, SIGMOID, TANH)
+
+
+@torch.library.custom_op("corten::quantized_activation_s16", mutates_args=())
+def quantized_activation_s16(input: torch.Tensor, table: torch.Tensor, input_multiplier: int, input_shift: int,
+                             function: int) -> torch.Tensor:
+    """TFLite's int16 ``Logistic`` (``function`` 0) / ``Tanh`` (1), ``reference_integer_ops``."""
+    _check_activation(input, table, input_multiplier, input_shift, function)
+    t = table.to(torch.int64) & 0xFFFF
+    rounding = (1 << (input_shift - 1)) if input_shift > 0 else 0
+    x = (input.to(torch.int64) * input_multiplier + rounding) >> input_shift
+    a = x.abs()
+    frac_bits = 8 if function == TANH else 9  # tanh(x) = 2 * sigmoid(2x) - 1: one bit less
+    uh = a >> frac_bits
+    i = uh.clamp(max=SIGMOID_TABLE_SIZE - 2)
+    ua, ub = t[i], t[i + 1]
+    r = (ua << frac_bits) + (a & ((1 << frac_bits) - 1)) * (ub - ua)
+    if function == TANH:
+        r = torch.where(uh >= 255, 0xFFFF << 8, r)
+        out = torch.where(x >= 0, r - (1 << 23) + (1 << 7), -r + (1 << 23) + (1 << 7) - 1) >> 8
+    else:
+        r = torch.where(uh >= 255, 0x7FFF << 10, r)
+        out = torch.where(x >= 0, r + (1 << 9), (1 << 25) - r + (1 << 9) - 1) >> 10
+    return out.to(torch.int16).contiguous(memory_format=layout_of(input))
+
+
+@quantized_activation_s16.register_fake
+def _(input, table, input_multiplier, input_shift, function):
+    _check_activation(input, table, input_multiplier, input_shift, function)
+    return torch.empty_like(input, memory_format=layout_of(input))
+
+
+def cmsis_left_shift(input_multiplier: int, input_shift: int) -> int | None:
+    """The ``left_shift`` of ``arm_nn_activation_s16`` (input ``q * 3 << left_shift``, or ``(q * 3 +
+    rounding) >> -left_shift``) computing the same values as ``(multiplier, shift)``, or None: only
+    multipliers ``3 * 2**j`` (a power-of-two input scale) have one."""
+    j = 0
+    while input_multiplier % (2 ** (j + 1)) == 0:
+        j += 1
+    if input_multiplier != 3 << j:
+        return None
+    return j - input_shift
+
+
+family = register_family(OpFamily(FAMILY, ("quantized_lut", "quantized_activation_s16"), doc=__doc__))
 
 
 # ----------------------------------------------------------------------------- table construction
@@ -95,6 +221,12 @@ def build_table(fn: Callable[[torch.Tensor], torch.Tensor], input_scale: float, 
     # Clamp before rounding so that huge or infinite values saturate instead of overflowing.
     steps = round_half_away((y / float(output_scale)).clamp(-1e6, 1e6))
     return (steps + int(output_zero_point)).clamp(-128, 127).to(torch.int8)
+
+
+def build_table16(fn: Callable[[torch.Tensor], torch.Tensor], input_scale: float, output_scale: float) -> torch.Tensor:
+    """The int16 [513] interpolation table of ``fn`` between two symmetric int16 quantizations
+    (TFLite's ``LUTPopulate<int16_t>``, :func:`corten.ops._lut16.populate`)."""
+    return _lut16.populate(fn, input_scale, 0, output_scale, 0)
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -149,12 +281,13 @@ CLAMPS = {
     _aten.clamp.default: _aten.clamp.default,
     _aten.clamp_.default: _aten.clamp.default,
 }
-# TFLite's fixed output quantization: sigmoid in [0, 1), tanh in [-1, 1).
+# TFLite's fixed output quantization: sigmoid in [0, 1), tanh in [-1, 1); in 16x8 both 1/32768, 0.
 SIGMOID_QPARAMS = (1.0 / 256.0, -128)
 TANH_QPARAMS = (1.0 / 128.0, 0)
+SIGMOID_QPARAMS_S16 = TANH_QPARAMS_S16 = (1.0 / 32768.0, 0)
 
-annotates("fixed", _aten.sigmoid.default, _aten.sigmoid_.default, fixed=SIGMOID_QPARAMS)
-annotates("fixed", _aten.tanh.default, _aten.tanh_.default, fixed=TANH_QPARAMS)
+annotates("fixed", _aten.sigmoid.default, _aten.sigmoid_.default, fixed=SIGMOID_QPARAMS, fixed16=SIGMOID_QPARAMS_S16)
+annotates("fixed", _aten.tanh.default, _aten.tanh_.default, fixed=TANH_QPARAMS, fixed16=TANH_QPARAMS_S16)
 annotates("unary", *(t for t in FUNCTIONS if FUNCTIONS[t] not in (_aten.sigmoid.default, _aten.tanh.default)))
 # The quantizer marks a relu/clamp fused into its producer as part of that producer's pattern
 # first (the producer comes earlier in the graph), so this only annotates standalone ones.
@@ -191,16 +324,26 @@ def real_function(node) -> Callable[[torch.Tensor], torch.Tensor]:
 # -alpha = -2.5 with output scale 1): evaluated per element, the table is the same on every machine.
 
 
-@lowers(*FUNCTIONS, *CLAMPS)
+@lowers(*FUNCTIONS, *CLAMPS, int16=True)
 def lower_lut(m: Match):
     """A standalone quantized elementwise activation -> ``quantized_lut`` with its table computed
-    from the float function and the input/output quantization parameters."""
+    from the float function and the input/output quantization parameters (int8: 256 entries;
+    int16: 513 interpolated entries)."""
     if len(m.inputs) != 1:
         raise LoweringError("an elementwise activation needs exactly one quantized tensor input")
     x = m.inputs[0]
+    if x.qparams.dtype != m.output.dtype:
+        raise LoweringError(f"{m.node.name}: a {x.qparams.dtype} input with a {m.output.dtype} output; a table "
+                            "maps int8 to int8 or int16 to int16")
+    fn = {**FUNCTIONS, **CLAMPS}.get(m.node.target)
+    if x.qparams.dtype == torch.int16 and fn in (_aten.sigmoid.default, _aten.tanh.default) and m.activation is None:
+        return _lower_activation_s16(m, x, TANH if fn is _aten.tanh.default else SIGMOID)
     try:
-        table = build_table(real_function(m.node), x.qparams.scale, x.qparams.zero_point,
-                            m.output.scale, m.output.zero_point)
+        if x.qparams.dtype == torch.int16:
+            table = build_table16(real_function(m.node), x.qparams.scale, m.output.scale)
+        else:
+            table = build_table(real_function(m.node), x.qparams.scale, x.qparams.zero_point,
+                                m.output.scale, m.output.zero_point)
     except ValueError as e:
         raise LoweringError(f"{m.node.name}: {e}") from e
     # A clamp the lowering saw fused after this node (no quantize in between) folds into the table.
@@ -209,25 +352,75 @@ def lower_lut(m: Match):
     return m.call("quantized_lut", x.node, m.add_constant(table, "table"))
 
 
+def _lower_activation_s16(m: Match, x, function: int):
+    """int16 sigmoid / tanh -> ``quantized_activation_s16`` (TFLite's 16x8 Logistic / Tanh: output
+    scale 1/32768, zero point 0)."""
+    if (m.output.scale, m.output.zero_point) != SIGMOID_QPARAMS_S16:
+        raise LoweringError(f"{m.node.name}: int16 {'tanh' if function == TANH else 'sigmoid'} output quantized with "
+                            f"scale {m.output.scale}, zero point {m.output.zero_point}; TFLite's 16x8 kernel needs "
+                            "1/32768 and 0 (use CortenQuantizer)")
+    try:
+        mult, shift = activation_s16_params(x.qparams.scale)
+    except ValueError as e:
+        raise LoweringError(f"{m.node.name}: {e}") from e
+    return m.call("quantized_activation_s16", x.node, m.add_constant(sigmoid_table(), "sigmoid_table"), mult, shift,
+                  function)
+
+
 # ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_lut")
+@family.provides("scratch_bytes", "quantized_lut", "quantized_activation_s16")
 def _lut_scratch(node: Any, target: Any) -> int:
-    """``corten_lut_s8`` needs no buffer; it is elementwise, so its output may overwrite its input."""
+    """``corten_lut_s8``/``_s16``, ``corten_activation_s16`` and ``arm_nn_activation_s16`` need no
+    buffer; they are elementwise, so the output may overwrite the input."""
     return 0
 
 
 # ----------------------------------------------------------------------------- C emission
 @family.provides("emit_c", "quantized_lut")
 def _emit_lut_c(ctx) -> str:
-    """One ``corten_lut_s8`` call, in both flavours: CMSIS-NN has no generic s8 table-lookup
-    kernel (its ``arm_relu6_s8``/``arm_relu_q7`` clamp raw values without quantization
-    parameters), so the "cmsis-nn" flavour runs Corten's portable kernel too."""
-    ctx.portable_kernel("CMSIS-NN has no generic int8 lookup-table kernel")
+    """One ``corten_lut_s8`` (``corten_lut_s16`` on int16) call, in both flavours: CMSIS-NN has no
+    generic s8 table-lookup kernel (its ``arm_relu6_s8``/``arm_relu_q7`` clamp raw values without
+    quantization parameters) and its s16 one takes power-of-two scales only (see the family
+    docstring), so the "cmsis-nn" flavour runs Corten's portable kernel too."""
     size = 1
     for d in ctx.shape(ctx.arg("input")):
         size *= int(d)
+    if ctx.arg("input").meta["val"].dtype == torch.int16:
+        ctx.portable_kernel("int16 table with interpolation (arm_nn_activation_s16 takes power-of-two input "
+                            "scales only)")
+        table = ctx.const("table", torch.int16)
+        x, out = f"(const int16_t *)(const void *){ctx.input('input')}", f"(int16_t *)(void *){ctx.out()}"
+        return ctx.call(f"corten_lut_s16({x}, {table}, {out}, {size})")
+    ctx.portable_kernel("CMSIS-NN has no generic int8 lookup-table kernel")
     table = ctx.const("table", torch.int8)
     return ctx.call(f"corten_lut_s8({ctx.input('input')}, {table}, {ctx.out()}, {size})")
+
+
+@family.provides("emit_c", "quantized_activation_s16")
+def _emit_activation_s16_c(ctx) -> str:
+    """``arm_nn_activation_s16`` (CMSIS-NN) when the multiplier is ``3 * 2**j`` (a power-of-two input
+    scale: the only ones it takes), else ``corten_activation_s16``."""
+    size = 1
+    for d in ctx.shape(ctx.arg("input")):
+        size *= int(d)
+    mult, shift, function = (int(ctx.arg(a)) for a in ("input_multiplier", "input_shift", "function"))
+    x, out = f"(const int16_t *)(const void *){ctx.input('input')}", f"(int16_t *)(void *){ctx.out()}"
+    left_shift = cmsis_left_shift(mult, shift)
+    if ctx.kernels == "cmsis-nn" and left_shift is not None:
+        kind = "ARM_TANH" if function == TANH else "ARM_SIGMOID"
+        return ctx.call(f"arm_nn_activation_s16({x}, {out}, {size}, {left_shift}, {kind})")
+    if ctx.kernels != "portable":
+        ctx.portable_kernel(f"input multiplier {mult} >> {shift} is not 3 * 2**j (arm_nn_activation_s16 takes "
+                            "power-of-two input scales only)")
+    table = ctx.const("table", torch.int16)
+    return ctx.call(f"corten_activation_s16({x}, (const uint16_t *)(const void *){table}, {mult}, {shift}, "
+                    f"{function}, {out}, {size})")
+
+
+@family.provides("in_place_inputs", "quantized_activation_s16")
+def _activation_s16_in_place_inputs(node) -> tuple[int, ...]:
+    """Elementwise: each output element reads only the input element at its index."""
+    return (0,)
 
 
 @family.provides("in_place_inputs", "quantized_lut")

@@ -167,27 +167,30 @@ class Annotation:
         (quantized along ``weight_axis``), int32 bias, int8 output after a fused activation;
       * ``"binary"``   - two int8 activation inputs, int8 output after a fused activation;
       * ``"unary"``    - one int8 activation input, an int8 output with its own qparams;
-      * ``"fixed"``    - as unary, with output qparams fixed to ``fixed = (scale, zero_point)``;
+      * ``"fixed"``    - as unary, with output qparams fixed to ``fixed = (scale, zero_point)``
+        (``fixed16``: the int16 ones, when the op lowers int16 too);
       * ``"shared"``   - output (and any further tensor inputs) share the first input's qparams.
     """
 
     kind: str
     weight_axis: int = 0
     fixed: tuple[float, int] | None = None
+    fixed16: tuple[float, int] | None = None
 
 
 ANNOTATION_KINDS = ("weighted", "binary", "unary", "fixed", "shared")
 _ANNOTATIONS: dict[Any, Annotation] = {}
 
 
-def annotates(kind: str, *aten_targets: Any, weight_axis: int = 0, fixed: tuple[float, int] | None = None) -> None:
+def annotates(kind: str, *aten_targets: Any, weight_axis: int = 0, fixed: tuple[float, int] | None = None,
+              fixed16: tuple[float, int] | None = None) -> None:
     """Declare how the quantizer annotates ``aten_targets`` (see :class:`Annotation`)."""
     if kind not in ANNOTATION_KINDS:
         raise ValueError(f"annotation kind {kind!r} is not one of {ANNOTATION_KINDS}")
     for t in aten_targets:
         if t in _ANNOTATIONS:
             raise ValueError(f"two annotations for {t}")
-        _ANNOTATIONS[t] = Annotation(kind, weight_axis, fixed)
+        _ANNOTATIONS[t] = Annotation(kind, weight_axis, fixed, fixed16)
 
 
 def annotation_for(aten_target: Any) -> Annotation | None:

@@ -215,7 +215,8 @@ class CortenQuantizer(Quantizer):
                 if ann.kind == "shared":  # shared qparams follow the producer's dtype
                     act = act16 if _producer_dtype(node) == torch.int16 and supports_int16(node.target) else act8
                 elif (precision_of(node, self.precision) == "int16" and supports_int16(node.target)
-                      and (ann.kind != "binary" or _two_activations(node))):
+                      and (ann.kind != "binary" or _two_activations(node))
+                      and (ann.kind != "fixed" or ann.fixed16 is not None)):
                     act = act16
                     self.int16_nodes.append(node.name)
                 else:
@@ -227,7 +228,7 @@ class CortenQuantizer(Quantizer):
                 elif ann.kind == "unary":
                     _mark(node, {node.args[0]: _input_qspec(node.args[0], act)}, act) if isinstance(node.args[0], Node) else None
                 elif ann.kind == "fixed":
-                    self._annotate_fixed(node, act, ann.fixed)
+                    self._annotate_fixed(node, act, ann.fixed16 if act.dtype == torch.int16 else ann.fixed)
                 else:
                     self._annotate_shared(node, act)
         self._annotate_float_outputs(model, act)
@@ -281,8 +282,13 @@ class CortenQuantizer(Quantizer):
         if not isinstance(x, Node):
             return
         scale, zero_point = fixed
-        out = FixedQParamsQuantizationSpec(dtype=torch.int8, scale=scale, zero_point=zero_point,
-                                           quant_min=INT8_MIN, quant_max=INT8_MAX, qscheme=torch.per_tensor_affine)
+        if act.dtype == torch.int16:  # TFLite 16x8: symmetric int16 (softmax, sigmoid, tanh: 1/32768, 0)
+            out = FixedQParamsQuantizationSpec(dtype=torch.int16, scale=scale, zero_point=zero_point,
+                                               quant_min=INT16_MIN, quant_max=INT16_MAX,
+                                               qscheme=torch.per_tensor_symmetric)
+        else:
+            out = FixedQParamsQuantizationSpec(dtype=torch.int8, scale=scale, zero_point=zero_point,
+                                               quant_min=INT8_MIN, quant_max=INT8_MAX, qscheme=torch.per_tensor_affine)
         _mark(node, {x: _input_qspec(x, act)}, out)
 
     def _annotate_shared(self, node: Node, act: QuantizationSpec) -> None:
@@ -297,7 +303,10 @@ class CortenQuantizer(Quantizer):
         if not tensors:
             return
         first = tensors[0]
-        inputs = {first: act}
+        # int16: after a fixed-qparams op (sigmoid, tanh, softmax) the int16 values are read as they
+        # are - a separate observer would need an int16 -> int16 requantize, which Corten has not
+        # (int8 keeps its observer: the lowering maps the two grids with a 256-entry table).
+        inputs = {first: _input_qspec(first, act) if act.dtype == torch.int16 else act}
         for other in tensors[1:]:
             inputs[other] = SharedQuantizationSpec((first, node))
         val = node.meta.get("val")
@@ -311,24 +320,22 @@ class CortenQuantizer(Quantizer):
 
 
 def _two_activations(node: Node) -> bool:
-    """Both operands of a binary op are computed tensors the op may observe in int16: no constant
-    operand, no int8 output of a fixed-qparams op (sigmoid, tanh, softmax: read as they are), as the
-    16x8 add and mul take two int16 tensors."""
-    def ok(a) -> bool:
-        if not isinstance(a, Node) or a.op == "get_attr":
-            return False
-        ann = a.meta.get("quantization_annotation")
-        return ann is None or not isinstance(ann.output_qspec, FixedQParamsQuantizationSpec)
-
-    return all(ok(a) for a in node.args[:2])
+    """Both operands of a binary op are computed tensors (the 16x8 add and mul take two int16
+    tensors, no constant operand).  The output of a fixed-qparams op (sigmoid, tanh, softmax) is one:
+    of the op's width it is read as it is, of the other width it is observed on the edge and
+    requantized (:func:`_input_qspec`)."""
+    return all(isinstance(a, Node) and a.op != "get_attr" for a in node.args[:2])
 
 
 def _input_qspec(arg: Node, act: QuantizationSpec):
     """The qspec of an input edge: the activation spec, except after an op with a fixed output
-    quantization (softmax, sigmoid, tanh), whose int8 output is read as it is (a separate observer
-    would leave a requantizing dequantize/quantize pair between the two ops)."""
+    quantization (softmax, sigmoid, tanh) of the same width, whose output is read as it is (a
+    separate observer would leave a requantizing dequantize/quantize pair between the two ops).  A
+    fixed output of the other width (an int8 sigmoid feeding an int16 op, or the reverse) gets the
+    edge's own observer: the lowering puts a ``quantized_requantize`` there."""
     ann = arg.meta.get("quantization_annotation")
-    if ann is not None and isinstance(ann.output_qspec, FixedQParamsQuantizationSpec):
+    if (ann is not None and isinstance(ann.output_qspec, FixedQParamsQuantizationSpec)
+            and ann.output_qspec.dtype == act.dtype):
         return SharedQuantizationSpec(arg)
     return act
 

@@ -194,6 +194,16 @@ int corten_nchw_to_nhwc_s16(const corten_dims *dims, const int16_t *input, int16
  *  output may be the same buffer as input (see corten/ops/lut.py). */
 int corten_lut_s8(const int8_t *input, const int8_t *table, int8_t *output, int32_t size);
 
+/** 16x8 table lookup with interpolation (TFLite's lut_lookup_with_interpolation): 513-entry int16
+ *  table, entry 256 + (q >> 7) and the next one weighted by q & 0x7f; output may be input. */
+int corten_lut_s16(const int16_t *input, const int16_t *table, int16_t *output, int32_t size);
+
+/** TFLite's 16x8 Logistic (function 0) / Tanh (1): input (q * multiplier + rounding) >> shift in
+ *  steps of 1/(3 * 4096), interpolated in the 256-entry sigmoid(i / 24) table (0.16); output scale
+ *  1/32768, output may be input.  multiplier 1..65535, shift 0..31 (corten/ops/lut.py). */
+int corten_activation_s16(const int16_t *input, const uint16_t *table, int32_t multiplier, int32_t shift,
+                          int32_t function, int16_t *output, int32_t size);
+
 /**
  * Grouped conv2d, NHWC input, OHWI filter [C_out, kH, kW, C_in / groups] (groups = C_in / filter C, as
  * arm_convolve_s8), optional int32 bias [C_out]; output channel o reads the input channels of group

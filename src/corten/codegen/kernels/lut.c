@@ -7,6 +7,12 @@
  * input/output quantization (see corten/ops/lut.py), so this kernel does no arithmetic and is
  * bit-exact with the reference by construction.  CMSIS-NN has no generic s8 lookup kernel: the
  * "cmsis-nn" flavour of a model runs this one too.
+ *
+ * corten_lut_s16: the int16 (16x8) variant, TFLite's lut_lookup_with_interpolation on a 513-entry
+ * int16 table over the whole int16 input range (corten/ops/_lut16.py).
+ *
+ * corten_activation_s16: TFLite's int16 Logistic / Tanh (reference_integer_ops) with a general input
+ * multiplier; CMSIS-NN's arm_nn_activation_s16 computes the same for multipliers 3 * 2**j.
  */
 #include <stddef.h>
 
@@ -21,6 +27,63 @@ int corten_lut_s8(const int8_t *input, const int8_t *table, int8_t *output, int3
     /* Each output byte reads only the input byte at its index, so output may be input. */
     for (i = 0; i < size; i++) {
         output[i] = table[(int32_t)input[i] + 128];
+    }
+    return CORTEN_OK;
+}
+
+int corten_lut_s16(const int16_t *input, const int16_t *table, int16_t *output, int32_t size)
+{
+    int32_t i;
+    if (input == NULL || table == NULL || output == NULL || size < 0) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    /* Elementwise (output may be input).  index = 256 + (q >> 7) written as (q + 32768) >> 7 and the
+     * rounding ">> 7" of a signed product as a floor division, so that no negative value is shifted;
+     * the slope stays in int32. */
+    for (i = 0; i < size; i++) {
+        const int32_t q = (int32_t)input[i] + 32768;
+        const int32_t index = q >> 7;
+        const int32_t base = table[index];
+        const int32_t t = ((int32_t)table[index + 1] - base) * (q & 0x7F) + 64;
+        const int32_t delta = t >= 0 ? t / 128 : -((127 - t) / 128);
+        output[i] = (int16_t)(base + delta);
+    }
+    return CORTEN_OK;
+}
+
+int corten_activation_s16(const int16_t *input, const uint16_t *table, int32_t multiplier, int32_t shift,
+                          int32_t function, int16_t *output, int32_t size)
+{
+    int32_t i;
+    const int32_t frac_bits = function == 1 ? 8 : 9; /* tanh(x) = 2 * sigmoid(2x) - 1 */
+    int32_t rounding;
+    if (input == NULL || table == NULL || output == NULL || size < 0 || multiplier < 1 || multiplier > 65535 ||
+        shift < 0 || shift > 31 || function < 0 || function > 1) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    rounding = shift > 0 ? (int32_t)(1UL << (shift - 1)) : 0;
+    for (i = 0; i < size; i++) {
+        /* |input * multiplier| <= 2**31 - 2**15: int32; the shift of a negative value as a floor division */
+        const int64_t p = (int64_t)input[i] * multiplier + rounding;
+        const int32_t x = (int32_t)(p >= 0 ? p >> shift : -((-p + ((int64_t)1 << shift) - 1) >> shift));
+        const uint32_t a = (uint32_t)(x >= 0 ? x : -x);
+        const uint32_t uh = a >> frac_bits;
+        uint32_t r;
+        if (uh >= 255u) {
+            r = function == 1 ? 0xFFFFu << 8 : 0x7FFFu << 10;
+        } else {
+            const uint32_t ua = table[uh];
+            const uint32_t ub = table[uh + 1];
+            r = (ua << frac_bits) + (a & ((1u << frac_bits) - 1u)) * (ub - ua);
+        }
+        if (function == 1) {
+            /* x >= 0: r >= 2**23 (table[0] = 32768); x < 0: a negative result, shifted as a floor division */
+            const int32_t v = x >= 0 ? (int32_t)(r - (1u << 23)) + (1 << 7) : (1 << 23) + (1 << 7) - 1 - (int32_t)r;
+            output[i] = (int16_t)(v >= 0 ? v / 256 : -((255 - v) / 256));
+        } else {
+            const uint32_t v = x >= 0 ? r + (1u << 9) : (1u << 25) - r + (1u << 9) - 1u;
+            output[i] = (int16_t)(v >> 10);
+        }
     }
     return CORTEN_OK;
 }
