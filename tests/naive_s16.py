@@ -257,3 +257,32 @@ def activation_s16_params(scale):
         shift += 1
         m *= 2.0
     return int(m), shift
+
+
+def softmax_s16(row, multiplier, shift, exp_lut, one_by_one_lut):
+    """TFLite's ``reference_ops::SoftmaxInt16`` on one row of int16 values (plain Python ints; the
+    differences rescaled with arm_nn_requantize, TFLite's MultiplyByQuantizedMultiplier)."""
+    mx = max(row)
+    exps = []
+    for v in row:
+        d = requantize(v - mx, multiplier, shift) + 32767
+        exps.append(lut_lookup_s16(min(max(d, -32768), 32767), exp_lut))
+    total = sum(exps)
+    headroom_plus_one = 32 - total.bit_length()
+    shifted = ((total << (headroom_plus_one - 1)) + (1 << 13)) >> 14
+    recip = lut_lookup_s16(min(max(shifted - (1 << 15) - (1 << 16), -32768), 32767), one_by_one_lut)
+    right = 31 - headroom_plus_one
+    return [min(max((e * recip + (1 << (right - 1))) >> right, -32768), 32767) for e in exps]
+
+
+def softmax_s16_tables():
+    """TFLite's int16 softmax tables written out: exp on [-10, 0] and 1/(1+x) on [0, 1] (float lambdas)."""
+    import math
+
+    import numpy as np
+
+    r = np.float32(65535)
+    exp_lut = lut_populate_s16(lambda x: math.exp(np.float32(x)), np.float32(10) / r, 32767, np.float32(2) / r, 0)
+    one_lut = lut_populate_s16(lambda x: np.float32(1) / (np.float32(1) + np.float32(x)), np.float32(1) / r, -32768,
+                               np.float32(2) / r, 0)
+    return exp_lut, one_lut

@@ -150,6 +150,9 @@ def _check_activation(input, table, input_multiplier, input_shift, function):
     checks.in_range(op, "input_multiplier", input_multiplier, 1, 65535)
     checks.in_range(op, "input_shift", input_shift, 0, 31)
     checks.in_range(op, "function", function, SIGMOID, TANH)
+    if 32768 * input_multiplier + ((1 << input_shift) >> 1) > 2**31 - 1:
+        checks.fail(op, "input_multiplier", f"{input_multiplier} with shift {input_shift}: q * multiplier + rounding "
+                    "overflows int32")
 
 
 @torch.library.custom_op("corten::quantized_activation_s16", mutates_args=())

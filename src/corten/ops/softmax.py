@@ -1,4 +1,4 @@
-"""``quantized_softmax`` (CMSIS-NN's ``arm_softmax_s8``) and ``quantized_log_softmax`` (TFLite's int8
+"""``quantized_softmax`` (CMSIS-NN's ``arm_softmax_s8``; int16: ``arm_softmax_s16``) and ``quantized_log_softmax`` (TFLite's int8
 reference ``LogSoftmax``), over any dimension.
 
 Every row (the ``dim`` dimension; ``row_size`` elements) is processed as the C kernel does, in int32
@@ -29,6 +29,28 @@ Any dimension: in memory (NHWC for 4-D activations, row-major otherwise) the row
 dim of a 4-D one) the CMSIS-NN flavour calls ``arm_softmax_s8``; otherwise both flavours run the
 portable strided kernel (no transpose, no extra memory).
 
+**16x8 (int16 rows).**  On an int16 input ``quantized_softmax`` is TFLite's ``SoftmaxInt16`` (CMSIS-NN's
+``arm_softmax_s16``) with two 513-entry int16 tables, ``exp_lut`` (exp on [-10, 0]) and
+``one_by_one_lut`` (1/(1+x) on [0, 1]), TFLite's ``LUTPopulate<int16_t>`` in float32
+(:func:`softmax_s16_tables`; equal entry for entry to the tables of CMSIS-NN's unit tests), read with
+interpolation (:mod:`corten.ops._lut16`)::
+
+    e      = lut(exp_lut, clamp(requantize(x - max(row), mult, shift) + 32767))   # Q0.15
+    sum    = sum of e;  h = clz(sum)
+    recip  = lut(one_by_one_lut, clamp((((sum << (h - 1)) + 2**13) >> 14) - 98304))
+    y      = clamp((((e * recip) >> (30 - h)) + 1) >> 1, -32768, 32767)
+
+``mult``/``shift`` are TFLite's ``QuantizeMultiplier(s_in / (10 / 65535))`` (``input_left_shift`` is
+its signed shift here; ``diff_min`` is 0), output scale 1/32768, zero point 0; rows of 1 to 65535
+elements.  Corten saturates the two clamps as TFLite does.  ``arm_softmax_s16`` computes the same
+except that it narrows without saturating: the 1/(1+x) index wraps (int32 overflow, undefined in C)
+when the top 18 bits of the row's sum of exponentials are all set - possible from 9 elements on
+(1 sum in ~2**17) - and reads 1.0 instead of ~0.5, and a row of one element gives 32768, cast to
+-32768.  So the "cmsis-nn" flavour calls ``arm_softmax_s16`` (one shared pair of table constants)
+for contiguous rows of 2 to 8 elements, where neither can happen, and Corten's portable
+``corten_softmax_s16`` otherwise (``arm_softmax_s16`` is a plain C loop, so nothing is lost in speed;
+both corners are shown in ``tests/test_softmax_s16.py`` against CMSIS-NN built on the host).
+
 ``quantized_log_softmax`` is TFLite's ``reference_integer_ops::LogSoftmax`` bit for bit (CMSIS-NN
 has no log-softmax): the same Q5.26 differences and Q12.19 sum of exponentials, then gemmlowp's
 fixed-point ``log_x_for_x_greater_than_or_equal_to_1`` of the sum (Q5.26), and per element
@@ -50,10 +72,11 @@ from corten.fixed_point import (
     INT32_MIN,
     divide_by_power_of_two,
     quantize_multiplier,
+    requantize,
     saturating_rounding_doubling_high_mul,
     wrap_int32_t,
 )
-from corten.ops import checks
+from corten.ops import _lut16, checks
 from corten.ops._common import output_format, storage_dim_order
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
@@ -187,6 +210,54 @@ def softmax_rows(rows: torch.Tensor, input_multiplier: int, input_left_shift: in
     return torch.where(valid, out, -128)
 
 
+# ----------------------------------------------------------------------------- 16x8 (int16) softmax
+S16_OUTPUT_SCALE = 1.0 / 32768.0
+S16_OUTPUT_ZERO_POINT = 0
+S16_MAX_LEFT_SHIFT = 15  # (x - max) * 2**shift must fit int32 for differences down to -65535
+S16_MAX_ROW_SIZE = 65535  # the int32 sum of Q0.15 exponentials
+_INT16_RANGE = 65535  # std::numeric_limits<int16_t>::max() - min()
+_CMSIS_SAFE_ROW_SIZE = 8  # rows whose sum of exponentials cannot reach 2**18 - 1 (see the module docstring)
+
+
+def softmax_s16_tables() -> tuple[torch.Tensor, torch.Tensor]:
+    """TFLite's int16 softmax tables (``SoftmaxPrepare`` / TFLM's ``CalculateSoftmaxParams``): exp(x) for
+    x in [-10, 0] and 1/(1+x) for x in [0, 1], each ``LUTPopulate<int16_t>`` with output scale 2/65535
+    (:func:`corten.ops._lut16.populate`, float32 as TFLite)."""
+    f32 = torch.float32
+    r = torch.tensor(float(_INT16_RANGE), dtype=f32)
+    exp_lut = _lut16.populate(lambda x: torch.exp(x.to(f32)), float(torch.tensor(10.0, dtype=f32) / r), 32767,
+                              float(torch.tensor(2.0, dtype=f32) / r), 0)
+    one = torch.tensor(1.0, dtype=f32)
+    one_lut = _lut16.populate(lambda x: one / (one + x.to(f32)), float(one / r), -32768,
+                              float(torch.tensor(2.0, dtype=f32) / r), 0)
+    return exp_lut, one_lut
+
+
+def softmax_s16_params(input_scale: float, beta: float = 1.0) -> tuple[int, int]:
+    """TFLite's int16 softmax multiplier: ``QuantizeMultiplier(beta * s_in / (10 / 65535))`` (the
+    differences [-65535, 0] onto [-10, 0] in the exp table's input steps)."""
+    mult, shift = quantize_multiplier(beta * float(input_scale) / (10.0 / 65535.0))
+    if shift > S16_MAX_LEFT_SHIFT:
+        raise ValueError(f"int16 softmax: input scale {input_scale!r} needs a left shift of {shift} > "
+                         f"{S16_MAX_LEFT_SHIFT} (the shifted differences would overflow int32)")
+    return mult, shift
+
+
+def softmax_s16_rows(rows: torch.Tensor, input_multiplier: int, input_shift: int, exp_lut: torch.Tensor,
+                     one_by_one_lut: torch.Tensor) -> torch.Tensor:
+    """TFLite's ``SoftmaxInt16`` / CMSIS-NN's ``arm_softmax_s16`` on int64 rows ``[num_rows, row_size]``
+    of int16 values -> int64 outputs (see the module docstring)."""
+    diff = rows - rows.amax(dim=1, keepdim=True)
+    scaled = requantize(diff, input_multiplier, input_shift)
+    exps = _lut16.lookup((scaled + 32767).clamp(-32768, 32767), exp_lut)
+    sums = exps.sum(dim=1, keepdim=True)
+    headroom = 32 - _bit_length(sums)  # CLZ: sum >= 32767 (the maximum's own exponential)
+    shifted = ((sums << (headroom - 1)) + (1 << 13)) >> 14
+    recip = _lut16.lookup((shifted - 98304).clamp(-32768, 32767), one_by_one_lut)
+    out = (exps * recip) >> (30 - headroom)
+    return ((out + 1) >> 1).clamp(-32768, 32767)
+
+
 # ----------------------------------------------------------------------------- layout
 def row_geometry(shape, dim: int) -> tuple[int, int, int]:
     """``(outer, row_size, inner)`` of the rows along logical ``dim`` in a graph tensor's bytes:
@@ -204,28 +275,42 @@ def row_geometry(shape, dim: int) -> tuple[int, int, int]:
 
 
 def _rows_apply(input: torch.Tensor, dim: int, fn) -> torch.Tensor:
-    """``fn`` on int64 rows ``[num_rows, row_size]`` along ``dim``; int8 result laid out as the graph."""
+    """``fn`` on int64 rows ``[num_rows, row_size]`` along ``dim``; result of the input's dtype laid
+    out as the graph."""
     moved = input.movedim(dim, -1)
     rows = moved.reshape(-1, moved.shape[-1]).to(torch.int64)
-    out = fn(rows).to(torch.int8).reshape(moved.shape).movedim(-1, dim)
+    out = fn(rows).to(input.dtype).reshape(moved.shape).movedim(-1, dim)
     return out.contiguous(memory_format=output_format(input.dim()))
 
 
-def _check_rows(op, input, dim):
-    checks.dtype(op, "input", input, torch.int8)
+def _check_rows(op, input, dim, dtype=torch.int8, max_row=MAX_ROW_SIZE):
+    checks.dtype(op, "input", input, dtype)
     if input.dim() < 1:
         checks.fail(op, "input", "expected at least one dimension")
     if not -input.dim() <= dim < input.dim():
         checks.fail(op, "dim", f"{dim} is not a dimension of a {input.dim()}-D tensor")
-    if input.numel() and not 1 <= input.shape[dim] <= MAX_ROW_SIZE:
-        checks.fail(op, "input", f"dimension {dim} has {input.shape[dim]} elements, outside [1, {MAX_ROW_SIZE}] "
+    if input.numel() and not 1 <= input.shape[dim] <= max_row:
+        checks.fail(op, "input", f"dimension {dim} has {input.shape[dim]} elements, outside [1, {max_row}] "
                     "(the int32 sum of exponentials could overflow); split the rows")
 
 
 # ----------------------------------------------------------------------------- the ops
-def _check(input, input_multiplier, input_left_shift, diff_min, dim=-1):
+def _check(input, input_multiplier, input_left_shift, diff_min, dim=-1, exp_lut=None, one_by_one_lut=None):
     op = "quantized_softmax"
+    if input.dtype == torch.int16:  # 16x8: the tables, a signed shift, no diff_min
+        _check_rows(op, input, dim, torch.int16, S16_MAX_ROW_SIZE)
+        for name, t in (("exp_lut", exp_lut), ("one_by_one_lut", one_by_one_lut)):
+            if t is None:
+                checks.fail(op, name, "an int16 softmax needs its 513-entry int16 table")
+            checks.dtype(op, name, t, torch.int16)
+            checks.shape(op, name, t, (_lut16.LUT16_SIZE,))
+        checks.scalar_multiplier(op, "input_multiplier", input_multiplier)
+        checks.in_range(op, "input_left_shift", input_left_shift, -31, S16_MAX_LEFT_SHIFT)
+        checks.in_range(op, "diff_min", diff_min, 0, 0)
+        return
     _check_rows(op, input, dim)
+    if exp_lut is not None or one_by_one_lut is not None:
+        checks.fail(op, "exp_lut", "the int8 softmax takes no tables")
     checks.scalar_multiplier(op, "input_multiplier", input_multiplier)
     checks.in_range(op, "input_left_shift", input_left_shift, 0, MAX_LEFT_SHIFT)
     # diff_min <= 0 keeps the row maximum in the sum; diff_min * 2**shift >= INT32_MIN keeps every
@@ -235,16 +320,20 @@ def _check(input, input_multiplier, input_left_shift, diff_min, dim=-1):
 
 @torch.library.custom_op("corten::quantized_softmax", mutates_args=())
 def quantized_softmax(input: torch.Tensor, input_multiplier: int, input_left_shift: int,
-                      diff_min: int, dim: int = -1) -> torch.Tensor:
-    _check(input, input_multiplier, input_left_shift, diff_min, dim)
+                      diff_min: int, dim: int = -1, exp_lut: torch.Tensor | None = None,
+                      one_by_one_lut: torch.Tensor | None = None) -> torch.Tensor:
+    _check(input, input_multiplier, input_left_shift, diff_min, dim, exp_lut, one_by_one_lut)
     if input.numel() == 0:
         return torch.empty_like(input, memory_format=output_format(input.dim()))
+    if input.dtype == torch.int16:
+        return _rows_apply(input, dim, lambda rows: softmax_s16_rows(rows, input_multiplier, input_left_shift,
+                                                                      exp_lut, one_by_one_lut))
     return _rows_apply(input, dim, lambda rows: softmax_rows(rows, input_multiplier, input_left_shift, diff_min))
 
 
 @quantized_softmax.register_fake
-def _(input, input_multiplier, input_left_shift, diff_min, dim=-1):
-    _check(input, input_multiplier, input_left_shift, diff_min, dim)
+def _(input, input_multiplier, input_left_shift, diff_min, dim=-1, exp_lut=None, one_by_one_lut=None):
+    _check(input, input_multiplier, input_left_shift, diff_min, dim, exp_lut, one_by_one_lut)
     return torch.empty_like(input, memory_format=output_format(input.dim()))
 
 
@@ -389,7 +478,8 @@ family = register_family(OpFamily(FAMILY, ("quantized_softmax", "quantized_log_s
 
 SOFTMAX_OPS = (torch.ops.aten.softmax.int, torch.ops.aten._softmax.default)
 LOG_SOFTMAX_OPS = (torch.ops.aten.log_softmax.int, torch.ops.aten._log_softmax.default)
-annotates("fixed", *SOFTMAX_OPS, fixed=(OUTPUT_SCALE, OUTPUT_ZERO_POINT))
+annotates("fixed", *SOFTMAX_OPS, fixed=(OUTPUT_SCALE, OUTPUT_ZERO_POINT),
+          fixed16=(S16_OUTPUT_SCALE, S16_OUTPUT_ZERO_POINT))
 annotates("fixed", *LOG_SOFTMAX_OPS, fixed=(LOG_OUTPUT_SCALE, LOG_OUTPUT_ZERO_POINT))
 
 
@@ -406,11 +496,12 @@ def _softmax_dim(m: Match, what: str) -> int:
     return dim + ndim if dim < 0 else dim
 
 
-def _check_lowerable(m: Match, what: str, fixed: tuple[float, int]) -> tuple[int, list[int]]:
+def _check_lowerable(m: Match, what: str, fixed: tuple[float, int], max_row: int = MAX_ROW_SIZE
+                     ) -> tuple[int, list[int]]:
     shape = [int(d) for d in m.node.args[0].meta["val"].shape]
     dim = _softmax_dim(m, what)
-    if not 1 <= shape[dim] <= MAX_ROW_SIZE:
-        raise LoweringError(f"{what} over {shape[dim]} elements: rows must have 1 to {MAX_ROW_SIZE} elements "
+    if not 1 <= shape[dim] <= max_row:
+        raise LoweringError(f"{what} over {shape[dim]} elements: rows must have 1 to {max_row} elements "
                             "(split the dimension)")
     if m.activation is not None:
         raise LoweringError(f"an activation after {what} cannot be fused")
@@ -421,16 +512,43 @@ def _check_lowerable(m: Match, what: str, fixed: tuple[float, int]) -> tuple[int
     return dim, shape
 
 
-@lowers(*SOFTMAX_OPS)
+@lowers(*SOFTMAX_OPS, int16=True)
 def lower_softmax(m: Match):
-    """``aten.softmax.int`` / ``aten._softmax`` over any dim -> ``quantized_softmax``."""
+    """``aten.softmax.int`` / ``aten._softmax`` over any dim -> ``quantized_softmax`` (int8, or int16
+    with TFLite's tables)."""
     x = m.inputs[0]
+    if x.qparams.dtype == torch.int16:
+        return _lower_softmax_s16(m, x)
     dim, _ = _check_lowerable(m, "softmax", (OUTPUT_SCALE, OUTPUT_ZERO_POINT))
     try:
         p = softmax_params(x.qparams.scale)
     except ValueError as e:
         raise LoweringError(str(e)) from None
     return m.call("quantized_softmax", x.node, p.input_multiplier, p.input_left_shift, p.diff_min, dim)
+
+
+def _table_constant(m: Match, name: str, table: torch.Tensor):
+    """One buffer per table in the program, shared by every int16 softmax node."""
+    attr = f"_corten_softmax_s16_{name}"
+    if not hasattr(m.gm, attr):
+        m.gm.register_buffer(attr, table.contiguous())
+    with m.gm.graph.inserting_before(m.out_q):
+        n = m.gm.graph.get_attr(attr)
+    m.new_nodes.append(n)
+    return n
+
+
+def _lower_softmax_s16(m: Match, x):
+    if m.output.dtype != torch.int16:
+        raise LoweringError(f"{m.node.name}: an int16 softmax input with an {m.output.dtype} output")
+    dim, _ = _check_lowerable(m, "softmax", (S16_OUTPUT_SCALE, S16_OUTPUT_ZERO_POINT), S16_MAX_ROW_SIZE)
+    try:
+        mult, shift = softmax_s16_params(x.qparams.scale)
+    except ValueError as e:
+        raise LoweringError(f"{m.node.name}: {e}") from None
+    exp_lut, one_lut = softmax_s16_tables()
+    return m.call("quantized_softmax", x.node, mult, shift, 0, dim, _table_constant(m, "exp_lut", exp_lut),
+                  _table_constant(m, "one_by_one_lut", one_lut))
 
 
 @lowers(*LOG_SOFTMAX_OPS)
@@ -469,6 +587,8 @@ def _emit_softmax_c(ctx) -> str:
     shift = int(ctx.arg("input_left_shift"))
     diff_min = ctx.int_(int(ctx.arg("diff_min")))
     x, out = ctx.input("input"), ctx.out()
+    if ctx.arg("input").meta["val"].dtype == torch.int16:
+        return _emit_softmax_s16(ctx, outer, row_size, inner, mult, shift, x, out)
     if inner != 1:
         if ctx.kernels != "portable":
             ctx.portable_kernel("softmax over a dim whose rows are strided in memory (arm_softmax_s8 takes "
@@ -478,6 +598,25 @@ def _emit_softmax_c(ctx) -> str:
     if ctx.kernels == "portable":
         return ctx.call(f"corten_softmax_s8({x}, {outer}, {row_size}, {mult}, {shift}, {diff_min}, {out})")
     return f"arm_softmax_s8({x}, {outer}, {row_size}, {mult}, {shift}, {diff_min}, {out});"
+
+
+def _emit_softmax_s16(ctx, outer, row_size, inner, mult, shift, x, out) -> str:
+    """``arm_softmax_s16`` (CMSIS-NN) for contiguous rows of 2 to 8 elements, where its int32 / int16
+    arithmetic cannot wrap (module docstring); ``corten_softmax_s16`` (any rows, strided too) otherwise."""
+    exp_lut, one_lut = ctx.const("exp_lut", torch.int16), ctx.const("one_by_one_lut", torch.int16)
+    x, out = f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}"
+    if ctx.kernels == "cmsis-nn" and inner == 1 and 2 <= row_size <= _CMSIS_SAFE_ROW_SIZE:
+        return ctx.block(
+            ctx.params("cmsis_nn_softmax_lut_s16", "lut", {"exp_lut": exp_lut, "one_by_one_lut": one_lut}),
+            ctx.call(f"arm_softmax_s16({x}, {outer}, {row_size}, {mult}, {shift}, &lut, {out})"))
+    if ctx.kernels != "portable":
+        ctx.portable_kernel("softmax over a dim whose rows are strided in memory (arm_softmax_s16 takes contiguous "
+                            "rows)" if inner != 1 else
+                            f"int16 softmax rows of {row_size} elements: arm_softmax_s16 wraps where TFLite "
+                            "saturates (rows of 1, or of 9 or more whose sum of exponentials has its top 18 bits "
+                            "set)")
+    return ctx.call(f"corten_softmax_s16({x}, {outer}, {row_size}, {inner}, {mult}, {shift}, {exp_lut}, {one_lut}, "
+                    f"{out})")
 
 
 @family.provides("emit_c", "quantized_log_softmax")

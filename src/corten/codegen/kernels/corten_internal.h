@@ -18,6 +18,16 @@
 #define CORTEN_BLOCK 16
 #define CORTEN_HALF_BLOCK 8
 
+/** TFLite's lut_lookup_with_interpolation of an int16 value q in a 513-entry int16 table, the slope
+ *  in int32 (corten/ops/_lut16.py): table[256 + (q >> 7)] + ((slope * (q & 0x7f) + 64) >> 7). */
+static inline int16_t corten_lut16_lookup(int32_t q, const int16_t *table)
+{
+    const int32_t index = (q + 32768) >> 7; /* 256 + (q >> 7), with no negative value shifted */
+    const int32_t base = table[index];
+    const int32_t t = ((int32_t)table[index + 1] - base) * (q & 0x7F) + 64;
+    return (int16_t)(base + corten_asr32(t, 7));
+}
+
 /** (x + offset) * w for an int8 x, an offset in [-127, 128] and an int8 w: exact in int16. */
 static inline int16_t corten_mul_s16(int16_t x_plus_offset, int8_t w)
 {

@@ -357,6 +357,13 @@ int corten_softmax_s8(const int8_t *input, int32_t num_rows, int32_t row_size, i
 int corten_softmax_strided_s8(const int8_t *input, int32_t outer, int32_t row_size, int32_t inner, int32_t mult,
                               int32_t shift, int32_t diff_min, int8_t *output);
 
+/** 16x8 softmax (TFLite's SoftmaxInt16, arm_softmax_s16 arithmetic) over rows laid out as in
+ *  corten_softmax_strided_s8 (inner 1: contiguous rows), 1..65535 elements; shift -31..15 (a
+ *  TFLite QuantizeMultiplier shift); exp_lut / one_by_one_lut: 513-entry tables; output scale
+ *  1/32768.  The output must not overlap the input (it holds the row's exponentials meanwhile). */
+int corten_softmax_s16(const int16_t *input, int32_t outer, int32_t row_size, int32_t inner, int32_t mult,
+                       int32_t shift, const int16_t *exp_lut, const int16_t *one_by_one_lut, int16_t *output);
+
 /** TFLite's int8 LogSoftmax (output scale 16/256, zero point 127) over rows laid out as in
  *  corten_softmax_strided_s8; reverse_shift <= 0. */
 int corten_log_softmax_s8(const int8_t *input, int32_t outer, int32_t row_size, int32_t inner, int32_t mult,

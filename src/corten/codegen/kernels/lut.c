@@ -16,6 +16,7 @@
  */
 #include <stddef.h>
 
+#include "corten_internal.h"
 #include "corten_kernels.h"
 
 int corten_lut_s8(const int8_t *input, const int8_t *table, int8_t *output, int32_t size)
@@ -37,16 +38,9 @@ int corten_lut_s16(const int16_t *input, const int16_t *table, int16_t *output, 
     if (input == NULL || table == NULL || output == NULL || size < 0) {
         return CORTEN_ERROR_ARGUMENT;
     }
-    /* Elementwise (output may be input).  index = 256 + (q >> 7) written as (q + 32768) >> 7 and the
-     * rounding ">> 7" of a signed product as a floor division, so that no negative value is shifted;
-     * the slope stays in int32. */
+    /* Elementwise (output may be input). */
     for (i = 0; i < size; i++) {
-        const int32_t q = (int32_t)input[i] + 32768;
-        const int32_t index = q >> 7;
-        const int32_t base = table[index];
-        const int32_t t = ((int32_t)table[index + 1] - base) * (q & 0x7F) + 64;
-        const int32_t delta = t >= 0 ? t / 128 : -((127 - t) / 128);
-        output[i] = (int16_t)(base + delta);
+        output[i] = corten_lut16_lookup(input[i], table);
     }
     return CORTEN_OK;
 }
@@ -62,10 +56,12 @@ int corten_activation_s16(const int16_t *input, const uint16_t *table, int32_t m
         return CORTEN_ERROR_ARGUMENT;
     }
     rounding = shift > 0 ? (int32_t)(1UL << (shift - 1)) : 0;
+    if (32768 * (int64_t)multiplier + rounding > INT32_MAX) {
+        return CORTEN_ERROR_ARGUMENT; /* q * multiplier + rounding must fit int32 */
+    }
     for (i = 0; i < size; i++) {
-        /* |input * multiplier| <= 2**31 - 2**15: int32; the shift of a negative value as a floor division */
-        const int64_t p = (int64_t)input[i] * multiplier + rounding;
-        const int32_t x = (int32_t)(p >= 0 ? p >> shift : -((-p + ((int64_t)1 << shift) - 1) >> shift));
+        /* |input * multiplier| + rounding < 2**31 (checked above) */
+        const int32_t x = corten_asr32((int32_t)input[i] * multiplier + rounding, shift);
         const uint32_t a = (uint32_t)(x >= 0 ? x : -x);
         const uint32_t uh = a >> frac_bits;
         uint32_t r;
@@ -79,7 +75,7 @@ int corten_activation_s16(const int16_t *input, const uint16_t *table, int32_t m
         if (function == 1) {
             /* x >= 0: r >= 2**23 (table[0] = 32768); x < 0: a negative result, shifted as a floor division */
             const int32_t v = x >= 0 ? (int32_t)(r - (1u << 23)) + (1 << 7) : (1 << 23) + (1 << 7) - 1 - (int32_t)r;
-            output[i] = (int16_t)(v >= 0 ? v / 256 : -((255 - v) / 256));
+            output[i] = (int16_t)corten_asr32(v, 8);
         } else {
             const uint32_t v = x >= 0 ? r + (1u << 9) : (1u << 25) - r + (1u << 9) - 1u;
             output[i] = (int16_t)(v >> 10);

@@ -9,6 +9,9 @@
  * Where arm_softmax_s8 shifts an int32 by 32 or more (rows whose sum of exponentials reaches
  * 2**28, i.e. at least 512 elements near the maximum: undefined behaviour in C), this kernel
  * rounds exactly: the quotient is 0 and the output -128.
+ *
+ * corten_softmax_s16: TFLite's 16x8 SoftmaxInt16 (arm_softmax_s16 arithmetic with TFLite's
+ * saturation where arm_softmax_s16 wraps): exp and 1/(1+x) from 513-entry interpolated tables.
  */
 #include <stddef.h>
 
@@ -264,6 +267,53 @@ int corten_log_softmax_s8(const int8_t *input, int32_t outer, int32_t row_size, 
             const size_t base = ((size_t)o * (size_t)row_size) * (size_t)inner + (size_t)j;
             corten_log_softmax_row(input + base, output + base, row_size, inner, mult, shift, reverse_mult,
                                    reverse_shift, diff_min);
+        }
+    }
+    return CORTEN_OK;
+}
+
+/* ----------------------------------------------------------------------------- 16x8 softmax */
+static void corten_softmax_row_s16(const int16_t *in, int16_t *out, int32_t row_size, int32_t stride, int32_t mult,
+                                   int32_t shift, const int16_t *exp_lut, const int16_t *one_by_one_lut)
+{
+    int32_t i;
+    int32_t max = in[0];
+    int32_t sum = 0;
+    int32_t headroom, shifted, sym, recip;
+    for (i = 1; i < row_size; i++) {
+        max = in[i * stride] > max ? in[i * stride] : max;
+    }
+    for (i = 0; i < row_size; i++) {
+        /* (x - max) * 2**shift fits int32: differences >= -65535, shift <= 15 */
+        int32_t d = corten_requantize((int32_t)in[i * stride] - max, mult, shift) + 32767;
+        d = d < -32768 ? -32768 : (d > 32767 ? 32767 : d);
+        out[i * stride] = corten_lut16_lookup(d, exp_lut); /* the output holds the exponentials */
+        sum += out[i * stride]; /* <= 65535 * 32767 */
+    }
+    headroom = corten_softmax_clz((uint32_t)sum);
+    shifted = (int32_t)((((int64_t)sum << (headroom - 1)) + (1 << 13)) >> 14);
+    sym = shifted - 98304;
+    sym = sym > 32767 ? 32767 : sym; /* TFLite saturates; shifted >= 65536 */
+    recip = corten_lut16_lookup(sym, one_by_one_lut);
+    for (i = 0; i < row_size; i++) {
+        int32_t v = (((int32_t)out[i * stride] * recip) >> (30 - headroom)) + 1; /* product >= 0, < 2**30 */
+        v >>= 1;
+        out[i * stride] = (int16_t)(v > 32767 ? 32767 : v);
+    }
+}
+
+int corten_softmax_s16(const int16_t *input, int32_t outer, int32_t row_size, int32_t inner, int32_t mult,
+                       int32_t shift, const int16_t *exp_lut, const int16_t *one_by_one_lut, int16_t *output)
+{
+    int32_t o, j;
+    if (input == NULL || output == NULL || exp_lut == NULL || one_by_one_lut == NULL || outer < 0 || inner < 1 ||
+        row_size < 1 || row_size > 65535 || mult < 0 || shift < -31 || shift > 15) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (o = 0; o < outer; o++) {
+        for (j = 0; j < inner; j++) {
+            const int32_t base = o * row_size * inner + j;
+            corten_softmax_row_s16(input + base, output + base, row_size, inner, mult, shift, exp_lut, one_by_one_lut);
         }
     }
     return CORTEN_OK;
