@@ -184,13 +184,29 @@ class ConvFlatten(nn.Module):
 
 
 def test_ops_without_int16_kernels_stay_int8():
+    """(sigmoid was the example until it got its 16x8 kernel; log_softmax has none.)"""
+    import corten
+
+    x = torch.randn(1, 3, 8, 8)
+    prog = corten.compile(ConvFlatten(lambda t: torch.log_softmax(t, dim=1)).eval(), (x,), precision="int16")
+    ops = prog.op_counts()
+    assert not prog.unlowered_ops() and ops["quantized_log_softmax"] == 1  # int8 between int16 layers
+    assert ops["quantized_requantize"] == 2
+
+
+def _dtypes(prog, op: str) -> list[torch.dtype]:
+    return [n.meta["val"].dtype for n in prog.ep.graph.nodes
+            if n.op == "call_function" and getattr(n.target, "__name__", "").split(".")[0] == op]
+
+
+def test_int16_sigmoid_between_int16_layers_needs_no_requantize():
     import corten
 
     x = torch.randn(1, 3, 8, 8)
     prog = corten.compile(ConvFlatten(torch.sigmoid).eval(), (x,), precision="int16")
     ops = prog.op_counts()
-    assert not prog.unlowered_ops() and ops["quantized_lut"] >= 1  # sigmoid: int8 table between int16 layers
-    assert ops["quantized_requantize"] == 2
+    assert not prog.unlowered_ops() and "quantized_requantize" not in ops
+    assert ops["quantized_activation_s16"] == 1 and _dtypes(prog, "quantized_activation_s16") == [torch.int16]
 
 
 @needs_gcc
@@ -649,26 +665,136 @@ def test_mul_s16_matches_cmsis_nn_test_vectors(case):
 
 
 class Gated(nn.Module):
-    """x * sigmoid(x) and x + tanh(x) in an int16 model: the tables' outputs are int8 (read as they
-    are), so those products/sums stay int8; the constant scale and shift stay int8 too."""
+    """x * sigmoid(x) and x + tanh(x) in an int16 model, then a constant scale and shift."""
 
     def __init__(self):
         super().__init__()
         self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.gate = nn.Sigmoid()
 
     def forward(self, x):
         h = self.a(x)
-        h = h * torch.sigmoid(h)
+        h = h * self.gate(h)
         h = h + torch.tanh(h)
         return self.b(h * 0.5 + 1.0)
 
 
 @needs_gcc
-def test_int16_binary_ops_after_tables_or_with_constants_stay_int8():
+def test_int16_binary_ops_after_tables_are_int16_with_constants_int8():
+    """Since sigmoid/tanh have 16x8 kernels (fixed int16 output 1/32768) the product and sum of
+    their outputs are int16 too (a094551 kept them int8 while the tables were int8-only); the ops
+    with a constant operand stay int8 (the 16x8 add/mul take two tensors)."""
     import corten
 
     x = torch.randn(2, 8, generator=torch.Generator().manual_seed(9))
     prog = corten.compile(Gated().eval(), (x,), precision="int16")
     ops = prog.op_counts()
     assert not prog.unlowered_ops() and ops["quantized_mul"] == 2 and ops["quantized_add"] == 2
+    assert ops["quantized_activation_s16"] == 2
+    assert _dtypes(prog, "quantized_mul") == [torch.int16, torch.int8]
+    assert _dtypes(prog, "quantized_add") == [torch.int16, torch.int8]
     assert torch.equal(prog.c_run(x, on="host", kernels="portable").outputs[0], prog.run_int8(x)[0])
+
+
+@needs_gcc
+def test_int8_table_output_feeding_an_int16_product_is_requantized():
+    """An int8 sigmoid (its module kept int8) read by an int16 mul: observed and requantized to int16
+    on that edge (the fixed int8 grid is not shared into the int16 op)."""
+    import corten
+
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(10))
+    prog = corten.compile(Gated().eval(), (x,), precision={"": "int16", "gate": "int8"})
+    ops = prog.op_counts()
+    assert not prog.unlowered_ops() and ops["quantized_lut"] == 1 and ops["quantized_activation_s16"] == 1
+    assert _dtypes(prog, "quantized_mul")[0] == torch.int16 and ops["quantized_requantize"] >= 2
+    assert torch.equal(prog.c_run(x, on="host", kernels="portable").outputs[0], prog.run_int8(x)[0])
+
+
+# ----------------------------------------------------------------------------- 16x8 nonlinearities end to end
+class Nonlinear(nn.Module):
+    """sigmoid, tanh, SiLU, GELU and softmax between int16 layers (rows of 6: arm_softmax_s16 in the
+    CMSIS-NN flavour; the softmax over a strided dim and over 20 elements run corten_softmax_s16)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.d = nn.Linear(12, 16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 6)
+        self.e = nn.Linear(16, 20)
+
+    def forward(self, x):
+        h = torch.sigmoid(self.a(x))
+        h = torch.tanh(self.b(h))
+        h = nn.functional.silu(self.c(h)) + nn.functional.gelu(h)
+        e = self.e(h)
+        return torch.softmax(self.d(h), dim=-1), torch.softmax(e.reshape(-1, 2, 10), dim=1), torch.softmax(e, dim=-1)
+
+
+@pytest.fixture(scope="module")
+def nonlinear_program():
+    import corten
+
+    torch.manual_seed(0)
+    m = Nonlinear().eval()
+    x = torch.randn(2, 12, generator=torch.Generator().manual_seed(11))
+    calib = [(c,) for c in torch.randn(16, 2, 12, generator=torch.Generator().manual_seed(12))]
+    return m, x, calib, corten.compile(m, (x,), calibration=calib, precision="int16")
+
+
+def test_nonlinear_int16_lowers_fully_and_beats_int8(nonlinear_program):
+    import corten
+
+    m, x, calib, prog = nonlinear_program
+    ops = prog.op_counts()
+    assert not prog.unlowered_ops() and "quantized_requantize" not in ops
+    assert ops["quantized_activation_s16"] == 2 and ops["quantized_lut"] == 2 and ops["quantized_softmax"] == 3
+    assert set(_dtypes(prog, "quantized_softmax")) == {torch.int16}
+    assert all(o.bits == 16 for o in prog.outputs)
+    prog8 = corten.compile(m, (x,), calibration=calib, precision="int8")
+    with torch.no_grad():
+        ref = m(x)
+    err16 = max(float((a - b).abs().max()) for a, b in zip(prog.run(x), ref))
+    err8 = max(float((a - b).abs().max()) for a, b in zip(prog8.run(x), ref))
+    assert err16 < err8 / 4, (err16, err8)
+
+
+@needs_gcc
+def test_nonlinear_int16_c_bytes_equal_on_host(nonlinear_program):
+    _, x, _, prog = nonlinear_program
+    got, want = prog.c_run(x, on="host", kernels="portable").outputs, prog.run_int8(x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@needs_cmsis_nn
+def test_nonlinear_int16_cmsis_nn_bytes_equal_on_host(nonlinear_program):
+    _, x, _, prog = nonlinear_program
+    got = prog.c_run(x, on="host", kernels="cmsis-nn", cmsis_nn_path=CMSIS_NN_PATH).outputs
+    assert all(torch.equal(a, b) for a, b in zip(got, prog.run_int8(x)))
+    kernels = [s.kernel for s in prog.kernel_choices("cmsis-nn")]
+    assert kernels.count("arm_softmax_s16") == 1 and kernels.count("corten_softmax_s16") == 2
+
+
+@needs_qemu
+def test_nonlinear_int16_on_qemu_m4(nonlinear_program):
+    _, x, _, prog = nonlinear_program
+    run = prog.c_run(x, on="qemu", target="cortex-m4", kernels="portable")
+    assert all(torch.equal(a, b) for a, b in zip(run.outputs, prog.run_int8(x)))
+
+
+class SigTanh(nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(x), torch.tanh(x)
+
+
+@needs_cmsis_nn
+def test_power_of_two_input_scale_calls_arm_nn_activation_s16():
+    """min/max calibration on values reaching 65535/32768 gives the input scale 2**-12 exactly (with
+    the 4x headroom): sigmoid and tanh then run CMSIS-NN's arm_nn_activation_s16, byte-exact."""
+    import corten
+
+    a = 65535 / 32768
+    x = torch.tensor([[a, -a, 0.3, -1.2, 0.7, 1.9, -0.01, 1e-3]])
+    prog = corten.compile(SigTanh().eval(), (x,), calibration=[(x,)], precision="int16", observer="minmax")
+    assert prog.inputs[0].scale == 2.0**-12
+    assert [s.kernel for s in prog.kernel_choices("cmsis-nn")] == ["arm_nn_activation_s16"] * 2
+    xs = torch.linspace(-2, 2, 64).reshape(8, 8)[:1]
+    got = prog.c_run(xs, on="host", kernels="cmsis-nn", cmsis_nn_path=CMSIS_NN_PATH).outputs
+    assert all(torch.equal(g, w) for g, w in zip(got, prog.run_int8(xs)))

@@ -389,8 +389,7 @@ def _emit_lut_c(ctx) -> str:
     for d in ctx.shape(ctx.arg("input")):
         size *= int(d)
     if ctx.arg("input").meta["val"].dtype == torch.int16:
-        ctx.portable_kernel("int16 table with interpolation (arm_nn_activation_s16 takes power-of-two input "
-                            "scales only)")
+        ctx.portable_kernel("CMSIS-NN has no generic int16 lookup-table kernel")
         table = ctx.const("table", torch.int16)
         x, out = f"(const int16_t *)(const void *){ctx.input('input')}", f"(int16_t *)(void *){ctx.out()}"
         return ctx.call(f"corten_lut_s16({x}, {table}, {out}, {size})")

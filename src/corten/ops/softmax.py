@@ -1,5 +1,5 @@
-"""``quantized_softmax`` (CMSIS-NN's ``arm_softmax_s8``; int16: ``arm_softmax_s16``) and ``quantized_log_softmax`` (TFLite's int8
-reference ``LogSoftmax``), over any dimension.
+"""``quantized_softmax`` (CMSIS-NN's ``arm_softmax_s8``; int16: ``arm_softmax_s16``) and
+``quantized_log_softmax`` (TFLite's int8 reference ``LogSoftmax``), over any dimension.
 
 Every row (the ``dim`` dimension; ``row_size`` elements) is processed as the C kernel does, in int32
 fixed point with the input differences in Q5.26 (``kScaledDiffIntegerBits = 5``) and the sum of

@@ -304,8 +304,7 @@ class CortenQuantizer(Quantizer):
             return
         first = tensors[0]
         # int16: after a fixed-qparams op (sigmoid, tanh, softmax) the int16 values are read as they
-        # are - a separate observer would need an int16 -> int16 requantize, which Corten has not
-        # (int8 keeps its observer: the lowering maps the two grids with a 256-entry table).
+        # are (see _fixed_output_spec); int8 keeps its observer.
         inputs = {first: _input_qspec(first, act) if act.dtype == torch.int16 else act}
         for other in tensors[1:]:
             inputs[other] = SharedQuantizationSpec((first, node))
@@ -333,11 +332,37 @@ def _input_qspec(arg: Node, act: QuantizationSpec):
     separate observer would leave a requantizing dequantize/quantize pair between the two ops).  A
     fixed output of the other width (an int8 sigmoid feeding an int16 op, or the reverse) gets the
     edge's own observer: the lowering puts a ``quantized_requantize`` there."""
-    ann = arg.meta.get("quantization_annotation")
-    if (ann is not None and isinstance(ann.output_qspec, FixedQParamsQuantizationSpec)
-            and ann.output_qspec.dtype == act.dtype):
+    spec = _fixed_output_spec(arg, follow_shared=act.dtype == torch.int16)
+    if spec is not None and spec.dtype == act.dtype:
         return SharedQuantizationSpec(arg)
     return act
+
+
+def _fixed_output_spec(node: Node, follow_shared: bool) -> FixedQParamsQuantizationSpec | None:
+    """The fixed output qspec of ``node`` (sigmoid, tanh, softmax), or - ``follow_shared`` - of the op
+    whose qparams ``node`` shares (an int16-capable flatten or pool after it).  int16 follows the shared ops: a
+    second observer there would need an int16 -> int16 requantize, which Corten has not; int8 keeps
+    its observer after them (the lowering maps the two grids with a 256-entry table)."""
+    from corten.ops.registry import annotation_for, supports_int16
+
+    seen: set = set()
+    while isinstance(node, Node) and node not in seen:
+        seen.add(node)
+        ann = node.meta.get("quantization_annotation")
+        spec = getattr(ann, "output_qspec", None)
+        if isinstance(spec, FixedQParamsQuantizationSpec):
+            return spec
+        if not (follow_shared and supports_int16(node.target)):  # (an int8-only shared op observes anew)
+            return None
+        if isinstance(spec, SharedQuantizationSpec):
+            e = spec.edge_or_node
+            node = e[0] if isinstance(e, tuple) else e
+        elif ann is None and getattr(annotation_for(node.target), "kind", None) == "shared":
+            # a shared-qparams op not annotated yet (they come last): it will share its first input's
+            node = next((a for a in _flat_args(node) if isinstance(a, Node) and _is_float(a)), None)
+        else:
+            return None
+    return None
 
 
 def _observe_outputs_unclipped(model: GraphModule) -> None:
