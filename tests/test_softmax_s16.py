@@ -84,8 +84,10 @@ def test_single_element_rows_saturate_to_one():
 
 def test_refusals():
     x = torch.zeros(2, 4, dtype=torch.int16)
-    with pytest.raises(CortenOpError, match="exp_lut"):
+    with pytest.raises(CortenOpError, match="input"):  # without the tables: the int8 op
         softmax(x, 1 << 30, 0, 0, -1)
+    with pytest.raises(CortenOpError, match="one_by_one_lut"):
+        softmax(x, 1 << 30, 0, 0, -1, EXP_LUT)
     with pytest.raises(CortenOpError, match="diff_min"):
         softmax(x, 1 << 30, 0, -5, -1, EXP_LUT, ONE_LUT)
     with pytest.raises(CortenOpError, match="input_left_shift"):
@@ -217,3 +219,9 @@ def test_arm_softmax_s16_equals_reference_on_rows_of_2_to_8_and_wraps_outside(tm
     ref = softmax(corner, mult, shift, 0, -1, EXP_LUT, ONE_LUT)
     got = torch.frombuffer(bytearray(arm(corner, mult, shift)), dtype=torch.int16)
     assert got[0] > ref[0, 0] + 3000  # 1/(1+x) read at -32768 (1.0) instead of 32767 (0.5): about twice
+
+
+def test_opcheck_int16_softmax():
+    x = torch.randint(-32768, 32768, (2, 3, 4, 5), dtype=torch.int16).contiguous(memory_format=torch.channels_last)
+    mult, shift = softmax_s16_params(1e-3)
+    torch.library.opcheck(torch.ops.corten.quantized_softmax.default, (x, mult, shift, 0, 1, EXP_LUT, ONE_LUT))

@@ -84,8 +84,7 @@ INPUT_BIAS = 128  # table index of input value q is q + 128
 
 def _check(input: torch.Tensor, table: torch.Tensor) -> None:
     op = "quantized_lut"
-    if input.dtype == torch.int16:  # 16x8: 513 int16 entries, interpolated
-        checks.dtype(op, "table", table, torch.int16)
+    if input.dtype == torch.int16 and table.dtype == torch.int16:  # 16x8: 513 int16 entries, interpolated
         checks.shape(op, "table", table, (_lut16.LUT16_SIZE,))
         return
     checks.dtype(op, "input", input, torch.int8)

@@ -297,7 +297,8 @@ def _check_rows(op, input, dim, dtype=torch.int8, max_row=MAX_ROW_SIZE):
 # ----------------------------------------------------------------------------- the ops
 def _check(input, input_multiplier, input_left_shift, diff_min, dim=-1, exp_lut=None, one_by_one_lut=None):
     op = "quantized_softmax"
-    if input.dtype == torch.int16:  # 16x8: the tables, a signed shift, no diff_min
+    if input.dtype == torch.int16 and (exp_lut is not None or one_by_one_lut is not None):
+        # 16x8: the tables, a signed shift, no diff_min (an int16 input without tables: refused below)
         _check_rows(op, input, dim, torch.int16, S16_MAX_ROW_SIZE)
         for name, t in (("exp_lut", exp_lut), ("one_by_one_lut", one_by_one_lut)):
             if t is None:
