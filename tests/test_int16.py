@@ -779,6 +779,14 @@ def test_nonlinear_int16_on_qemu_m4(nonlinear_program):
     assert all(torch.equal(a, b) for a, b in zip(run.outputs, prog.run_int8(x)))
 
 
+@needs_qemu
+@needs_cmsis_nn
+def test_nonlinear_int16_cmsis_nn_on_qemu_m4(nonlinear_program):
+    _, x, _, prog = nonlinear_program
+    run = prog.c_run(x, on="qemu", target="cortex-m4", kernels="cmsis-nn", cmsis_nn_path=CMSIS_NN_PATH)
+    assert all(torch.equal(a, b) for a, b in zip(run.outputs, prog.run_int8(x)))
+
+
 class SigTanh(nn.Module):
     def forward(self, x):
         return torch.sigmoid(x), torch.tanh(x)
@@ -798,3 +806,35 @@ def test_power_of_two_input_scale_calls_arm_nn_activation_s16():
     xs = torch.linspace(-2, 2, 64).reshape(8, 8)[:1]
     got = prog.c_run(xs, on="host", kernels="cmsis-nn", cmsis_nn_path=CMSIS_NN_PATH).outputs
     assert all(torch.equal(g, w) for g, w in zip(got, prog.run_int8(xs)))
+
+
+class Elementwise(nn.Module):
+    """The other table functions in an int16 region (each a 513-entry int16 table)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        y = nn.functional.hardswish(h) + nn.functional.elu(h, alpha=0.7) + nn.functional.leaky_relu(h, 0.1)
+        y = y + torch.sqrt(torch.abs(h)) + torch.exp(-h * h) + nn.functional.mish(h) + torch.log1p(torch.abs(h))
+        return self.b(y)
+
+
+@needs_gcc
+def test_int16_table_functions_lower_and_run_byte_exact():
+    import corten
+
+    m = Elementwise().eval()
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(13))
+    calib = [(c,) for c in torch.randn(16, 3, 8, generator=torch.Generator().manual_seed(14))]
+    prog = corten.compile(m, (x,), calibration=calib, precision="int16")
+    ops = prog.op_counts()
+    assert not prog.unlowered_ops() and "quantized_requantize" not in ops
+    assert set(_dtypes(prog, "quantized_lut")) == {torch.int16} and ops["quantized_lut"] >= 9
+    prog8 = corten.compile(m, (x,), calibration=calib, precision="int8")
+    with torch.no_grad():
+        ref = m(x)
+    assert float((prog.run(x) - ref).norm()) < float((prog8.run(x) - ref).norm()) / 2
+    assert torch.equal(prog.c_run(x, on="host", kernels="portable").outputs[0], prog.run_int8(x)[0])
