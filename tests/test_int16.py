@@ -838,3 +838,27 @@ def test_int16_table_functions_lower_and_run_byte_exact():
         ref = m(x)
     assert float((prog.run(x) - ref).norm()) < float((prog8.run(x) - ref).norm()) / 2
     assert torch.equal(prog.c_run(x, on="host", kernels="portable").outputs[0], prog.run_int8(x)[0])
+
+
+class Steps(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(torch.floor(h * 3.0) + torch.sign(h))
+
+
+@needs_gcc
+def test_int16_step_functions_stay_int8_tables():
+    """floor/sign: the interpolated int16 table would smear the jumps (lut.STEP_FUNCTIONS); they run
+    as exact int8 tables between requantizes in an int16 model."""
+    import corten
+
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(15))
+    prog = corten.compile(Steps().eval(), (x,), precision="int16")
+    ops = prog.op_counts()
+    assert not prog.unlowered_ops() and _dtypes(prog, "quantized_lut") == [torch.int8, torch.int8]
+    assert ops["quantized_requantize"] >= 2 and prog.inputs[0].bits == 16
+    assert torch.equal(prog.c_run(x, on="host", kernels="portable").outputs[0], prog.run_int8(x)[0])
