@@ -211,6 +211,20 @@ def cmsis_add_rows(ctx, x1: str, x2: str, out: str, v: dict, negate2: bool = Fal
                      "\n".join("    " + line for line in body.split("\n")), "}")
 
 
+def binary_custom_op(name: str, kernel, check):
+    """``corten::<name>`` from its reference ``kernel`` (its signature is the schema) and the fake
+    kernel of a binary elementwise op: ``check(input1, input2, *args)``'s broadcast shape, of
+    ``input1``'s dtype, in :func:`output_layout`."""
+    kernel.__name__ = kernel.__qualname__ = name
+    custom = torch.library.custom_op(f"corten::{name}", mutates_args=())(kernel)
+
+    @custom.register_fake
+    def _(input1, input2, *args):
+        return empty_output(check(input1, input2, *args), input1, input1.dtype)
+
+    return custom
+
+
 def rescaled_binary_op(name: str, sign: int):
     """Define ``corten::<name>``: the add arithmetic of two int8 tensors (numpy broadcasting), each
     rescaled to a common scale; ``sign`` -1 subtracts the second (``quantized_sub``).  add and sub
@@ -246,11 +260,27 @@ def rescaled_binary_op(name: str, sign: int):
                             sign * input2_multiplier, input2_shift, left_shift, output_offset, output_multiplier,
                             output_shift, activation_min, activation_max, shape)
 
-    kernel.__name__ = kernel.__qualname__ = name
-    custom = torch.library.custom_op(f"corten::{name}", mutates_args=())(kernel)
+    return binary_custom_op(name, kernel, check)
 
-    @custom.register_fake
-    def _(input1, input2, *args):
-        return empty_output(check(input1, input2, *args), input1, input1.dtype)
 
-    return custom
+# ----------------------------------------------------------------------------- one requantization (mul, div)
+def requantized_binary_op(name: str, check, arithmetic):
+    """Define ``corten::<name>``: a binary op of two tensors (numpy broadcasting) whose int32 result
+    is requantized once, with offsets per input, one output multiplier/shift and activation bounds.
+    mul and div share this one definition (schema, reference and fake kernels):
+
+    * ``check(input1, input2, *params)`` validates the arguments (naming ``name``) and returns the
+      broadcast output shape;
+    * ``arithmetic(input1, input2, *params)`` computes the output values (the dtype of the result);
+    * the output is in :func:`output_layout` of its shape; the fake kernel gives ``input1``'s dtype.
+    """
+
+    def kernel(input1: torch.Tensor, input2: torch.Tensor, input1_offset: int, input2_offset: int,
+               output_offset: int, output_multiplier: int, output_shift: int, activation_min: int,
+               activation_max: int) -> torch.Tensor:
+        args = (input1_offset, input2_offset, output_offset, output_multiplier, output_shift, activation_min,
+                activation_max)
+        shape = check(input1, input2, *args)
+        return arithmetic(input1, input2, *args).contiguous(memory_format=output_layout(shape))
+
+    return binary_custom_op(name, kernel, check)

@@ -218,6 +218,46 @@ def finish_accumulators(acc: torch.Tensor, bias, output_multiplier, output_shift
     return out.permute(0, 3, 1, 2)
 
 
+# The schema every convolution op shares; ``{geometry}`` is the op's own window arguments.
+CONV_SCHEMA = ("(Tensor input, Tensor weight, Tensor? bias, {geometry}, SymInt input_offset, SymInt output_offset, "
+               "Tensor output_multiplier, Tensor output_shift, SymInt activation_min, SymInt activation_max) -> Tensor")
+
+
+def conv_op(name: str, geometry: str, check, accumulate, channel_axis: int):
+    """Define ``corten::<name>``, a convolution: schema :data:`CONV_SCHEMA` with ``geometry`` (e.g.
+    ``"SymInt[] stride, SymInt[] padding, SymInt[] dilation"``, plus ``groups``, ``depth_multiplier``
+    or ``output_padding``), reference kernel and fake kernel.  Every convolution (conv2d, depthwise,
+    grouped, transposed) shares this one definition:
+
+    * ``check(input, weight, bias, *rest)`` validates all arguments (naming ``name``) and returns
+      the output's ``(H, W)``;
+    * ``accumulate(input, weight, *geometry, input_offset)`` gives the int64 NHWC accumulators
+      without bias, which :func:`finish_accumulators` turns into the output (16x8 when the input is
+      int16, which ``check`` allows only to the ops that have an s16 kernel);
+    * the output has ``weight.shape[channel_axis]`` channels, NCHW shape, ``channels_last`` bytes.
+    """
+    n_geometry = geometry.count(",") + 1
+
+    def kernel(input, weight, bias, *args):
+        check(input, weight, bias, *args)
+        input_offset, output_offset, output_multiplier, output_shift, activation_min, activation_max = \
+            args[n_geometry:]
+        acc = accumulate(input, weight, *args[:n_geometry], input_offset)
+        return finish_accumulators(acc.contiguous(), bias, output_multiplier, output_shift, output_offset,
+                                   activation_min, activation_max, s16=input.dtype == torch.int16)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    op = torch.library.custom_op(f"corten::{name}", kernel, mutates_args=(),
+                                 schema=CONV_SCHEMA.format(geometry=geometry))
+
+    @op.register_fake
+    def _(input, weight, bias, *args):
+        ho, wo = check(input, weight, bias, *args)
+        return empty_nchw(input.shape[0], weight.shape[channel_axis], ho, wo, input.device, input.dtype)
+
+    return op
+
+
 # ----------------------------------------------------------------------------- 1-D ops via 2-D
 # A 1-D op on ``[N, C, L]`` runs as its 2-D op on the ``[N, C, 1, L]`` view.  The reshapes are not
 # free in C (a 3-D tensor's bytes are NCL, the 4-D view's are NHWC = [N, 1, L, C]): the generator

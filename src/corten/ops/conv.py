@@ -17,8 +17,6 @@ padding contributing 0 (CMSIS-NN pads im2col with ``-input_offset``), then
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -28,8 +26,7 @@ from corten.ops._common import (
     as_4d_view,
     back_to_3d,
     check_conv_common,
-    empty_nchw,
-    finish_accumulators,
+    conv_op,
     pads4,
 )
 from corten.ops._qparams import per_channel_multipliers
@@ -37,6 +34,9 @@ from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 
 FAMILY = "conv"
+# The window arguments of the three ops' schemas (:data:`corten.ops._common.CONV_SCHEMA`); the
+# depthwise op adds ``depth_multiplier``, the grouped one ``groups``.
+WINDOW = "SymInt[] stride, SymInt[] padding, SymInt[] dilation"
 
 
 # ----------------------------------------------------------------------------- shared checks
@@ -101,34 +101,7 @@ def _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, 
     return _out_hw(op, input, weight.shape[1], weight.shape[2], stride, padding, dilation)
 
 
-@torch.library.custom_op("corten::quantized_conv2d", mutates_args=())
-def quantized_conv2d(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    stride: list[int],
-    padding: list[int],
-    dilation: list[int],
-    input_offset: int,
-    output_offset: int,
-    output_multiplier: torch.Tensor,
-    output_shift: torch.Tensor,
-    activation_min: int,
-    activation_max: int,
-) -> torch.Tensor:
-    _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
-                  output_multiplier, output_shift, activation_min, activation_max)
-    acc = conv2d_accumulators(input, weight, stride, padding, dilation, input_offset)
-    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min,
-                               activation_max, s16=input.dtype == torch.int16)
-
-
-@quantized_conv2d.register_fake
-def _(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
-      output_multiplier, output_shift, activation_min, activation_max):
-    ho, wo = _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, output_offset,
-                           output_multiplier, output_shift, activation_min, activation_max)
-    return empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device, input.dtype)
+quantized_conv2d = conv_op("quantized_conv2d", WINDOW, _check_conv2d, conv2d_accumulators, channel_axis=0)
 
 
 # ----------------------------------------------------------------------------- depthwise
@@ -172,35 +145,8 @@ def _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multi
     return _out_hw(op, input, weight.shape[1], weight.shape[2], stride, padding, dilation)
 
 
-@torch.library.custom_op("corten::quantized_depthwise_conv2d", mutates_args=())
-def quantized_depthwise_conv2d(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    stride: list[int],
-    padding: list[int],
-    dilation: list[int],
-    depth_multiplier: int,
-    input_offset: int,
-    output_offset: int,
-    output_multiplier: torch.Tensor,
-    output_shift: torch.Tensor,
-    activation_min: int,
-    activation_max: int,
-) -> torch.Tensor:
-    _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset,
-                     output_offset, output_multiplier, output_shift, activation_min, activation_max)
-    acc = depthwise_accumulators(input, weight, stride, padding, dilation, depth_multiplier, input_offset)
-    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min,
-                               activation_max, s16=input.dtype == torch.int16)
-
-
-@quantized_depthwise_conv2d.register_fake
-def _(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset, output_offset,
-      output_multiplier, output_shift, activation_min, activation_max):
-    ho, wo = _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multiplier, input_offset,
-                              output_offset, output_multiplier, output_shift, activation_min, activation_max)
-    return empty_nchw(input.shape[0], weight.shape[3], ho, wo, input.device, input.dtype)
+quantized_depthwise_conv2d = conv_op("quantized_depthwise_conv2d", WINDOW + ", SymInt depth_multiplier",
+                                     _check_depthwise, depthwise_accumulators, channel_axis=3)
 
 
 # ----------------------------------------------------------------------------- grouped conv2d
@@ -232,36 +178,9 @@ def _check_grouped(input, weight, bias, stride, padding, dilation, groups, input
     return _out_hw(op, input, weight.shape[1], weight.shape[2], stride, padding, dilation)
 
 
-@torch.library.custom_op("corten::quantized_grouped_conv2d", mutates_args=())
-def quantized_grouped_conv2d(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    stride: list[int],
-    padding: list[int],
-    dilation: list[int],
-    groups: int,
-    input_offset: int,
-    output_offset: int,
-    output_multiplier: torch.Tensor,
-    output_shift: torch.Tensor,
-    activation_min: int,
-    activation_max: int,
-) -> torch.Tensor:
-    """Grouped convolution (``arm_convolve_s8`` with filter C = C_in / groups)."""
-    _check_grouped(input, weight, bias, stride, padding, dilation, groups, input_offset, output_offset,
-                   output_multiplier, output_shift, activation_min, activation_max)
-    acc = grouped_conv2d_accumulators(input, weight, stride, padding, dilation, groups, input_offset)
-    return finish_accumulators(acc, bias, output_multiplier, output_shift, output_offset, activation_min,
-                               activation_max)
-
-
-@quantized_grouped_conv2d.register_fake
-def _(input, weight, bias, stride, padding, dilation, groups, input_offset, output_offset,
-      output_multiplier, output_shift, activation_min, activation_max):
-    ho, wo = _check_grouped(input, weight, bias, stride, padding, dilation, groups, input_offset, output_offset,
-                            output_multiplier, output_shift, activation_min, activation_max)
-    return empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
+# Grouped convolution: ``arm_convolve_s8`` with filter C = C_in / groups.
+quantized_grouped_conv2d = conv_op("quantized_grouped_conv2d", WINDOW + ", SymInt groups", _check_grouped,
+                                   grouped_conv2d_accumulators, channel_axis=0)
 
 
 family = register_family(OpFamily(

@@ -19,13 +19,11 @@ Equivalently (gather form, what the portable C kernel computes) output ``(oy, ox
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from corten.errors import LoweringError
 from corten.ops import checks
-from corten.ops._common import as_4d_view, back_to_3d, check_conv_common, empty_nchw, finish_accumulators
+from corten.ops._common import as_4d_view, back_to_3d, check_conv_common, conv_op
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
@@ -84,35 +82,9 @@ def conv_transpose2d_accumulators(input, weight, stride, padding, output_padding
     return full[:, ph:ph + ho, pw:pw + wo, :]
 
 
-@torch.library.custom_op("corten::quantized_conv_transpose2d", mutates_args=())
-def quantized_conv_transpose2d(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    stride: list[int],
-    padding: list[int],
-    output_padding: list[int],
-    dilation: list[int],
-    input_offset: int,
-    output_offset: int,
-    output_multiplier: torch.Tensor,
-    output_shift: torch.Tensor,
-    activation_min: int,
-    activation_max: int,
-) -> torch.Tensor:
-    _check(input, weight, bias, stride, padding, output_padding, dilation, input_offset, output_offset,
-           output_multiplier, output_shift, activation_min, activation_max)
-    acc = conv_transpose2d_accumulators(input, weight, stride, padding, output_padding, dilation, input_offset)
-    return finish_accumulators(acc.contiguous(), bias, output_multiplier, output_shift, output_offset, activation_min,
-                               activation_max)
-
-
-@quantized_conv_transpose2d.register_fake
-def _(input, weight, bias, stride, padding, output_padding, dilation, input_offset, output_offset,
-      output_multiplier, output_shift, activation_min, activation_max):
-    ho, wo = _check(input, weight, bias, stride, padding, output_padding, dilation, input_offset, output_offset,
-                    output_multiplier, output_shift, activation_min, activation_max)
-    return empty_nchw(input.shape[0], weight.shape[0], ho, wo, input.device)
+quantized_conv_transpose2d = conv_op(
+    OP, "SymInt[] stride, SymInt[] padding, SymInt[] output_padding, SymInt[] dilation", _check,
+    conv_transpose2d_accumulators, channel_axis=0)
 
 
 family = register_family(OpFamily(FAMILY, (OP,), doc=__doc__))

@@ -34,9 +34,8 @@ from corten.ops._broadcast import (
     broadcast_shape,
     broadcast_struct,
     dense_full_operands,
-    empty_output,
     operand_expr,
-    output_layout,
+    requantized_binary_op,
 )
 from corten.ops._common import binary_operands, check_ranks
 from corten.ops._rules import Match
@@ -63,20 +62,8 @@ def q16_quotient(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(den == 0, torch.zeros_like(q), q)
 
 
-@torch.library.custom_op("corten::quantized_div", mutates_args=())
-def quantized_div(
-    input1: torch.Tensor,
-    input2: torch.Tensor,
-    input1_offset: int,
-    input2_offset: int,
-    output_offset: int,
-    output_multiplier: int,
-    output_shift: int,
-    activation_min: int,
-    activation_max: int,
-) -> torch.Tensor:
-    shape = _check(input1, input2, input1_offset, input2_offset, output_offset, output_multiplier, output_shift,
-                   activation_min, activation_max)
+def _quotient(input1, input2, input1_offset, input2_offset, output_offset, output_multiplier, output_shift,
+              activation_min, activation_max) -> torch.Tensor:
     a = input1.to(torch.int64) + input1_offset
     b = input2.to(torch.int64) + input2_offset
     a, b = torch.broadcast_tensors(a, b)
@@ -84,16 +71,10 @@ def quantized_div(
     out = clamp_activation(out, activation_min, activation_max)
     zero_div = torch.where(a > 0, activation_max, torch.where(a < 0, activation_min,
                                                               min(max(output_offset, activation_min), activation_max)))
-    out = torch.where(b == 0, zero_div.to(out.dtype), out)
-    return out.contiguous(memory_format=output_layout(shape))
+    return torch.where(b == 0, zero_div.to(out.dtype), out)
 
 
-@quantized_div.register_fake
-def _(input1, input2, input1_offset, input2_offset, output_offset, output_multiplier, output_shift,
-      activation_min, activation_max):
-    shape = _check(input1, input2, input1_offset, input2_offset, output_offset, output_multiplier, output_shift,
-                   activation_min, activation_max)
-    return empty_output(shape, input1)
+quantized_div = requantized_binary_op("quantized_div", _check, _quotient)
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_div",), doc=__doc__))

@@ -38,6 +38,7 @@ from corten.ops._broadcast import (  # noqa: F401  (loop_geometry etc. re-export
     numel,
     operand_expr,
     output_layout,
+    requantized_binary_op,
     row_broadcast,
     same_dense_shape,
     storage_strides,
@@ -71,32 +72,14 @@ def _wide(input1, input2) -> bool:
     return all(isinstance(t, torch.Tensor) and t.dtype == torch.int16 for t in (input1, input2))
 
 
-@torch.library.custom_op("corten::quantized_mul", mutates_args=())
-def quantized_mul(
-    input1: torch.Tensor,
-    input2: torch.Tensor,
-    input1_offset: int,
-    input2_offset: int,
-    output_offset: int,
-    output_multiplier: int,
-    output_shift: int,
-    activation_min: int,
-    activation_max: int,
-) -> torch.Tensor:
-    shape = _check(input1, input2, input1_offset, input2_offset, output_offset, output_multiplier, output_shift,
-                   activation_min, activation_max)
+def _product(input1, input2, input1_offset, input2_offset, output_offset, output_multiplier, output_shift,
+             activation_min, activation_max) -> torch.Tensor:
     product = (input1.to(torch.int64) + input1_offset) * (input2.to(torch.int64) + input2_offset)
     out = wrap_int32_t(requantize(product, output_multiplier, output_shift) + output_offset)
-    return clamp_activation(out, activation_min, activation_max,
-                            input1.dtype).contiguous(memory_format=output_layout(shape))
+    return clamp_activation(out, activation_min, activation_max, input1.dtype)
 
 
-@quantized_mul.register_fake
-def _(input1, input2, input1_offset, input2_offset, output_offset, output_multiplier, output_shift,
-      activation_min, activation_max):
-    shape = _check(input1, input2, input1_offset, input2_offset, output_offset, output_multiplier, output_shift,
-                   activation_min, activation_max)
-    return empty_output(shape, input1, input1.dtype)
+quantized_mul = requantized_binary_op("quantized_mul", _check, _product)
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_mul",), doc=__doc__))
