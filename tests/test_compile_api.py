@@ -318,6 +318,29 @@ def test_save_and_load_run_identically(small, tmp_path):
         assert torch.equal(loaded.run_int8(x)[0], prog.run_int8(x)[0])
 
 
+def test_program_file_is_what_torch_export_save_writes(small, tmp_path):
+    """Program.save skips the serializer's discarded canonical-form self-test (program.save_exported):
+    the file is torch.export.save's, member by member (but the random serialization id)."""
+    import zipfile
+
+    from torch._export.serde import serialize
+
+    from corten.program import save_exported
+
+    ep = small[2].ep
+    check = serialize.canonicalize
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "torch").mkdir()
+    save_exported(ep, tmp_path / "fast" / PROGRAM_FILE)  # (the archive's folder is named after the file)
+    assert serialize.canonicalize is check
+    torch.export.save(ep, tmp_path / "torch" / PROGRAM_FILE)
+    fast, ref = (zipfile.ZipFile(tmp_path / d / PROGRAM_FILE) for d in ("fast", "torch"))
+    assert fast.namelist() == ref.namelist()
+    for name in ref.namelist():
+        if not name.endswith("serialization_id"):
+            assert fast.read(name) == ref.read(name), name
+
+
 @pytest.fixture
 def saved(small, tmp_path):
     return small[2].save(tmp_path / "prog")

@@ -147,6 +147,55 @@ def test_ptq_uses_histogram_and_per_channel_observers(converted):
     assert kinds == {HistogramObserver, PerChannelMinMaxObserver}
 
 
+@pytest.mark.parametrize("observer", ["histogram", "percentile", "mse"])
+def test_range_search_once_searches_each_histogram_once_with_the_same_result(observer, monkeypatch):
+    """compiler.Pipeline.convert runs convert_pt2e in ``range_search_once``: an observer asked
+    again for its qparams (convert_pt2e, then every bias's derive function) does not search again,
+    and gets what a fresh search gives; a changed histogram is searched anew."""
+    import copy
+
+    from corten.quantizer.observers import range_search_once
+
+    gm = capture_module(_model(), (X,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = prepare_pt2e(gm, CortenQuantizer(observer=observer))
+        with torch.no_grad():
+            for sample in default_calibration((X,), 4):
+                prepared(*sample)
+    plain = copy.deepcopy(prepared)
+    obs = next(m for m in prepared.modules() if isinstance(m, HistogramObserver))
+    cls = type(obs)
+    searches = []
+    search = cls._non_linear_param_search
+    monkeypatch.setattr(cls, "_non_linear_param_search", lambda self: searches.append(self) or search(self))
+    expected = obs.calculate_qparams()
+    assert len(searches) == 1
+    with range_search_once(prepared):
+        for _ in range(3):
+            got = obs.calculate_qparams()
+            assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        assert len(searches) == 2  # the first call inside the block searched, the others did not
+        obs.histogram[0] += 1  # another histogram: searched again
+        assert all(torch.equal(a, b) for a, b in zip(obs._non_linear_param_search(), search(obs)))
+        assert len(searches) == 3
+        obs.histogram[0] -= 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            converted = convert_pt2e(prepared)
+    assert type(obs) is cls and "_non_linear_param_search" not in vars(obs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = convert_pt2e(plain)
+
+    def q_params(g):
+        return [[a for a in n.args[1:] if not isinstance(a, torch.fx.Node)] for n in g.graph.nodes
+                if n.target in (qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default)]
+
+    assert q_params(converted) == q_params(reference)
+    assert torch.equal(converted(X), reference(X))
+
+
 def test_converted_activations_are_int8_per_tensor(converted):
     _, gm = converted
     qs = [n for n in gm.graph.nodes if n.target in (qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default)]

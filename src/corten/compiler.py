@@ -27,7 +27,7 @@ from corten.quantizer import CortenQuantizer
 from corten.quantizer.calibration import default_calibration  # noqa: F401  (re-exported: tests, CLI)
 from corten.quantizer.calibration import calibration_batches, input_range_warnings
 from corten.quantizer.calibration import warn as warn_quantization
-from corten.quantizer.observers import observer_class
+from corten.quantizer.observers import observer_class, range_search_once
 from corten.quantizer.qat import convert_qat, is_qat_module
 from corten.targets import get_target
 
@@ -439,7 +439,7 @@ class Pipeline:
         t0 = _clock()
         # convert_pt2e draws from torch's global RNG: give it its own seeded stream and leave the
         # caller's generator state as it was.
-        with _torchao_warnings(), torch.random.fork_rng(devices=[]):
+        with _torchao_warnings(), torch.random.fork_rng(devices=[]), range_search_once(self.prepared):
             torch.manual_seed(self.seed)
             self.converted = convert_pt2e(self.prepared)
         self._timed("quantize", t0)
