@@ -163,7 +163,7 @@ def test_range_search_once_searches_each_histogram_once_with_the_same_result(obs
         with torch.no_grad():
             for sample in default_calibration((X,), 4):
                 prepared(*sample)
-    plain = copy.deepcopy(prepared)
+        plain = copy.deepcopy(prepared)  # (torch's pytree specs warn when copied)
     obs = next(m for m in prepared.modules() if isinstance(m, HistogramObserver))
     cls = type(obs)
     searches = []
