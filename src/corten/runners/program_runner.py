@@ -127,6 +127,11 @@ class ProgramRunner:
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.workdir), ignore_errors=True)
         self._emitted: dict[tuple[str, str], object] = {}
 
+    def close(self) -> None:
+        """Remove the work directory now (it is removed anyway when the runner goes away)."""
+        self._cleanup()
+        self._emitted.clear()
+
     def library(self, kernels: str, target) -> object:
         key = (kernels, target.name)
         if key not in self._emitted:

@@ -946,7 +946,7 @@ def run_case(seed: int, qemu: bool = False, sanitize: bool = True, host: bool = 
     finally:
         runner = getattr(prog, "_runner", None)
         if runner is not None:
-            runner._tmp.cleanup()
+            runner.close()
             prog._runner = None
     return Outcome(seed, "exact", case.families, "", time.perf_counter() - t0)
 
@@ -1098,7 +1098,7 @@ def fuzz(seeds, qemu_every: int = 0, sanitize: bool = True, verbose: bool = Fals
                     bad = Outcome(seed, "FAIL", case.families, "qemu raised:\n" + traceback.format_exc(limit=6))
                 finally:
                     if getattr(prog, "_runner", None) is not None:
-                        prog._runner._tmp.cleanup()
+                        prog._runner.close()
                         prog._runner = None
                 if bad is not None:
                     report(bad, " +qemu")
