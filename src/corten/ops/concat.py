@@ -129,12 +129,10 @@ def lower_cat(m: Match):
                                 "inputs must share the output's (CortenQuantizer shares them unless a producer "
                                 "fixes its own, e.g. a sigmoid)")
         parts.append(value.node)
-    if len(parts) == 1:
-        if parts[0].op == "get_attr":
-            raise LoweringError("cat of a single constant is a constant; compute it outside the model")
-        return parts[0]
     if all(p.op == "get_attr" for p in parts):
         raise LoweringError("cat of constants only is a constant; compute it outside the model")
+    if len(parts) == 1:
+        return parts[0]
     return m.call("quantized_cat", parts, int(dim) % len(m.node.meta["val"].shape))
 
 

@@ -282,13 +282,11 @@ class CortenQuantizer(Quantizer):
         if not isinstance(x, Node):
             return
         scale, zero_point = fixed
-        if act.dtype == torch.int16:  # TFLite 16x8: symmetric int16 (softmax, sigmoid, tanh: 1/32768, 0)
-            out = FixedQParamsQuantizationSpec(dtype=torch.int16, scale=scale, zero_point=zero_point,
-                                               quant_min=INT16_MIN, quant_max=INT16_MAX,
-                                               qscheme=torch.per_tensor_symmetric)
-        else:
-            out = FixedQParamsQuantizationSpec(dtype=torch.int8, scale=scale, zero_point=zero_point,
-                                               quant_min=INT8_MIN, quant_max=INT8_MAX, qscheme=torch.per_tensor_affine)
+        wide = act.dtype == torch.int16  # TFLite 16x8: symmetric int16 (softmax, sigmoid, tanh: 1/32768, 0)
+        out = FixedQParamsQuantizationSpec(dtype=act.dtype, scale=scale, zero_point=zero_point,
+                                           quant_min=INT16_MIN if wide else INT8_MIN,
+                                           quant_max=INT16_MAX if wide else INT8_MAX,
+                                           qscheme=torch.per_tensor_symmetric if wide else torch.per_tensor_affine)
         _mark(node, {x: _input_qspec(x, act)}, out)
 
     def _annotate_shared(self, node: Node, act: QuantizationSpec) -> None:
