@@ -23,10 +23,10 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 stamp=.venv/.corten-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
   echo "== pip install (torch pinned to 2.13.0, the CPU build)"
   .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q torch==2.13.0 torchao==0.18.0 numpy pytest hypothesis matplotlib scikit-learn
+  .venv/bin/pip install -q torch==2.13.0 torchao==0.18.0 numpy pytest pytest-xdist pytest-randomly hypothesis matplotlib scikit-learn
   .venv/bin/pip install -q -e . --no-deps
   touch "$stamp"
 fi

@@ -10,8 +10,16 @@ Markers:
 * ``needs_cmake``      - skipped without ``cmake`` and ``make``;
 * ``@pytest.mark.slow`` - a test that takes more than ~10 s; it still runs in ``make test`` (CI), and
   ``pytest -m "not slow"`` leaves it out for a quick local run.
+
+Order independence: ``make test`` runs the suite on two workers (pytest-xdist) in a random order
+(pytest-randomly; its seed is printed, ``-p randomly_seed=N`` repeats it).  Every test starts from
+the same global state: :func:`pytest_runtest_setup` seeds ``torch``, ``random`` and ``numpy``
+before any of the test's fixtures is built (module-scoped fixtures included), so a test that draws
+from the global generators gets the same numbers whatever ran before it, on whichever worker.
+Tests write only below ``tmp_path`` / ``tmp_path_factory`` (one base directory per worker).
 """
 import os
+import random
 import shutil
 import sys
 
@@ -39,6 +47,20 @@ needs_cmsis_nn = pytest.mark.skipif(not CMSIS_NN_PATH or GCC is None,
                                     reason="set CMSIS_NN_PATH to a CMSIS-NN source tree (and install gcc)")
 needs_cmake = pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("make") is None,
                                  reason="needs cmake and make")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Seed the global generators before the item's fixtures are set up (tryfirst: ahead of
+    pytest's own setup, which builds the fixtures).  pytest-randomly, when installed, reseeds
+    ``random`` and ``numpy`` with its run seed afterwards; ``torch`` is ours alone."""
+    torch.manual_seed(0)
+    random.seed(0)
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        return
+    numpy.random.seed(0)
 
 
 def pytest_configure(config):
