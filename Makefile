@@ -9,7 +9,7 @@ demo: setup
 	$(PY) -m corten.demo
 
 # Two workers (pytest-xdist; the machine has 2 cores), tests in a random order (pytest-randomly:
-# the seed is printed, `-p randomly_seed=N` repeats an order).
+# the seed is printed at the end, `--randomly-seed=N` repeats an order).
 test: setup
 	$(PY) -m pytest -p no:cacheprovider -n 2 --durations=30 tests
 

@@ -12,7 +12,7 @@ Markers:
   ``pytest -m "not slow"`` leaves it out for a quick local run.
 
 Order independence: ``make test`` runs the suite on two workers (pytest-xdist) in a random order
-(pytest-randomly; its seed is printed, ``-p randomly_seed=N`` repeats it).  Every test starts from
+(pytest-randomly; the seed is printed at the end, ``--randomly-seed=N`` repeats the order).  Every test starts from
 the same global state: :func:`pytest_runtest_setup` seeds ``torch``, ``random`` and ``numpy``
 before any of the test's fixtures is built (module-scoped fixtures included), so a test that draws
 from the global generators gets the same numbers whatever ran before it, on whichever worker.
@@ -61,6 +61,13 @@ def pytest_runtest_setup(item):
     except ImportError:  # pragma: no cover - numpy is a dependency
         return
     numpy.random.seed(0)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Print pytest-randomly's seed even under ``-q`` (its own header line is hidden there)."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int):
+        terminalreporter.write_line(f"random test order: --randomly-seed={seed} repeats it")
 
 
 def pytest_configure(config):
