@@ -277,7 +277,8 @@ class Program:
         key = (kernels, tgt.name)
         if key not in self._memory:
             schedule = self.schedule
-            self._memory[key] = plan_memory(self.ep, tgt, kernels=kernels, in_place_cats=bool(schedule))
+            banded = schedule is not None and bool(schedule.segments)
+            self._memory[key] = plan_memory(self.ep, tgt, kernels=kernels, in_place_cats=banded)
             self._memory[key].schedule = schedule
         return self._memory[key]
 
@@ -308,7 +309,7 @@ class Program:
         ep, schedule, plan = fit(self.ep, int(max_arena),
                                  lambda e, banded: plan_memory(e, self.target, kernels=kernels, in_place_cats=banded),
                                  self.target.name, None if self.schedule else self.memory_for(kernels))
-        if not schedule.segments:
+        if not schedule.segments and not schedule.reordered:
             return self
         origins = schedule.origins
         sources = self.info.get("node_sources") or {}

@@ -80,6 +80,7 @@ class Schedule:
     budget: int | None = None
     arena_before: int = 0
     arena_after: int = 0
+    reordered: bool = False  # the steps run in a min-peak order (:mod:`corten.memory.reorder`), not program order
     origins: dict = field(default_factory=dict, repr=False)  # banded node -> unbanded node (after fit)
 
     @property
@@ -92,20 +93,21 @@ class Schedule:
 
     def to_json(self) -> dict:
         return {"segments": [s.to_json() for s in self.segments], "total_macs": self.total_macs,
-                "budget": self.budget, "arena_before": self.arena_before, "arena_after": self.arena_after}
+                "budget": self.budget, "arena_before": self.arena_before, "arena_after": self.arena_after, "reordered": self.reordered}
 
     @staticmethod
     def from_json(d: dict) -> "Schedule":
         segs = [Segment(**{**s, "nodes": tuple(s["nodes"]), "out_shape": tuple(s["out_shape"])})
                 for s in d.get("segments", [])]
         return Schedule(segs, d.get("total_macs", 0), d.get("budget"), d.get("arena_before", 0),
-                        d.get("arena_after", 0))
+                        d.get("arena_after", 0), d.get("reordered", False))
 
     def report_lines(self) -> list[str]:
         lines = [f"  schedule           {len(self.segments)} banded segment(s), extra MACs "
                  f"{self.extra_macs:,} ({self.extra_macs_pct:.2f}% of {self.total_macs:,}); arena "
                  f"{self.arena_before:,} B layer by layer -> {self.arena_after:,} B"
-                 + (f" (budget {self.budget:,} B)" if self.budget is not None else "")]
+                 + (f" (budget {self.budget:,} B)" if self.budget is not None else "")
+                 + ("; steps in min-peak order" if self.reordered else "")]
         for s in self.segments:
             n, c, h, w = s.out_shape
             lines.append(f"    steps {s.first:>3}..{s.last:<3} {len(s.nodes):>2} ops -> [{n}, {c}, {h}, {w}]  "
@@ -540,13 +542,23 @@ def fit(ep, budget: int, plan_fn, target_name: str = "", plan0=None):
     if plan0.arena_bytes <= budget:
         return ep, Schedule([], 0, budget, plan0.arena_bytes, plan0.arena_bytes), plan0
     scratch = [plan0.scratch[nm].nbytes if nm in plan0.scratch else 0 for nm in plan0.step_nodes]
+    arena_in_program_order = plan0.arena_bytes
+    ep, plan0, reordered = _min_peak_order(ep, plan0, scratch, plan_fn)
+    if reordered:
+        scratch = [plan0.scratch[nm].nbytes if nm in plan0.scratch else 0 for nm in plan0.step_nodes]
+        if plan0.arena_bytes <= budget:  # the order alone fits: no band, no extra MAC
+            schedule = Schedule([], 0, budget, arena_in_program_order, plan0.arena_bytes, reordered=True)
+            schedule.origins = {n.name: n.name for n in ep.graph.nodes if n.op == "call_function"}
+            plan0.schedule = schedule
+            return ep, schedule, plan0
     live = list(plan0.steps)
     goal = budget
-    best = (plan0.arena_bytes, ep, Schedule([], 0, budget, plan0.arena_bytes, plan0.arena_bytes), plan0)
+    best = (plan0.arena_bytes, ep, Schedule([], 0, budget, arena_in_program_order, plan0.arena_bytes,
+                                            reordered=reordered), plan0)
     peak_step = -1
     for _ in range(4):
         schedule, est_peak, peak_step = search(ep, scratch, live, goal)
-        schedule.arena_before, schedule.budget = plan0.arena_bytes, budget
+        schedule.arena_before, schedule.budget, schedule.reordered = arena_in_program_order, budget, reordered
         if not schedule.segments:
             break
         new_ep, schedule.origins = banded_program(ep, schedule)  # origins: the node sources (not saved)
@@ -565,4 +577,20 @@ def fit(ep, budget: int, plan_fn, target_name: str = "", plan0=None):
     node = steps[peak_step] if 0 <= peak_step < len(steps) else None
     where = (f"The step that sets it: '{node.name}' ({_op(node)}, output {list(_shape(node))}), whose "
              f"input, output and scratch (or band working set) must be live together") if node is not None else ""
-    raise budget_error(target_name, budget, arena, schedule, where, plan0.arena_bytes, plan)
+    raise budget_error(target_name, budget, arena, schedule, where, arena_in_program_order, plan)
+
+
+def _min_peak_order(ep, plan, scratch: list[int], plan_fn):
+    """``(ep, plan, True)`` with the program's steps in the order of smallest peak
+    (:mod:`corten.memory.reorder`) when its real plan is smaller than ``plan``, else the
+    arguments and False."""
+    from corten.memory.reorder import best_order, reordered_program, step_graph
+
+    order = best_order(step_graph(ep, scratch))
+    if order == sorted(order):
+        return ep, plan, False
+    new_ep = reordered_program(ep, order)
+    new_plan = plan_fn(new_ep, False)
+    if new_plan.arena_bytes >= plan.arena_bytes:
+        return ep, plan, False
+    return new_ep, new_plan, True
