@@ -27,6 +27,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
   echo "== pip install (torch pinned to 2.13.0, the CPU build)"
   .venv/bin/pip install -q --upgrade pip >/dev/null
   .venv/bin/pip install -q torch==2.13.0 torchao==0.18.0 numpy pytest pytest-xdist pytest-randomly hypothesis matplotlib scikit-learn
+  .venv/bin/pip install -q ai-edge-litert tflite flatbuffers onnx   # model files (.tflite, .onnx) and LiteRT's reference
+  .venv/bin/pip install -q --no-deps onnx2torch                      # (its torchvision dependency would replace torch)
   .venv/bin/pip install -q -e . --no-deps
   touch "$stamp"
 fi

@@ -44,6 +44,9 @@ ALLOWED: dict[str, set[str]] = {
     "program": {"errors", "targets", "ops", "ops.infra", "capture", "lowering", "memory", "codegen", "runners",
                 "outdir", "compare"},
     "zoo": {"errors"},
+    # model files: TFLite -> a Program of Corten ops (a family's TFLite preparation math, e.g. softmax_params);
+    # ONNX -> a torch module for the compiler (called from corten/__init__ and the CLI)
+    "frontends": {"errors", "fixed_point", "targets", "ops", "ops.infra", "ops.family", "program"},
     "compiler": {"errors", "targets", "ops", "ops.infra", "capture", "aten_passes", "quantizer", "lowering",
                  "program", "validation", "compare"},
     "testing": {"errors", "targets", "ops", "ops.infra", "capture", "aten_passes", "quantizer", "lowering",

@@ -5,10 +5,29 @@ from corten.errors import QuantizationWarning  # noqa: F401
 __version__ = "0.1.0"
 
 
-def compile(model, example_inputs, target="cortex-m55", calibration=None, seed=0, **kwargs):
-    """See :func:`corten.compiler.compile`."""
+def compile(model, example_inputs=None, target="cortex-m55", calibration=None, seed=0, **kwargs):
+    """See :func:`corten.compiler.compile`.  ``model`` may also be the path of an int8 ``.tflite`` model
+    (converted with its own quantization, :mod:`corten.frontends.tflite`; no example inputs or
+    calibration) or of a float ``.onnx`` model (converted to torch, then compiled as a module; the
+    example inputs default to zeros of the ONNX input shapes)."""
     from corten.compiler import compile as _compile
+    from corten.frontends import model_format
 
+    kind = model_format(model)
+    if kind == "tflite":
+        from corten.frontends.tflite import compile_tflite
+
+        return compile_tflite(model, target=target, example_inputs=example_inputs, calibration=calibration,
+                              **kwargs)
+    if kind == "onnx":
+        from corten.frontends.onnx import onnx_module
+
+        model, default_inputs = onnx_module(model)
+        example_inputs = default_inputs if example_inputs is None else example_inputs
+    if example_inputs is None:
+        from corten.errors import UsageError
+
+        raise UsageError("corten.compile(model, example_inputs): example inputs are needed for an nn.Module")
     return _compile(model, example_inputs, target=target, calibration=calibration, seed=seed, **kwargs)
 
 

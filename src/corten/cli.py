@@ -31,8 +31,14 @@ def _precision_arg(text: str):
 
 def load_model_spec(spec: str):
     """A zoo name, or ``path/to/file.py:factory`` where ``factory()`` returns ``(model, example_inputs)``."""
+    from corten.frontends import model_format
     from corten.zoo import MODELS, get_model
 
+    if model_format(spec) == "onnx":
+        from corten.frontends.onnx import onnx_module
+
+        model, example_inputs = onnx_module(spec)
+        return model, example_inputs, Path(spec).stem
     if spec in MODELS:
         return (*get_model(spec), spec)
     if ":" not in spec:
@@ -94,15 +100,28 @@ def cmd_compile(args) -> int:
     from corten.compiler import default_calibration
     from corten.outdir import check_destination, staged_dir
 
-    model, example_inputs, default_name = load_model_spec(args.model)
+    from corten.frontends import model_format
+
+    tflite = model_format(args.model) == "tflite"
+    if tflite:  # an int8 TFLite model: its own quantization, nothing to calibrate
+        if args.compare or args.calib_data:
+            raise CliError(f"{args.model}: --compare and --calib-data apply to float models; a .tflite model "
+                           "keeps its own int8 quantization")
+        model, example_inputs, default_name = None, None, Path(args.model).stem
+    else:
+        model, example_inputs, default_name = load_model_spec(args.model)
     name = args.name or default_name.replace("-", "_").replace(".", "_")
     if not name.isidentifier() or not name.isascii():
         raise CliError(f"program name {name!r} is not a C identifier; pass --name NAME (letters, digits, _)")
     source = str(args.model)
     check_destination(Path(args.out), name, args.force, "--force", source)  # before minutes of compiling
-    if not args.calib_data and args.calib < 1:
+    if tflite:
+        calibration, calib_text = None, "its own int8 quantization (TFLite)"
+    elif not args.calib_data and args.calib < 1:
         raise CliError(f"--calib {args.calib}: give at least 1 calibration sample (or --calib-data FILE.npy)")
-    if args.calib_data:
+    if tflite:
+        pass
+    elif args.calib_data:
         calibration, calib_text = _calibration_file(args.calib_data, example_inputs), f"{args.calib_data}"
     else:
         calibration = default_calibration(example_inputs, args.calib, args.seed)
@@ -113,9 +132,14 @@ def cmd_compile(args) -> int:
     torch.set_num_threads(max(1, args.threads)) if args.threads else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        prog = corten_compile(model, example_inputs, target=args.target, calibration=calibration, seed=args.seed,
-                              name=name, progress=True, observer=args.observer,
-                              precision=_precision_arg(args.precision))
+        if tflite:
+            from corten.frontends.tflite import compile_tflite
+
+            prog = compile_tflite(args.model, target=args.target, name=name)
+        else:
+            prog = corten_compile(model, example_inputs, target=args.target, calibration=calibration,
+                                  seed=args.seed, name=name, progress=True, observer=args.observer,
+                                  precision=_precision_arg(args.precision))
         if (args.max_arena is not None or args.max_flash is not None) and not prog.unlowered_ops():
             # searches a banded schedule when the arena is over --max-arena; BudgetError -> exit code 2
             prog = prog.fit_budget(args.max_arena, args.max_flash, args.kernels)
@@ -304,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("models", help="list the built-in zoo models").set_defaults(func=cmd_models)
     c = sub.add_parser("compile", help="compile a model to a Corten program")
-    c.add_argument("model", help="zoo name (see `corten models`) or path/to/file.py:factory")
+    c.add_argument("model", help="zoo name (see `corten models`), path/to/file.py:factory, an int8 model.tflite "
+                                 "or a float model.onnx")
     c.add_argument("--target", default="cortex-m55", choices=list(TARGETS))
     c.add_argument("--out", required=True, help="output directory")
     c.add_argument("--calib", type=int, default=8, help="number of random calibration samples (default 8)")

@@ -100,6 +100,12 @@ class CodegenError(CortenError, ValueError):
     """The program cannot be emitted as C; the message names the node and what to do."""
 
 
+class ModelFileError(CortenError, ValueError):
+    """A model file (``.tflite``, ``.onnx``) Corten cannot read or convert: not that format, an
+    unsupported operator or tensor type; the message names the file, the operator (index, tensor
+    names) and what to do."""
+
+
 class CRunnerError(CortenError, RuntimeError):
     """Base class of runner failures; the message names where the code was built or run."""
 
@@ -126,7 +132,7 @@ class UnsupportedTargetError(CRunnerError, ValueError):
 
 __all__ = [
     "AtenPassError", "BudgetError", "CBuildError", "CmsisNnNotFoundError", "CRunError", "CRunTimeout", "CRunnerError", "CaptureError",
-    "CodegenError", "CortenError", "CortenOpError", "LoweringError", "MemoryPlanError", "ProgramFileError",
+    "CodegenError", "CortenError", "CortenOpError", "LoweringError", "MemoryPlanError", "ModelFileError", "ProgramFileError",
     "ProgramNotFoundError", "QuantizationError", "UnsupportedOpsError", "UnsupportedTargetError", "UsageError",
 ]
 

@@ -1,0 +1,179 @@
+"""TFLite int8 models -> Corten programs, byte for byte against LiteRT's reference interpreter
+(``BUILTIN_REF``: TFLite's reference kernels).  The models are written here (tests/tflite_builder.py):
+every supported operator with per-channel weights, asymmetric activations, fused activations,
+SAME/VALID padding and strides, plus 200 random models."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("tflite")
+pytest.importorskip("ai_edge_litert")
+
+import corten  # noqa: E402
+from conftest import needs_gcc  # noqa: E402
+from corten.errors import ModelFileError, UsageError  # noqa: E402
+from corten.frontends.tflite import tflite_input, tflite_output  # noqa: E402
+from tflite_builder import TfliteBuilder, litert_outputs, random_input, random_model  # noqa: E402
+
+
+def _write(tmp_path, data: bytes, name="m.tflite"):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+def _tfl_shape(spec):
+    s = spec.shape
+    return (s[0], s[2], s[3], s[1]) if len(s) == 4 else tuple(s)
+
+
+def assert_exact(tmp_path, data: bytes, samples: int = 3, seed: int = 0):
+    prog = corten.compile(str(_write(tmp_path, data)), target="cortex-m4")
+    rng = np.random.default_rng(seed)
+    for _ in range(samples):
+        xs = [random_input(_tfl_shape(spec), rng) for spec in prog.inputs]
+        refs = litert_outputs(data, xs)
+        assert torch.equal(prog.quantize_inputs(tflite_input(prog, xs[0]))[0].to(torch.int64),
+                           tflite_input(prog, xs[0]).div(prog.inputs[0].scale).round().add(
+                               prog.inputs[0].zero_point).to(torch.int64))
+        got = prog.run_int8(*[tflite_input(prog, x) for x in xs])
+        for g, r in zip(got, refs):
+            g = tflite_output(g)
+            assert g.shape == r.shape and np.array_equal(g, r), (prog.op_counts(), int((g != r).sum()))
+    return prog
+
+
+# ----------------------------------------------------------------------------- one operator each
+def _net(kind: str, seed: int = 0) -> bytes:
+    m = TfliteBuilder(seed)
+    x = m.input([1, 9, 7, 3], 0.043, -7)
+    if kind.startswith("conv"):
+        _, pad, act, stride, pc = kind.split("-")
+        x = m.conv_2d(x, 5, (3, 2), (int(stride), 1), pad, act, per_channel=pc == "pc")
+    elif kind.startswith("dilated"):
+        x = m.conv_2d(x, 4, (3, 3), (1, 1), "SAME", "RELU", dilation=(2, 1))
+    elif kind.startswith("dw"):
+        _, pad, act, mult = kind.split("-")
+        x = m.depthwise_conv_2d(x, int(mult), (3, 3), (2, 2), pad, act)
+    elif kind.startswith("fc"):
+        _, pc, act = kind.split("-")
+        x = m.fully_connected(m.reshape(x, [1, -1]), 6, act, per_channel=pc == "pc")
+    elif kind in ("add", "sub", "mul"):
+        y = m.conv_2d(x, 3, (1, 1), (1, 1), "SAME", "NONE")
+        x = m.binary(kind.upper(), x, y, "RELU6")
+    elif kind.startswith("broadcast"):
+        op = kind.split("-")[1]
+        x = m.binary(op.upper(), x, m.const_act([3]), "RELU")
+    elif kind.startswith("avg") or kind.startswith("max"):
+        _, pad = kind.split("-")
+        x = m.pool("AVERAGE_POOL_2D" if kind.startswith("avg") else "MAX_POOL_2D", x, (3, 2), (2, 2), pad, "RELU")
+    elif kind == "softmax":
+        x = m.softmax(m.reshape(x, [9, 21]), beta=1.0)
+    elif kind == "softmax-4d":
+        x = m.softmax(x)
+    elif kind == "transpose":
+        x = m.transpose(x, [0, 2, 1, 3])
+    elif kind == "transpose-3d":
+        x = m.transpose(m.reshape(x, [9, 7, 3]), [2, 0, 1])
+    elif kind == "slice":
+        x = m.strided_slice(x, [0, 1, 0, 1], [1, 8, 7, 3], [1, 2, 3, 1])
+    elif kind == "concat":
+        y = m.conv_2d(x, 2, (1, 1), (1, 1), "SAME", "NONE", out_q=(x.scale, x.zero_point))
+        x = m.concatenation([x, y], 3)
+    elif kind == "concat-h":
+        x = m.concatenation([x, x], 1)
+    elif kind == "pad":
+        x = m.pad(x, [[0, 0], [1, 2], [0, 1], [0, 0]])
+    elif kind in ("RELU", "RELU6", "RELU_N1_TO_1"):
+        x = m.relu(kind, x)
+    elif kind == "requantize":
+        x = m.requantize(x)
+    elif kind == "flatten-fc-softmax":
+        x = m.softmax(m.fully_connected(m.reshape(m.conv_2d(x, 4, (3, 3), (2, 2), "VALID", "RELU"), [1, -1]), 10))
+    m.output(x)
+    return m.finish()
+
+
+KINDS = ["conv-SAME-NONE-1-pc", "conv-VALID-RELU-2-pc", "conv-SAME-RELU6-2-pt", "conv-VALID-RELU_N1_TO_1-1-pt",
+         "dilated", "dw-SAME-RELU6-1", "dw-VALID-NONE-2", "fc-pt-NONE", "fc-pc-RELU", "fc-pt-RELU6", "add", "sub", "mul",
+         "broadcast-add", "broadcast-mul", "broadcast-sub", "avg-SAME", "avg-VALID", "max-SAME", "max-VALID", "softmax",
+         "softmax-4d", "transpose", "transpose-3d", "slice", "concat", "concat-h", "pad", "RELU", "RELU6",
+         "RELU_N1_TO_1", "requantize", "flatten-fc-softmax"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_operator_matches_litert(tmp_path, kind):
+    assert_exact(tmp_path, _net(kind), samples=4)
+
+
+def test_random_tflite_models_match_litert(tmp_path):
+    """200 seeded random models (conv, depthwise, pools, add/sub/mul with broadcasting, pad, concat,
+    relu, slice, requantize, fc, softmax; random scales, zero points, paddings, strides, fused
+    activations): every output byte equals LiteRT's reference kernels."""
+    for seed in range(200):
+        assert_exact(tmp_path, random_model(seed), samples=1, seed=seed)
+
+
+# ----------------------------------------------------------------------------- C, budgets, refusals
+@needs_gcc
+def test_tflite_program_c_library_matches_litert(tmp_path):
+    data = _net("flatten-fc-softmax")
+    prog = corten.compile(str(_write(tmp_path, data)))
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        q = random_input(_tfl_shape(prog.inputs[0]), rng)
+        run = prog.c_run(tflite_input(prog, q), on="host", kernels="portable")
+        assert np.array_equal(tflite_output(run.outputs[0]), litert_outputs(data, [q])[0])
+
+
+def test_tflite_save_load_and_cli_banding(tmp_path):
+    from corten.cli import main
+
+    m = TfliteBuilder(3)
+    x = m.input([1, 24, 24, 3], 0.05, 2)
+    x = m.conv_2d(x, 8, (3, 3), (1, 1), "SAME", "RELU")
+    x = m.depthwise_conv_2d(x, 1, (3, 3), (1, 1), "SAME", "RELU6")
+    x = m.conv_2d(x, 8, (3, 3), (2, 2), "SAME", "RELU")
+    m.output(m.pool("AVERAGE_POOL_2D", x, (12, 12), (12, 12), "VALID"))
+    data = m.finish()
+    path = _write(tmp_path, data, "banded.tflite")
+    prog = corten.compile(str(path))
+    full = prog.memory_for("portable").arena_bytes
+    budget = int(full * 0.75)
+    banded = corten.compile(str(path), max_arena=budget, kernels="portable")
+    assert banded.schedule is not None and banded.memory_for("portable").arena_bytes <= budget
+    q = random_input((1, 24, 24, 3), np.random.default_rng(0))
+    ref = litert_outputs(data, [q])[0]
+    assert np.array_equal(tflite_output(banded.run_int8(tflite_input(banded, q))[0]), ref)
+    banded.save(tmp_path / "saved")
+    again = corten.load(tmp_path / "saved")
+    assert np.array_equal(tflite_output(again.run_int8(tflite_input(again, q))[0]), ref)
+    code = main(["compile", str(path), "--out", str(tmp_path / "out"), "--max-arena", str(budget),
+                 "--kernels", "portable"])
+    assert code == 0
+    assert "budget: fits" in (tmp_path / "out" / "report.txt").read_text() or \
+        (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_unsupported_operator_is_refused_by_name(tmp_path):
+    m = TfliteBuilder(0)
+    x = m.input([1, 4, 4, 2], 0.05, 0)
+    y = m.act([1, 4, 4, 2], 1.0 / 256, -128)
+    m.op("LOG_SOFTMAX", [x], [y], None)
+    m.output(y)
+    with pytest.raises(ModelFileError) as e:
+        corten.compile(str(_write(tmp_path, m.finish(), "bad.tflite")))
+    msg = str(e.value)
+    assert "bad.tflite" in msg and "operator 0 (LOG_SOFTMAX" in msg and "'t0'" in msg and "'t1'" in msg
+
+
+def test_not_a_tflite_file_and_calibration_refused(tmp_path):
+    bad = tmp_path / "x.tflite"
+    bad.write_bytes(b"not a model at all")
+    with pytest.raises(ModelFileError, match="TFL3"):
+        corten.compile(str(bad))
+    good = _write(tmp_path, _net("RELU"), "ok.tflite")
+    with pytest.raises(UsageError, match="own int8"):
+        corten.compile(str(good), calibration=torch.zeros(2, 3, 9, 7))
