@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from corten.aten_passes import (AtenPassError, AtenPassManager, BatchNormToDepthwiseConvPass,
-                                FuseBatchNormIntoConvPass, FuseBatchNormIntoLinearPass, RemoveNoOpsPass,
-                                fold_scale_into_conv_weight, is_batch_norm)
+from corten.aten_passes import (AtenPassError, AtenPassManager, DecomposeCompositesPass, DecomposeMovementPass,
+                                FoldBatchNormPass,
+                                RemoveNoOpsPass, fold_scale_into_conv_weight, is_batch_norm)
 from corten.capture import capture, capture_module, remove_guards_fn
 
 aten = torch.ops.aten
@@ -103,13 +103,12 @@ def test_batch_norm_folds_into_its_producer(name, make, bn, shape, target, bias)
     _assert_same_output(gm, module, inputs)
 
 
-def test_conv_and_linear_passes_report_modified_once():
+def test_batch_norm_pass_reports_modified_once():
     module, inputs = _prepare(ProducerBN(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)), (1, 3, 4, 4))
     gm = capture_module(module, inputs)
-    assert FuseBatchNormIntoLinearPass()(gm).modified is False
-    assert FuseBatchNormIntoConvPass()(gm).modified is True
-    assert FuseBatchNormIntoConvPass()(gm).modified is False
-    assert BatchNormToDepthwiseConvPass()(gm).modified is False
+    assert FoldBatchNormPass()(gm).modified is True
+    assert FoldBatchNormPass()(gm).modified is False
+    assert _op_counts(gm) == {aten.conv2d.default: 1}
     _assert_same_output(gm, module, inputs)
 
 
@@ -285,11 +284,18 @@ def test_training_mode_batch_norm_is_refused():
 
 def test_pass_manager_accepts_a_custom_pass_list():
     module, inputs = _prepare(ProducerBN(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)), (1, 3, 4, 4))
-    manager = AtenPassManager([BatchNormToDepthwiseConvPass()])
+    manager = AtenPassManager([RemoveNoOpsPass(), FoldBatchNormPass()])
     gm = _run(module, inputs, manager)
-    assert manager.modified_by == ["BatchNormToDepthwiseConvPass"]
-    assert _op_counts(gm) == {aten.conv2d.default: 2}
+    assert manager.modified_by == ["FoldBatchNormPass"]
+    assert _op_counts(gm) == {aten.conv2d.default: 1}
     _assert_same_output(gm, module, inputs)
+
+
+def test_pass_manager_checks_the_declared_order():
+    with pytest.raises(AtenPassError, match="FoldBatchNormPass must run after RemoveNoOpsPass"):
+        AtenPassManager([FoldBatchNormPass(), RemoveNoOpsPass()])
+    with pytest.raises(AtenPassError, match="DecomposeMovementPass must run after DecomposeCompositesPass"):
+        AtenPassManager([DecomposeMovementPass(), DecomposeCompositesPass()])
 
 
 # ---- no-op removal ----

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from corten.aten_passes import AtenPassManager
+from corten.aten_passes import (COMPOSITES, AtenPassError, AtenPassManager, DecomposeCompositesPass, Refusal, Rewrite,
+                                RewriteTable, RewriteTablePass)
 from corten.capture import capture_module
 
 
@@ -142,3 +143,34 @@ def test_rewrite_keeping_the_op_name_computes_the_same_float_values(name):
     if name in ("mean_all_broadcast", "max_all_broadcast", "std_all_broadcast"):  # the broadcast reads the keepdim mean: no 0-D tensor in the graph
         assert all(n.meta["val"].dim() > 0 for n in calls)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+# ---- the table: refusals are values, errors are not swallowed ----
+
+def test_a_form_a_rewrite_does_not_take_is_refused_with_a_reason():
+    model = Fn(lambda s, x: (torch.linalg.vector_norm(x, 3, dim=1), F.pad(x, (1, 1))), **_module()).eval()
+    xs = (torch.randn(2, 5),)
+    gm = capture_module(model, xs)
+    pass_ = DecomposeCompositesPass()
+    pass_(gm)
+    reasons = list(pass_.refusals.values())
+    assert any("ord=3" in r for r in reasons), pass_.refusals
+    assert any("mode 'constant'" in r for r in reasons), pass_.refusals
+    node = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.linalg_vector_norm.default)
+    assert "ord=3" in node.meta["corten_rewrite_refused"]
+
+
+def test_a_rewrite_that_fails_raises_naming_the_node():
+    table = RewriteTable("test")
+
+    @table.rewrites(torch.ops.aten.hypot.default)
+    def broken(node):
+        return Rewrite(lambda x, y: x.reshape(7, 7) + y, list(node.args[:2]))
+    gm = capture_module(Fn(lambda s, x: torch.hypot(x, x)).eval(), (torch.randn(2, 5),))
+    with pytest.raises(AtenPassError, match=r"hypot.*failed to trace"):
+        RewriteTablePass(table)(gm)
+
+
+def test_one_rule_per_op():
+    with pytest.raises(ValueError, match="already rewritten"):
+        COMPOSITES.rewrites(torch.ops.aten.hypot.default)(lambda node: Refusal("no"))

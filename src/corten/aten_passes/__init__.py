@@ -2,24 +2,27 @@
 
 The default pipeline (:class:`AtenPassManager`) puts data movement in single-input form
 (split/unbind pieces become slices, stack a cat, movement of constants is folded), removes inference no-ops (dropout, clone, ...),
-folds BatchNorm into the conv / linear producing its input when that is exact, and rewrites every
-other BatchNorm as a depthwise 1x1 conv, so the quantizer never sees a BatchNorm.
+folds each BatchNorm into the conv / linear producing its input when that is exact and rewrites every
+other as a depthwise 1x1 conv (one pass, :class:`FoldBatchNormPass`), so the quantizer never sees a
+BatchNorm.  Composite ops are spelled out by a table of rewrite functions (``COMPOSITES``, run by
+:class:`RewriteTablePass`).
 
 Each pass is a ``torch.fx.passes.infra.pass_base.PassBase``: ``pass_(gm) -> PassResult(gm, modified)``.
 """
-from corten.aten_passes.batch_norm import BatchNormMatch, batch_norms, is_batch_norm, match_batch_norm
-from corten.aten_passes.batch_norm_to_depthwise import BatchNormToDepthwiseConvPass
+from corten.aten_passes.batch_norm import (BatchNormMatch, FoldBatchNormPass, batch_norms, fold_scale_into_conv_weight,
+                                           is_batch_norm, match_batch_norm)
+from corten.aten_passes.decompose_composites import COMPOSITES, DecomposeCompositesPass
 from corten.aten_passes.decompose_movement import DecomposeMovementPass
-from corten.aten_passes.fuse_batch_norm import (FuseBatchNormIntoConvPass, FuseBatchNormIntoLinearPass,
-                                                fold_scale_into_conv_weight)
 from corten.aten_passes.functionalize import FunctionalizeInPlacePass, functional_variant
 from corten.aten_passes.graph_utils import AtenPassError
-from corten.aten_passes.pass_manager import AtenPassManager, default_passes
+from corten.aten_passes.pass_manager import RUNS_AFTER, AtenPassManager, default_passes
 from corten.aten_passes.remove_noops import RemoveNoOpsPass, is_noop
+from corten.aten_passes.rewrites import Refusal, Rewrite, RewriteTable, RewriteTablePass
 
 __all__ = [
-    "AtenPassManager", "AtenPassError", "default_passes",
-    "FuseBatchNormIntoConvPass", "FuseBatchNormIntoLinearPass", "BatchNormToDepthwiseConvPass",
+    "AtenPassManager", "AtenPassError", "default_passes", "RUNS_AFTER",
+    "FoldBatchNormPass", "DecomposeCompositesPass", "COMPOSITES", "Rewrite", "Refusal", "RewriteTable",
+    "RewriteTablePass",
     "RemoveNoOpsPass", "DecomposeMovementPass", "FunctionalizeInPlacePass", "functional_variant", "BatchNormMatch", "batch_norms", "is_batch_norm", "match_batch_norm",
     "is_noop", "fold_scale_into_conv_weight",
 ]

@@ -53,11 +53,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from corten.aten_passes.graph_utils import (AtenPassError, add_constant, attr_of, finish_rewrite, is_mutating,
-                                            refresh_meta_val)
+from corten.aten_passes.graph_utils import add_constant, arg_or_kwarg, attr_of, is_mutating
+from corten.aten_passes.rewrites import Refusal, Rewrite, RewriteTable, RewriteTablePass
 
 aten = torch.ops.aten
 
@@ -410,358 +408,351 @@ def logical_wheres(gm: GraphModule) -> bool:
     return modified
 
 
-class DecomposeCompositesPass(PassBase):
-    """Replace the composite ops of the module docstring by the graphs of their Python decompositions."""
+# ---------------------------------------------------------------------------- the rewrite table
+COMPOSITES = RewriteTable("composites")
+rewrites = COMPOSITES.rewrites
 
-    def call(self, gm: GraphModule) -> PassResult:
-        modified = fold_constants(gm)
-        modified = scalar_wheres(gm) or modified
-        modified = logical_wheres(gm) or modified
-        for node in list(gm.graph.nodes):
-            if node.op != "call_function":
-                continue
-            try:
-                plan = self._plan(node)
-                if plan is None:
-                    continue
-                fn, tensor_args, constants = plan[:3]
-                inputs = list(node.all_input_nodes)
-                self._inline(gm, node, fn, tensor_args, constants, pre_dispatch=len(plan) > 3)
-            except Exception:  # an argument form the decomposition does not take: the op stays, refused by name
-                continue
-            for a in inputs:  # e.g. the masked_fill a masked softmax replaced
-                if a.op == "call_function" and not a.users:
-                    gm.graph.erase_node(a)
-            modified = True
-        if modified:
-            finish_rewrite(gm)
-            refresh_meta_val(gm)  # fake tensors everywhere (the traces carried real ones)
-        return PassResult(gm, modified)
 
-    # ------------------------------------------------------------------ what each op becomes
-    def _plan(self, node: Node) -> tuple[Callable, list[Node], list[torch.Tensor]] | None:
-        """(function of (*tensor inputs, *constants), the node's tensor inputs, constant tensors) or None."""
-        t, a, kw = node.target, node.args, node.kwargs
-        val = node.meta.get("val")
-        vals = val if isinstance(val, (tuple, list)) else [val]
-        if t == aten.adaptive_max_pool1d.default:  # (values, int64 indices)
-            vals = vals[:1]
-        if not vals or not all(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in vals):
-            return None
-        if t == aten.einsum.default:
-            eq, ops = a[0], list(a[1])
-            return (lambda *xs: torch.einsum(eq, *xs)), ops, []
-        if t in (aten.addmm.default, aten.baddbmm.default):
-            beta, alpha = kw.get("beta", 1), kw.get("alpha", 1)
-            mm = torch.mm if t == aten.addmm.default else torch.bmm
+@rewrites(aten.einsum.default)
+def _einsum(node: Node) -> Rewrite | Refusal:
+    eq, ops = node.args[0], list(node.args[1])
+    return Rewrite(lambda *xs: torch.einsum(eq, *xs), ops)
 
-            def addmm(c, x, y):
-                p = mm(x, y)
-                return (c if beta == 1 else beta * c) + (p if alpha == 1 else alpha * p)
-            return addmm, list(a[:3]), []
-        if t == aten.glu.default:
-            dim = a[1] if len(a) > 1 else kw.get("dim", -1)
 
-            def glu(x):
-                h1, h2 = x.chunk(2, dim)
-                return h1 * torch.sigmoid(h2)
-            return glu, [a[0]], []
-        if t in (aten.var.correction, aten.var.dim, aten.var.default, aten.std.correction, aten.std.dim,
-                 aten.std.default):
-            dim, corr, keepdim = _var_args(node)
-            sqrt = t in (aten.std.correction, aten.std.dim, aten.std.default)
-            rank = a[0].meta["val"].dim()
-            full = not keepdim and len(_dims(dim, rank)) == rank  # a 0-D result
+@rewrites(aten.addmm.default, aten.baddbmm.default)
+def _addmm(node: Node) -> Rewrite | Refusal:
+    beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
+    mm = torch.mm if node.target == aten.addmm.default else torch.bmm
 
-            def var(x):
-                v = _var(x, dim, corr, keepdim or full)
-                return torch.sqrt(v) if sqrt else v
-            return (_zero_d(node, var) if full else var), [a[0]], []
-        if t in (aten.var_mean.correction, aten.var_mean.dim):
-            dim, correction, keepdim = _var_args(node)
+    def addmm(c, x, y):
+        p = mm(x, y)
+        return (c if beta == 1 else beta * c) + (p if alpha == 1 else alpha * p)
+    return Rewrite(addmm, list(node.args[:3]))
 
-            def var_mean(x):
-                dims = _dims(dim, x.dim())
-                return _var(x, dims, correction, keepdim), x.mean(dims, keepdim=keepdim)
-            return var_mean, [a[0]], []
-        if t in (aten.lerp.Scalar, aten.lerp.Tensor):
-            if t == aten.lerp.Scalar:
-                w = float(a[2])
-                return (lambda x, y: x + w * (y - x)), [a[0], a[1]], []
-            return (lambda x, y, wt: x + wt * (y - x)), [a[0], a[1], a[2]], []
-        if t in (aten.addcmul.default, aten.addcdiv.default):
-            value = float(kw.get("value", a[3] if len(a) > 3 else 1))
-            mul = t == aten.addcmul.default
 
-            def addc(x, y, z):
-                p = y * z if mul else y / z
-                return x + (p if value == 1 else value * p)
-            return addc, list(a[:3]), []
-        if t == aten.hypot.default:
-            return (lambda x, y: torch.sqrt(x * x + y * y)), [a[0], a[1]], []
-        if t == aten.pairwise_distance.default:
-            order = float(a[2] if len(a) > 2 else kw.get("p", 2.0))
-            eps = float(a[3] if len(a) > 3 else kw.get("eps", 1e-6))
-            keepdim = bool(a[4] if len(a) > 4 else kw.get("keepdim", False))
-            if order not in (1.0, 2.0):
-                return None
+@rewrites(aten.glu.default)
+def _glu(node: Node) -> Rewrite | Refusal:
+    dim = arg_or_kwarg(node, 1, "dim", -1)
 
-            def pairwise(x, y):
-                d = x - y + eps
-                if order == 2.0:
-                    return torch.sqrt((d * d).sum(-1, keepdim=keepdim))
-                return d.abs().sum(-1, keepdim=keepdim)
-            return pairwise, [a[0], a[1]], []
-        if t == aten.conv_transpose1d.default and all(isinstance(v, Node) and v.op == "get_attr"
-                                                      for v in a[1:3] if v is not None):
-            # as conv_transpose2d on [N, C, 1, L] (the 2-D lowering's), weights reshaped ahead of time
-            stride, padding, output_padding, groups, dilation = (_one(a, 3, kw, "stride", 1),
-                                                                 _one(a, 4, kw, "padding", 0),
-                                                                 _one(a, 5, kw, "output_padding", 0),
-                                                                 a[6] if len(a) > 6 else kw.get("groups", 1),
-                                                                 _one(a, 7, kw, "dilation", 1))
-            w = attr_of(node.graph.owning_module, a[1].target).detach().unsqueeze(2)
-            bias = a[2] if len(a) > 2 and a[2] is not None else None
+    def glu(x):
+        h1, h2 = x.chunk(2, dim)
+        return h1 * torch.sigmoid(h2)
+    return Rewrite(glu, [node.args[0]])
 
-            def conv_t1d(x, *rest):
-                b, wv = (rest[0], rest[1]) if bias is not None else (None, rest[0])
-                y = F.conv_transpose2d(x.unsqueeze(2), wv, b, (1, stride), (0, padding), (0, output_padding),
-                                       int(groups), (1, dilation))
-                return y.squeeze(2)
-            return conv_t1d, [a[0]] + ([bias] if bias is not None else []), [w], True
-        if t == aten.adaptive_max_pool1d.default:
-            size = int(a[1][0] if isinstance(a[1], (list, tuple)) else a[1])
 
-            def adaptive_max1d(x):  # indices along L: with H = 1, the 2-D flat index h * W + w is w
-                v, i = F.adaptive_max_pool2d(x.unsqueeze(-2), (1, size), return_indices=True)
-                return v.squeeze(-2), i.squeeze(-2)
-            return adaptive_max1d, [a[0]], []
-        if t == aten.group_norm.default:
-            groups = a[1]
-            eps = a[4] if len(a) > 4 else kw.get("eps", 1e-5)
-            return self._norm(a[0], groups, a[2] if len(a) > 2 else None, a[3] if len(a) > 3 else None, eps)
-        if t == aten.instance_norm.default:
-            use_input_stats, eps = a[5], a[7]
-            if not use_input_stats:
-                return None
-            c = int(a[0].meta["val"].shape[1])
-            return self._norm(a[0], c, a[1], a[2], eps)
-        if t == aten.logsumexp.default:
-            dim = a[1]
-            keepdim = a[2] if len(a) > 2 else kw.get("keepdim", False)
+_STD = {aten.std.correction, aten.std.dim, aten.std.default}
 
-            def lse(x):
-                dims = _dims(dim, x.dim())
-                m = x.amax(dims, keepdim=True)
-                y = torch.log(torch.exp(x - m).sum(dims, keepdim=True)) + m
-                return y if keepdim else y.squeeze(dims)
-            return lse, [a[0]], []
-        if t == aten.linalg_vector_norm.default:
-            order = a[1] if len(a) > 1 else kw.get("ord", 2)
-            dim = a[2] if len(a) > 2 else kw.get("dim")
-            keepdim = a[3] if len(a) > 3 else kw.get("keepdim", False)
-            if kw.get("dtype") is not None or order not in (1, 2, float("inf")):
-                return None
 
-            def norm(x):
-                dims = _dims(dim, x.dim())
-                if order == 2:
-                    return torch.sqrt((x * x).sum(dims, keepdim=keepdim))
-                if order == 1:
-                    return x.abs().sum(dims, keepdim=keepdim)
-                return x.abs().amax(dims, keepdim=keepdim)
-            return norm, [a[0]], []
-        if t == aten.prelu.default:
-            x, w = a[0], a[1]
-            rank = x.meta["val"].dim()
-            nw = int(w.meta["val"].numel())
+@rewrites(aten.var.correction, aten.var.dim, aten.var.default, *_STD)
+def _var_std(node: Node) -> Rewrite | Refusal:
+    dim, corr, keepdim = _var_args(node)
+    sqrt = node.target in _STD
+    rank = node.args[0].meta["val"].dim()
+    full = not keepdim and len(_dims(dim, rank)) == rank  # a 0-D result
 
-            def prelu(xv, wv):
-                shape = [1] * rank
-                if nw > 1:
-                    shape[1 if rank > 1 else 0] = nw
-                return torch.where(xv > 0, xv, xv * wv.reshape(shape))
-            return prelu, [x, w], []
-        if t in (aten.softmax.int, aten._softmax.default) and isinstance(a[0], Node) \
-                and a[0].target == aten.masked_fill.Scalar and len(a[0].users) == 1:
-            fill = a[0]
-            mask, value = fill.args[1], fill.args[2]
-            if not (isinstance(mask, Node) and mask.op == "get_attr") or float(value) > -1e4:
-                return None
-            dim = a[1]
-            keep = _constant(node, mask)
-            if keep is None:
-                return None
-            return (lambda x, k: masked_softmax(x, k, dim)), [fill.args[0]], [(~keep).to(torch.float32)]
-        if t in (aten.gru_cell.default, aten.lstm_cell.default, aten.rnn_tanh_cell.default,
-                 aten.rnn_relu_cell.default):
-            x, hx, w_ih, w_hh = a[:4]
-            b_ih = a[4] if len(a) > 4 else kw.get("b_ih")
-            b_hh = a[5] if len(a) > 5 else kw.get("b_hh")
-            states = list(hx) if t == aten.lstm_cell.default else [hx]
-            zero = all(_is_zero_state(h) for h in states)
-            nodes = [x, w_ih, w_hh] + [b for b in (b_ih, b_hh) if b is not None] + ([] if zero else states)
-            nb = b_ih is not None
+    def var(x):
+        v = _var(x, dim, corr, keepdim or full)
+        return torch.sqrt(v) if sqrt else v
+    return Rewrite(_zero_d(node, var) if full else var, [node.args[0]])
 
-            def cell(*vs):
-                vs = list(vs)
-                xv, wi, wh = vs[:3]
-                bi, bh = (vs[3], vs[4]) if nb else (None, None)
-                st = None if zero else vs[5 if nb else 3:]
-                gi = F.linear(xv, wi, bi)
-                if t == aten.gru_cell.default:
-                    return _gru_step(gi, None if st is None else st[0], wh, bh)
-                if t == aten.lstm_cell.default:
-                    return _lstm_step(gi, None if st is None else (st[0], st[1]), wh, bh)
-                return _rnn_step(gi, None if st is None else st[0], wh, bh, t == aten.rnn_relu_cell.default)
-            return cell, nodes, [], True
-        if t in (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input, aten.lstm.input):
-            x, hx, params, has_biases, layers, _, _, bidirectional, batch_first = a[:9]
-            c_n_used = any(u.target is operator.getitem and u.args[1] == 2 and u.users for u in node.users)
-            if t == aten.lstm.input and not bidirectional and not c_n_used:
-                return None  # the LSTM family lowers it whole (a unidirectional LSTM not reading c_n)
-            states = list(hx) if t == aten.lstm.input else [hx]
-            zero = all(_is_zero_state(h) for h in states)
-            kind = {aten.gru.input: "gru", aten.lstm.input: "lstm"}.get(t, "rnn")
-            params = list(params)
-            nodes = [x] + params + ([] if zero else states)
 
-            def rnn(*vs):
-                vs = list(vs)
-                p = vs[1:1 + len(params)]
-                st = vs[1 + len(params):]
-                h0 = None if zero else st[0]
-                c0 = None if zero or kind != "lstm" else st[1]
-                return unrolled_rnn(kind, vs[0], h0, c0, p, bool(has_biases), int(layers), bool(bidirectional),
-                                    bool(batch_first), relu=t == aten.rnn_relu.input)
-            return rnn, nodes, [], True
-        if t == aten.cumsum.default and kw.get("dtype") is None:
-            rank = a[0].meta["val"].dim()
-            dim = int(a[1]) % rank
-            n = int(a[0].meta["val"].shape[dim])
-            upper = torch.ones(n, n).triu()
+@rewrites(aten.var_mean.correction, aten.var_mean.dim)
+def _var_mean(node: Node) -> Rewrite | Refusal:
+    dim, correction, keepdim = _var_args(node)
 
-            def cumsum(x, u):
-                if dim == rank - 1:
-                    return x @ u
-                return (x.transpose(dim, -1) @ u).transpose(dim, -1)
-            return cumsum, [a[0]], [upper]
-        if t == aten.cosine_similarity.default:
-            dim = a[2] if len(a) > 2 else kw.get("dim", 1)
-            eps = float(a[3] if len(a) > 3 else kw.get("eps", 1e-8))
+    def var_mean(x):
+        dims = _dims(dim, x.dim())
+        return _var(x, dims, correction, keepdim), x.mean(dims, keepdim=keepdim)
+    return Rewrite(var_mean, [node.args[0]])
 
-            def cosine(x, y):
-                nx = torch.sqrt((x * x).sum(dim, keepdim=True)).clamp_min(eps)
-                ny = torch.sqrt((y * y).sum(dim, keepdim=True)).clamp_min(eps)
-                return ((x / nx) * (y / ny)).sum(dim)
-            return cosine, [a[0], a[1]], []
-        if t == aten.linear.default and isinstance(a[0], Node) and a[0].meta["val"].dim() in (4, 5):
-            shape = list(a[0].meta["val"].shape)
-            wb = [v for v in a[1:3] if isinstance(v, Node)]
 
-            def linear_nd(x, w, *b):
-                y = F.linear(x.reshape(shape[0], -1, shape[-1]), w, b[0] if b else None)
-                return y.reshape(shape[:-1] + [y.shape[-1]])
-            return linear_nd, [a[0]] + wb, [], True
-        if t in FULL_REDUCTIONS and kw.get("dtype") is None and len(a) == 1 and a[0].meta["val"].dim() >= 1:
-            rank = a[0].meta["val"].dim()
-            reduce = FULL_REDUCTIONS[t]
-            return _zero_d(node, lambda x: reduce(x, list(range(rank)), keepdim=True)), [a[0]], []
-        if t == aten.pad.default:
-            mode = a[2] if len(a) > 2 else kw.get("mode", "constant")
-            pads = [int(p) for p in a[1]]
-            if mode not in ("reflect", "replicate", "circular") or any(p < 0 for p in pads):
-                return None
-            shape = [int(d) for d in a[0].meta["val"].shape]
-            plan, index = [], []
-            for k in range(len(pads) // 2):
-                dim = len(shape) - 1 - k
-                before, after = pads[2 * k], pads[2 * k + 1]
-                if before == after == 0:
-                    continue
-                n = shape[dim]
-                pos = torch.arange(-before, n + after)
-                if mode == "reflect":
-                    period = 2 * (n - 1)
-                    pos = pos.remainder(period) if period else torch.zeros_like(pos)
-                    pos = torch.where(pos >= n, period - pos, pos)
-                elif mode == "replicate":
-                    pos = pos.clamp(0, n - 1)
-                else:
-                    pos = pos.remainder(n)
-                plan.append(dim)
-                index.append(pos.to(torch.int64))
+@rewrites(aten.lerp.Scalar, aten.lerp.Tensor)
+def _lerp(node: Node) -> Rewrite | Refusal:
+    a = node.args
+    if node.target == aten.lerp.Scalar:
+        w = float(a[2])
+        return Rewrite(lambda x, y: x + w * (y - x), [a[0], a[1]])
+    return Rewrite(lambda x, y, wt: x + wt * (y - x), [a[0], a[1], a[2]])
 
-            def pad(x, *idx):
-                for dim, i in zip(plan, idx):
-                    x = x.index_select(dim, i)
-                return x
-            return pad, [a[0]], index
-        if t in (aten.upsample_bilinear2d.vec, aten.upsample_linear1d.vec):
-            spatial = 2 if t == aten.upsample_bilinear2d.vec else 1
-            _, mats = _upsample_args(node, spatial)
-            if spatial == 1:
-                return (lambda x, mw: x @ mw), [a[0]], mats
-            return (lambda x, mh, mw: mh.t() @ (x @ mw)), [a[0]], mats
-        return None
 
-    @staticmethod
-    def _norm(x, groups, weight, bias, eps):
-        args = [x] + [v for v in (weight, bias) if v is not None]
-        has_w, has_b = weight is not None, bias is not None
+@rewrites(aten.addcmul.default, aten.addcdiv.default)
+def _addc(node: Node) -> Rewrite | Refusal:
+    value = float(arg_or_kwarg(node, 3, "value", 1))
+    mul = node.target == aten.addcmul.default
 
-        def norm(xv, *wb):
-            wb = list(wb)
-            w = wb.pop(0) if has_w else None
-            b = wb.pop(0) if has_b else None
-            return _normalize_groups(xv, int(groups), w, b, float(eps))
-        return norm, args, []
+    def addc(x, y, z):
+        p = y * z if mul else y / z
+        return x + (p if value == 1 else value * p)
+    return Rewrite(addc, list(node.args[:3]))
 
-    # ------------------------------------------------------------------ inlining
-    @staticmethod
-    def _inline(gm: GraphModule, node: Node, fn, tensor_args: list[Node], constants: list[torch.Tensor],
-                pre_dispatch: bool = False) -> None:
-        # traced on inputs with the real strides (a transposed q/k), and every view of the trace
-        # becomes a reshape, which is valid whatever the strides of the tensors it is later run on
-        examples = [attr_of(gm, n.target).detach().clone() if n.op == "get_attr" else
-                    torch.empty_strided(n.meta["val"].shape, n.meta["val"].stride(), dtype=n.meta["val"].dtype).zero_()
-                    for n in tensor_args] + constants
-        # pre_dispatch keeps aten.linear whole (the recurrent cells' gates are linear layers)
-        traced = make_fx(fn, pre_dispatch=pre_dispatch)(*examples)
-        g = gm.graph
-        env: dict[Node, object] = {}
-        placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
-        const_nodes = []
-        for i, c in enumerate(constants):
-            const_nodes.append(add_constant(gm, f"{node.name}_const{i}", c, node))
-        for p, v in zip(placeholders, list(tensor_args) + const_nodes):
-            env[p] = v
-        result = None
-        with g.inserting_before(node):
-            for n in traced.graph.nodes:
-                if n.op == "placeholder":
-                    continue
-                if n.op == "get_attr":
-                    env[n] = add_constant(gm, f"{node.name}_{n.target}", getattr(traced, n.target), node)
-                    continue
-                if n.op == "output":
-                    result = torch.fx.node.map_arg(n.args[0], lambda x: env[x])
-                    continue
-                target = aten.reshape.default if n.target in (aten.view.default, aten._unsafe_view.default) else n.target
-                new = g.call_function(target, torch.fx.node.map_arg(n.args, lambda x: env[x]),
-                                      torch.fx.node.map_arg(n.kwargs, lambda x: env[x]))
-                if isinstance(n.meta.get("val"), torch.Tensor):  # shapes for a later rewrite in this pass
-                    new.meta["val"] = n.meta["val"]
-                new.meta["stack_trace"] = node.meta.get("stack_trace")
-                new.meta["nn_module_stack"] = node.meta.get("nn_module_stack", {})
-                env[n] = new
-        if isinstance(result, (tuple, list)):  # (output, h_n[, c_n]): the getitem users read the pieces
-            for user in list(node.users):
-                if user.op == "call_function" and user.target is operator.getitem:
-                    user.replace_all_uses_with(result[user.args[1]])
-                    g.erase_node(user)
-            if node.users:
-                raise AtenPassError(f"{node.name}: a tuple result read other than by indexing")
+
+@rewrites(aten.hypot.default)
+def _hypot(node: Node) -> Rewrite | Refusal:
+    return Rewrite(lambda x, y: torch.sqrt(x * x + y * y), [node.args[0], node.args[1]])
+
+
+@rewrites(aten.pairwise_distance.default)
+def _pairwise_distance(node: Node) -> Rewrite | Refusal:
+    order = float(arg_or_kwarg(node, 2, "p", 2.0))
+    eps = float(arg_or_kwarg(node, 3, "eps", 1e-6))
+    keepdim = bool(arg_or_kwarg(node, 4, "keepdim", False))
+    if order not in (1.0, 2.0):
+        return Refusal(f"p={order:g} (only p 1 and 2 are spelled out)")
+
+    def pairwise(x, y):
+        d = x - y + eps
+        if order == 2.0:
+            return torch.sqrt((d * d).sum(-1, keepdim=keepdim))
+        return d.abs().sum(-1, keepdim=keepdim)
+    return Rewrite(pairwise, [node.args[0], node.args[1]])
+
+
+@rewrites(aten.adaptive_max_pool1d.default, float_outputs=1)  # (values, int64 indices)
+def _adaptive_max_pool1d(node: Node) -> Rewrite | Refusal:
+    a1 = node.args[1]
+    size = int(a1[0] if isinstance(a1, (list, tuple)) else a1)
+
+    def adaptive_max1d(x):  # indices along L: with H = 1, the 2-D flat index h * W + w is w
+        v, i = F.adaptive_max_pool2d(x.unsqueeze(-2), (1, size), return_indices=True)
+        return v.squeeze(-2), i.squeeze(-2)
+    return Rewrite(adaptive_max1d, [node.args[0]])
+
+
+def _norm(x, groups, weight, bias, eps) -> Rewrite:
+    args = [x] + [v for v in (weight, bias) if v is not None]
+    has_w, has_b = weight is not None, bias is not None
+
+    def norm(xv, *wb):
+        wb = list(wb)
+        w = wb.pop(0) if has_w else None
+        b = wb.pop(0) if has_b else None
+        return _normalize_groups(xv, int(groups), w, b, float(eps))
+    return Rewrite(norm, args)
+
+
+@rewrites(aten.group_norm.default)
+def _group_norm(node: Node) -> Rewrite | Refusal:
+    a = node.args
+    return _norm(a[0], a[1], a[2] if len(a) > 2 else None, a[3] if len(a) > 3 else None,
+                 arg_or_kwarg(node, 4, "eps", 1e-5))
+
+
+@rewrites(aten.instance_norm.default)
+def _instance_norm(node: Node) -> Rewrite | Refusal:
+    a = node.args
+    use_input_stats, eps = a[5], a[7]
+    if not use_input_stats:
+        return Refusal("use_input_stats=False (running statistics: not spelled out)")
+    return _norm(a[0], int(a[0].meta["val"].shape[1]), a[1], a[2], eps)
+
+
+@rewrites(aten.logsumexp.default)
+def _logsumexp(node: Node) -> Rewrite | Refusal:
+    dim = node.args[1]
+    keepdim = arg_or_kwarg(node, 2, "keepdim", False)
+
+    def lse(x):
+        dims = _dims(dim, x.dim())
+        m = x.amax(dims, keepdim=True)
+        y = torch.log(torch.exp(x - m).sum(dims, keepdim=True)) + m
+        return y if keepdim else y.squeeze(dims)
+    return Rewrite(lse, [node.args[0]])
+
+
+@rewrites(aten.linalg_vector_norm.default)
+def _vector_norm(node: Node) -> Rewrite | Refusal:
+    order = arg_or_kwarg(node, 1, "ord", 2)
+    dim = arg_or_kwarg(node, 2, "dim")
+    keepdim = arg_or_kwarg(node, 3, "keepdim", False)
+    if node.kwargs.get("dtype") is not None:
+        return Refusal("dtype= given")
+    if order not in (1, 2, float("inf")):
+        return Refusal(f"ord={order} (only 1, 2 and inf are spelled out)")
+
+    def norm(x):
+        dims = _dims(dim, x.dim())
+        if order == 2:
+            return torch.sqrt((x * x).sum(dims, keepdim=keepdim))
+        if order == 1:
+            return x.abs().sum(dims, keepdim=keepdim)
+        return x.abs().amax(dims, keepdim=keepdim)
+    return Rewrite(norm, [node.args[0]])
+
+
+@rewrites(aten.prelu.default)
+def _prelu(node: Node) -> Rewrite | Refusal:
+    x, w = node.args[0], node.args[1]
+    rank = x.meta["val"].dim()
+    nw = int(w.meta["val"].numel())
+
+    def prelu(xv, wv):
+        shape = [1] * rank
+        if nw > 1:
+            shape[1 if rank > 1 else 0] = nw
+        return torch.where(xv > 0, xv, xv * wv.reshape(shape))
+    return Rewrite(prelu, [x, w])
+
+
+@rewrites(aten.softmax.int, aten._softmax.default)
+def _masked_softmax(node: Node) -> Rewrite | Refusal:
+    fill = node.args[0]
+    if not (isinstance(fill, Node) and fill.target == aten.masked_fill.Scalar and len(fill.users) == 1):
+        return Refusal("not a softmax of a masked_fill read only by it")  # (the softmax family lowers it)
+    mask, value = fill.args[1], fill.args[2]
+    if not (isinstance(mask, Node) and mask.op == "get_attr") or float(value) > -1e4:
+        return Refusal("the mask is not a constant, or the fill value is not a large negative number")
+    keep = _constant(node, mask)
+    if keep is None:
+        return Refusal(f"mask {mask.target} is not an attribute of the module")
+    dim = node.args[1]
+    return Rewrite(lambda x, k: masked_softmax(x, k, dim), [fill.args[0]], [(~keep).to(torch.float32)])
+
+
+@rewrites(aten.gru_cell.default, aten.lstm_cell.default, aten.rnn_tanh_cell.default, aten.rnn_relu_cell.default)
+def _recurrent_cell(node: Node) -> Rewrite | Refusal:
+    t = node.target
+    x, hx, w_ih, w_hh = node.args[:4]
+    b_ih = arg_or_kwarg(node, 4, "b_ih")
+    b_hh = arg_or_kwarg(node, 5, "b_hh")
+    states = list(hx) if t == aten.lstm_cell.default else [hx]
+    zero = all(_is_zero_state(h) for h in states)
+    nodes = [x, w_ih, w_hh] + [b for b in (b_ih, b_hh) if b is not None] + ([] if zero else states)
+    nb = b_ih is not None
+
+    def cell(*vs):
+        vs = list(vs)
+        xv, wi, wh = vs[:3]
+        bi, bh = (vs[3], vs[4]) if nb else (None, None)
+        st = None if zero else vs[5 if nb else 3:]
+        gi = F.linear(xv, wi, bi)
+        if t == aten.gru_cell.default:
+            return _gru_step(gi, None if st is None else st[0], wh, bh)
+        if t == aten.lstm_cell.default:
+            return _lstm_step(gi, None if st is None else (st[0], st[1]), wh, bh)
+        return _rnn_step(gi, None if st is None else st[0], wh, bh, t == aten.rnn_relu_cell.default)
+    return Rewrite(cell, nodes, pre_dispatch=True)
+
+
+@rewrites(aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input, aten.lstm.input)
+def _recurrent_layer(node: Node) -> Rewrite | Refusal:
+    t = node.target
+    x, hx, params, has_biases, layers, _, _, bidirectional, batch_first = node.args[:9]
+    c_n_used = any(u.target is operator.getitem and u.args[1] == 2 and u.users for u in node.users)
+    if t == aten.lstm.input and not bidirectional and not c_n_used:
+        return Refusal("a unidirectional LSTM not reading c_n (the LSTM family lowers it whole)")
+    states = list(hx) if t == aten.lstm.input else [hx]
+    zero = all(_is_zero_state(h) for h in states)
+    kind = {aten.gru.input: "gru", aten.lstm.input: "lstm"}.get(t, "rnn")
+    params = list(params)
+    nodes = [x] + params + ([] if zero else states)
+
+    def rnn(*vs):
+        vs = list(vs)
+        p = vs[1:1 + len(params)]
+        st = vs[1 + len(params):]
+        h0 = None if zero else st[0]
+        c0 = None if zero or kind != "lstm" else st[1]
+        return unrolled_rnn(kind, vs[0], h0, c0, p, bool(has_biases), int(layers), bool(bidirectional),
+                            bool(batch_first), relu=t == aten.rnn_relu.input)
+    return Rewrite(rnn, nodes, pre_dispatch=True)
+
+
+@rewrites(aten.cumsum.default)
+def _cumsum(node: Node) -> Rewrite | Refusal:
+    if node.kwargs.get("dtype") is not None:
+        return Refusal("dtype= given")
+    x = node.args[0]
+    rank = x.meta["val"].dim()
+    dim = int(node.args[1]) % rank
+    n = int(x.meta["val"].shape[dim])
+
+    def cumsum(xv, u):
+        if dim == rank - 1:
+            return xv @ u
+        return (xv.transpose(dim, -1) @ u).transpose(dim, -1)
+    return Rewrite(cumsum, [x], [torch.ones(n, n).triu()])
+
+
+@rewrites(aten.cosine_similarity.default)
+def _cosine_similarity(node: Node) -> Rewrite | Refusal:
+    dim = arg_or_kwarg(node, 2, "dim", 1)
+    eps = float(arg_or_kwarg(node, 3, "eps", 1e-8))
+
+    def cosine(x, y):
+        nx = torch.sqrt((x * x).sum(dim, keepdim=True)).clamp_min(eps)
+        ny = torch.sqrt((y * y).sum(dim, keepdim=True)).clamp_min(eps)
+        return ((x / nx) * (y / ny)).sum(dim)
+    return Rewrite(cosine, [node.args[0], node.args[1]])
+
+
+@rewrites(aten.linear.default)
+def _linear_nd(node: Node) -> Rewrite | Refusal:
+    x = node.args[0]
+    if not (isinstance(x, Node) and x.meta["val"].dim() in (4, 5)):
+        return Refusal("not a 4-D or 5-D input (the linear family lowers it)")
+    shape = list(x.meta["val"].shape)
+    wb = [v for v in node.args[1:3] if isinstance(v, Node)]
+
+    def linear_nd(xv, w, *b):
+        y = F.linear(xv.reshape(shape[0], -1, shape[-1]), w, b[0] if b else None)
+        return y.reshape(shape[:-1] + [y.shape[-1]])
+    return Rewrite(linear_nd, [x] + wb, pre_dispatch=True)
+
+
+@rewrites(*FULL_REDUCTIONS)
+def _full_reduction(node: Node) -> Rewrite | Refusal:
+    if node.kwargs.get("dtype") is not None or len(node.args) != 1 or node.args[0].meta["val"].dim() < 1:
+        return Refusal("dtype= given, or a 0-D input")
+    rank = node.args[0].meta["val"].dim()
+    reduce = FULL_REDUCTIONS[node.target]
+    return Rewrite(_zero_d(node, lambda x: reduce(x, list(range(rank)), keepdim=True)), [node.args[0]])
+
+
+@rewrites(aten.pad.default)
+def _index_pad(node: Node) -> Rewrite | Refusal:
+    mode = arg_or_kwarg(node, 2, "mode", "constant")
+    pads = [int(p) for p in node.args[1]]
+    if mode not in ("reflect", "replicate", "circular") or any(p < 0 for p in pads):
+        return Refusal(f"mode {mode!r} or a negative pad (the pad family lowers constant pads)")
+    shape = [int(d) for d in node.args[0].meta["val"].shape]
+    plan, index = [], []
+    for k in range(len(pads) // 2):
+        dim = len(shape) - 1 - k
+        before, after = pads[2 * k], pads[2 * k + 1]
+        if before == after == 0:
+            continue
+        n = shape[dim]
+        pos = torch.arange(-before, n + after)
+        if mode == "reflect":
+            period = 2 * (n - 1)
+            pos = pos.remainder(period) if period else torch.zeros_like(pos)
+            pos = torch.where(pos >= n, period - pos, pos)
+        elif mode == "replicate":
+            pos = pos.clamp(0, n - 1)
         else:
-            node.replace_all_uses_with(result)
-        g.erase_node(node)
+            pos = pos.remainder(n)
+        plan.append(dim)
+        index.append(pos.to(torch.int64))
+
+    def pad(x, *idx):
+        for d, i in zip(plan, idx):
+            x = x.index_select(d, i)
+        return x
+    return Rewrite(pad, [node.args[0]], index)
+
+
+@rewrites(aten.upsample_bilinear2d.vec, aten.upsample_linear1d.vec)
+def _linear_upsample(node: Node) -> Rewrite | Refusal:
+    spatial = 2 if node.target == aten.upsample_bilinear2d.vec else 1
+    _, mats = _upsample_args(node, spatial)
+    if spatial == 1:
+        return Rewrite(lambda x, mw: x @ mw, [node.args[0]], mats)
+    return Rewrite(lambda x, mh, mw: mh.t() @ (x @ mw), [node.args[0]], mats)
+
+
+class DecomposeCompositesPass(RewriteTablePass):
+    """Fold constant subgraphs, turn masked_fill / logical conditions into ``where``s, then replace
+    the composite ops of the module docstring by the graphs of their rewrites (:data:`COMPOSITES`)."""
+
+    def __init__(self) -> None:
+        super().__init__(COMPOSITES, prepare=(fold_constants, scalar_wheres, logical_wheres))

@@ -6,13 +6,13 @@ from typing import Callable, Sequence
 from torch.fx import GraphModule
 from torch.fx.passes.infra.pass_base import PassResult
 
-from corten.aten_passes.batch_norm_to_depthwise import BatchNormToDepthwiseConvPass
+from corten.aten_passes.batch_norm import FoldBatchNormPass
 from corten.aten_passes.decompose_attention import DecomposeScaledDotProductAttentionPass
 from corten.aten_passes.decompose_composites import DecomposeCompositesPass
 from corten.aten_passes.decompose_movement import DecomposeMovementPass
 from corten.aten_passes.functionalize import FunctionalizeInPlacePass
 from corten.aten_passes.fold_pad_into_conv import FoldPadIntoConvPass
-from corten.aten_passes.fuse_batch_norm import FuseBatchNormIntoConvPass, FuseBatchNormIntoLinearPass
+from corten.aten_passes.graph_utils import AtenPassError
 from corten.aten_passes.remove_noops import RemoveNoOpsPass
 
 AtenPass = Callable[[GraphModule], PassResult]
@@ -22,20 +22,42 @@ def default_passes() -> list[AtenPass]:
     """Composite ops (einsum, addmm, glu, var/std, group/instance norm, logsumexp, vector norms, prelu,
     bilinear upsampling) are spelled out first; in-place ops become functional next (``out += x`` -> ``add``), then data movement in single-input form (split/unbind pieces as slices, stack as cat, movement of
     constants folded), then no-op removal (so ``conv -> dropout/clone -> BN`` still folds), symmetric zero pads into
-    the convs reading them, then BatchNorm folding
-    into conv and linear, then the depthwise rewrite of every BatchNorm that could not be folded, then
-    ``scaled_dot_product_attention`` spelled out as matmul, mul, softmax, matmul."""
+    the convs reading them, then each BatchNorm folded into its conv / linear or rewritten as a depthwise
+    conv, then ``scaled_dot_product_attention`` spelled out as matmul, mul, softmax, matmul.  The order
+    is declared in :data:`RUNS_AFTER` and checked by :class:`AtenPassManager`."""
     return [
         DecomposeCompositesPass(),
         FunctionalizeInPlacePass(),
         DecomposeMovementPass(),
         RemoveNoOpsPass(),
         FoldPadIntoConvPass(),
-        FuseBatchNormIntoConvPass(),
-        FuseBatchNormIntoLinearPass(),
-        BatchNormToDepthwiseConvPass(),
+        FoldBatchNormPass(),
         DecomposeScaledDotProductAttentionPass(),
     ]
+
+
+# pass -> the passes that must run before it when both are in a pass list (and why)
+RUNS_AFTER: dict[str, tuple[str, ...]] = {
+    # constant folding keeps tensors that are later written in place (it sees the writes only before
+    # functionalization turns them into new values)
+    "FunctionalizeInPlacePass": ("DecomposeCompositesPass",),
+    # the composites' rewrites emit split/stack (unrolled RNNs stack their steps); an in-place op made
+    # functional may be a movement op
+    "DecomposeMovementPass": ("DecomposeCompositesPass", "FunctionalizeInPlacePass"),
+    # conv -> dropout/clone -> BN folds only once the no-op is gone; ``bn_(x)`` must be functional first
+    "FoldBatchNormPass": ("RemoveNoOpsPass", "FunctionalizeInPlacePass"),
+    # pad -> clone -> conv
+    "FoldPadIntoConvPass": ("RemoveNoOpsPass",),
+}
+
+
+def check_order(passes: Sequence[object]) -> None:
+    """Raise :class:`AtenPassError` when a pass comes before one :data:`RUNS_AFTER` says it follows."""
+    names = [type(p).__name__ for p in passes]
+    for i, name in enumerate(names):
+        late = [b for b in RUNS_AFTER.get(name, ()) if b in names[i + 1:]]
+        if late:
+            raise AtenPassError(f"ATen pass {name} must run after {', '.join(late)}; reorder the pass list")
 
 
 class AtenPassManager:
@@ -50,6 +72,7 @@ class AtenPassManager:
 
     def __init__(self, passes: Sequence[AtenPass] | None = None) -> None:
         self.passes: list[AtenPass] = list(passes) if passes is not None else default_passes()
+        check_order(self.passes)
         self.modified_by: list[str] = []
 
     def __call__(self, graph_module: GraphModule) -> GraphModule:
