@@ -17,9 +17,12 @@ on those bytes (``quantized_strided_copy``; a reshape is a view).
 Where TFLite's reference kernel and CMSIS-NN could differ, the TFLite arithmetic is what the
 program computes (the oracle is LiteRT's ``BUILTIN_REF`` interpreter):
 
-* FULLY_CONNECTED with one weight scale: TFLite forms ``input_scale * weight_scale`` in float32
-  before dividing by the output scale in double (``GetQuantizedConvolutionMultipler``); per-channel
-  weights use double throughout (as CONV_2D / DEPTHWISE_CONV_2D do).
+* FULLY_CONNECTED requantizes with one rounding (``(acc * m + 2**(30 - shift)) >> (31 - shift)``,
+  TFLite's ``TFLITE_SINGLE_ROUNDING`` form), where CMSIS-NN's ``arm_fully_connected_s8`` rounds twice
+  (``arm_nn_requantize``); measured on LiteRT's reference FULLY_CONNECTED (per-tensor and per-channel
+  weights: 0 of 24,000 outputs differ with one rounding, 15 with two), while its CONV_2D and
+  DEPTHWISE_CONV_2D round twice.  The program's ``quantized_linear`` steps carry
+  ``single_rounding=True`` and use Corten's portable kernel in both C flavours.
 * RELU / RELU6 / RELU_N1_TO_1 / LEAKY_RELU / LOGISTIC / TANH / HARD_SWISH run as 256-entry tables
   whose entries are TFLite's integer reference arithmetic on each int8 value.
 """
@@ -286,10 +289,7 @@ def _fully_connected(b: _Builder, op: Operator) -> None:
     if numel % cin:
         raise Unsupported(f"input {x.describe()} does not divide into rows of {cin}")
     rows = numel // cin
-    if len(w.scales) == 1:  # GetQuantizedConvolutionMultipler: the float32 product, then double
-        mult, shift = _per_channel_multipliers(x.scale, scales, y.scale)
-    else:
-        mult, shift = _per_channel_multipliers(x.scale, scales, y.scale)
+    mult, shift = _per_channel_multipliers(x.scale, scales, y.scale)
     bias = _bias(b, op, cout).to(torch.int64)
     rowsum = torch.from_numpy(w.data.astype(np.int64).sum(axis=1))
     kernel_sum = bias - x.zero_point * rowsum
@@ -298,7 +298,7 @@ def _fully_connected(b: _Builder, op: Operator) -> None:
     xin = b.view(b.value(op.inputs[0]), x.shape, (rows, cin))
     out = b.call(OPS.quantized_linear.default, xin, b.const(torch.from_numpy(w.data.copy()), "weight"),
                  b.const(kernel_sum, "kernel_sum"), -x.zero_point, y.zero_point, b.const(mult, "multiplier"),
-                 b.const(shift, "shift"), amin, amax)
+                 b.const(shift, "shift"), amin, amax, True)
     b.values[op.outputs[0]] = b.view(out, (rows, cout), y.shape)
 
 

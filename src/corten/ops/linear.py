@@ -80,9 +80,15 @@ def quantized_linear(
     output_shift: torch.Tensor,
     activation_min: int,
     activation_max: int,
+    single_rounding: bool = False,
 ) -> torch.Tensor:
+    """``single_rounding``: requantize with one rounding (``(acc * m + 2**(30 - shift)) >> (31 - shift)``,
+    TFLite's reference FULLY_CONNECTED as LiteRT runs it) instead of CMSIS-NN's default two (int8 only;
+    the C library then uses the portable kernel in both flavours)."""
     _check(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
            activation_min, activation_max)
+    if single_rounding and input.dtype != torch.int8:
+        checks.fail("quantized_linear", "single_rounding", "applies to int8 inputs only")
     if input.dtype == torch.int16:
         # Exact in float64: |x * w| <= 2**22 and in_features < 2**31 keep all partial sums < 2**53.
         dots = (input.to(torch.float64) @ weight.to(torch.float64).T).to(torch.int64)
@@ -92,14 +98,15 @@ def quantized_linear(
     # Exact in float64: |x * w| <= 2**14 and in_features < 2**39 keep all partial sums < 2**53.
     dots = (input.to(torch.float64) @ weight.to(torch.float64).T).to(torch.int64)
     acc = wrap_int32_t(dots + kernel_sum.to(torch.int64))  # the C accumulator is int32 and wraps
-    out = requantize(acc, output_multiplier.to(torch.int64), output_shift.to(torch.int64))
+    out = requantize(acc, output_multiplier.to(torch.int64), output_shift.to(torch.int64),
+                     single_rounding=bool(single_rounding))
     out = wrap_int32_t(out + output_offset)  # int32 addition in C: wraps before the clamp
     return clamp_activation(out, activation_min, activation_max)
 
 
 @quantized_linear.register_fake
 def _(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
-      activation_min, activation_max):
+      activation_min, activation_max, single_rounding=False):
     _check(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
            activation_min, activation_max)
     return input.new_empty((*input.shape[:-1], weight.shape[0]))  # (int16 in, int16 out)
@@ -196,12 +203,19 @@ def _emit_linear_c(ctx) -> str:
     w, ks = ctx.const("weight"), ctx.const("kernel_sum")
     if val.dtype == torch.int16:
         return _emit_linear_s16(ctx, batches, in_f, out_f, x, out, w, ks, act_min, act_max, per_channel)
-    if ctx.kernels == "portable":
+    single = bool(ctx.arg("single_rounding"))
+    if single and ctx.kernels != "portable":
+        ctx.portable_kernel("CMSIS-NN's fully connected layer rounds twice (arm_nn_requantize); this layer rounds "
+                            "once, as TFLite's reference FULLY_CONNECTED does")
+    if ctx.kernels == "portable" or single:
+        quant = dict(multiplier=ctx.const("output_multiplier"), shift=ctx.const("output_shift"),
+                     per_channel=int(per_channel))
+        if single:
+            quant["single_rounding"] = 1
         return ctx.block(
             ctx.params("corten_linear_params", "params",
                        dict(output_offset=out_off, activation_min=act_min, activation_max=act_max)),
-            ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
-                                                     shift=ctx.const("output_shift"), per_channel=int(per_channel))),
+            ctx.params("corten_quant", "quant", quant),
             ctx.call(f"corten_linear_s8(&params, &quant, {batches}, {in_f}, {out_f}, {x}, {w}, {ks}, {out})"))
     if per_channel:
         quant = ctx.params("cmsis_nn_per_channel_quant_params", "quant",

@@ -73,6 +73,14 @@ static inline int32_t corten_requantize(int32_t val, int32_t multiplier, int32_t
     return corten_divide_by_power_of_two(corten_doubling_high_mult_no_sat(shifted, multiplier), right);
 }
 
+/** arm_nn_requantize with CMSIS_NN_USE_SINGLE_ROUNDING (TFLite's TFLITE_SINGLE_ROUNDING
+ *  MultiplyByQuantizedMultiplier): (val * multiplier + 2**(30 - shift)) >> (31 - shift), one rounding. */
+static inline int32_t corten_requantize_single(int32_t val, int32_t multiplier, int32_t shift)
+{
+    const int64_t r = corten_asr64((int64_t)val * multiplier, 30 - shift);
+    return corten_wrap_i32(corten_asr64(r + 1, 1));
+}
+
 /** CMSIS-NN's REDUCE_MULTIPLIER: a Q31 multiplier rounded to the Q15 one of the s16 kernels. */
 static inline int32_t corten_reduce_multiplier(int32_t multiplier)
 {

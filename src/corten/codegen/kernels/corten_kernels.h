@@ -28,11 +28,13 @@ typedef struct {
     int32_t c;
 } corten_dims;
 
-/** Output requantization: one multiplier/shift (per_channel == 0) or one per output channel. */
+/** Output requantization: one multiplier/shift (per_channel == 0) or one per output channel;
+ *  single_rounding (corten_linear_s8 only): one rounding, as TFLite's reference FULLY_CONNECTED. */
 typedef struct {
     const int32_t *multiplier;
     const int32_t *shift;
     int32_t per_channel;
+    int32_t single_rounding;
 } corten_quant;
 
 /** Convolution geometry and offsets: input_offset = -input zero point (in [-127, 128]),

@@ -2,7 +2,8 @@
  * linear.c - Corten portable int8 fully connected layer (arm_fully_connected_s8 arithmetic).
  *
  * acc[o] = kernel_sum[o] + sum_k x[k] * w[o][k] (int32 wrap-around), where the compiler has folded
- * bias + input_offset * rowsum(w) into kernel_sum; then requantize + output offset + clamp.
+ * bias + input_offset * rowsum(w) into kernel_sum; then requantize + output offset + clamp (one rounding
+ * when quant->single_rounding: TFLite's reference FULLY_CONNECTED as LiteRT runs it).
  * corten_linear_s16: the 16x8 variant (arm_fully_connected_s16): int64 accumulator and bias,
  * arm_nn_requantize_s64 with the reduced multiplier, no offsets.
  */
@@ -37,8 +38,17 @@ int corten_linear_s8(const corten_linear_params *params, const corten_quant *qua
             }
             for (g = 0; g < group; g++) {
                 const int32_t total = corten_u32_to_i32(acc[g] + (uint32_t)kernel_sum[o + g]);
-                y[o + g] = corten_finish(total, o + g, quant->multiplier, quant->shift, quant->per_channel,
-                                         params->output_offset, params->activation_min, params->activation_max);
+                if (quant->single_rounding) {
+                    const int32_t q = quant->per_channel ? o + g : 0;
+                    y[o + g] = corten_offset_clamp(corten_requantize_single(total, quant->multiplier[q],
+                                                                            quant->shift[q]),
+                                                   params->output_offset, params->activation_min,
+                                                   params->activation_max);
+                } else {
+                    y[o + g] = corten_finish(total, o + g, quant->multiplier, quant->shift, quant->per_channel,
+                                             params->output_offset, params->activation_min,
+                                             params->activation_max);
+                }
             }
         }
     }
