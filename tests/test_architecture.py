@@ -20,12 +20,13 @@ SRC = Path(corten.__file__).resolve().parent
 # Allowed import directions between the units of src/corten (docs/architecture.md, "Layers").  A unit
 # is a top-level module or package of corten; ops/ is split into its infrastructure (registry,
 # checks and the underscore modules: the rule API and shared helpers) and its family modules.
-# ``errors`` and ``_quiet`` (silencing torchao's import-time log lines) import nothing from Corten and
-# every unit may import them.
-BOTTOM = {"errors", "_quiet"}
+# ``errors``, ``_quiet`` (silencing torchao's import-time log lines) and ``fx_nodes`` (arguments by
+# schema name, get_attr targets) import nothing from Corten and every unit may import them.
+BOTTOM = {"errors", "_quiet", "fx_nodes"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "_quiet": set(),
+    "fx_nodes": set(),
     "fixed_point": {"errors"},
     "targets": {"errors"},
     "ops.infra": {"errors", "fixed_point", "targets"},
@@ -221,3 +222,27 @@ def test_program_py_is_the_program_alone():
     assert named == ["program.py"], named
     assert importlib.import_module("corten.memory.tensors").analyse
     assert importlib.import_module("corten.runners.program_runner").ProgramRunner
+
+
+def _magic_numbers() -> dict[float, set[str]]:
+    """Numeric literals of magnitude >= 1000 that are not round (a power of ten, two, or two minus
+    one: sizes, masks, Q-format scales), by value -> the modules writing them."""
+    def round_number(v: float) -> bool:
+        return v.is_integer() and (float(v) in {10.0**k for k in range(3, 25)}
+                                   or (int(v) & (int(v) - 1)) == 0 or (int(v) & (int(v) + 1)) == 0)
+    seen: dict[float, set[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+                v = abs(float(node.value))
+                if v >= 1000 and not round_number(v):
+                    seen.setdefault(v, set()).add(str(path.relative_to(SRC)))
+    return seen
+
+
+def test_each_numeric_constant_is_written_in_one_module():
+    """A limit such as the int32 accumulator's 65,792 taps is defined once and imported (it was written
+    in five places): a non-round literal may repeat within its module, never across modules."""
+    repeated = {v: sorted(m) for v, m in _magic_numbers().items() if len(m) > 1}
+    assert not repeated, f"numeric literals written in several modules (name them once and import): {repeated}"
+    assert _magic_numbers()[65792.0] == {"fixed_point.py"}

@@ -83,3 +83,39 @@ def test_lookup_tables_and_adds_run_in_place():
     ops = {prog_node.split("_")[1] for prog_node in plan.in_place}
     assert {"lut", "add"} <= ops
     assert plan.arena_bytes < 0.8 * plan.lower_bound_bytes
+
+
+@pytest.mark.parametrize("name", list(EXPECTED_OPS))
+def test_macs_come_from_one_hook(name):
+    """The compile report (kernel_choices), the profile's rows, banding's total and the auto-precision
+    report count the same MACs: each reads its op family's Hook.COST."""
+    from corten.compiler import AUTO_CANDIDATE_OPS, _layer_costs
+    from corten.memory.banding import total_macs
+    from corten.memory.tensors import analyse
+    from corten.ops.registry import op_cost
+    from corten.runners.profile import profile_rows
+
+    prog, _ = compiled(name)
+    steps = prog.kernel_choices("portable")
+    report = {s.node: s.macs for s in steps if s.macs}
+    nodes = {n.name: n for n in prog.ep.graph.nodes}
+    assert report == {k: op_cost(n).macs for k, n in nodes.items() if op_cost(n).macs}
+    assert sum(report.values()) == total_macs(analyse(prog.ep)) > 0
+    assert [r.macs for r in profile_rows(steps, [0.0] * len(steps))] == [s.macs for s in steps]
+    tensors = prog.info.get("tensors") or {}
+    candidates = [(k, t["module"]) for k, t in tensors.items() if t.get("op") in AUTO_CANDIDATE_OPS and t.get("module")]
+    checked = 0
+    for node_name, module in candidates:
+        layers = [k for k, t in tensors.items() if t.get("module") == module and t.get("op") in AUTO_CANDIDATE_OPS]
+        if layers == [node_name]:  # a module of one weighted layer: its auto-precision cost is that layer's
+            assert _layer_costs(prog, prog, [module])[module]["macs"] == report[node_name]
+            checked += 1
+    assert checked or name == "lstm-kws"  # (its one linear layer is the root module's)
+
+
+def test_profile_rows_carry_the_hook_macs():
+    prog, x = compiled("ds-cnn")
+    prof = prog.profile(x, on="host", baseline=False)
+    by_node = {r.node: r.macs for r in prof.rows if r.macs}
+    assert by_node == {s.node: s.macs for s in prog.kernel_choices("portable") if s.macs}
+    assert prof.outputs_match

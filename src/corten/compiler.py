@@ -20,6 +20,7 @@ import torch
 from corten.capture import capture, remove_guards_fn
 from corten.capture.outputs import OutputTree, flatten_outputs, output_tree, tensor_leaves
 from corten.errors import UnsupportedOpsError, UsageError
+from corten.fx_nodes import get_attr
 from corten.lowering import CortenPassManager, unlowered_nodes
 from corten.program import Program, check_program_name
 from corten.compare import record_provenance
@@ -64,18 +65,11 @@ def propagate_shapes(gm: torch.fx.GraphModule, example_inputs) -> None:
     val = lambda a: a.meta["val"] if isinstance(a, torch.fx.Node) else a  # noqa: E731
     for n in missing:  # graph order: every argument is done before its user
         if n.op == "get_attr":
-            n.meta["val"] = mode.from_tensor(_attr(gm, n.target), static_shapes=True)
+            n.meta["val"] = mode.from_tensor(get_attr(gm, n), static_shapes=True)
         else:
             with mode:
                 n.meta["val"] = n.target(*torch.fx.node.map_aggregate(n.args, val),
                                          **torch.fx.node.map_aggregate(n.kwargs, val))
-
-
-def _attr(gm: torch.fx.GraphModule, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def fuse_conv_bn(gm: torch.fx.GraphModule) -> None:
@@ -571,6 +565,8 @@ def _program_costs(prog: Program) -> dict:
 
 def _layer_costs(prog8: Program, prog16: Program, modules: list[str]) -> dict[str, dict]:
     """Per moved layer: its output's extra activation bytes (int16: 2 bytes an element) and MACs."""
+    from corten.ops.registry import op_cost
+
     out: dict[str, dict] = {}
     tensors = prog16.info.get("tensors") or {}
     nodes = {n.name: n for n in prog16.module().graph.nodes}
@@ -582,13 +578,7 @@ def _layer_costs(prog8: Program, prog16: Program, modules: list[str]) -> dict[st
         node = nodes[name]
         val = node.meta.get("val")
         numel = int(val.numel()) if isinstance(val, torch.Tensor) else 0
-        macs = 0
-        w = node.args[1] if len(node.args) > 1 else None
-        if isinstance(w, torch.fx.Node) and isinstance(w.meta.get("val"), torch.Tensor):
-            wv = w.meta["val"]
-            per_out = int(wv.numel()) // max(1, int(wv.shape[-1] if t["op"] == "quantized_depthwise_conv2d" else wv.shape[0]))
-            macs = numel * per_out
-        out[hit] = {"extra_activation_bytes": numel, "macs": macs}
+        out[hit] = {"extra_activation_bytes": numel, "macs": op_cost(node).macs}
     return out
 
 

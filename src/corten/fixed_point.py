@@ -30,6 +30,9 @@ INT8_MIN = -128
 INT8_MAX = 127
 INT16_MIN = -(2**15)
 INT16_MAX = 2**15 - 1
+# int8 x int8 products, input offset applied, are at most 128 * 255 = 32,640 in magnitude: 65,792 of them
+# always fit an int32 sum (2**31 // 32640), more may overflow.  The one limit of the overflow checks.
+MAX_ACCUMULATOR_TAPS = 65792
 REDUCED_SHIFT_MAX = 14  # arm_nn_requantize_s64 shifts by 14 - shift: the s16 kernels need shift <= 14
 SHIFT_MIN = -31
 SHIFT_MAX = 30

@@ -21,6 +21,8 @@ from typing import Any, Iterable
 import torch
 
 from corten.errors import CaptureError, ProgramFileError, QuantizationError, UsageError
+from corten.fixed_point import INT32_MAX, INT32_MIN, MAX_ACCUMULATOR_TAPS, SHIFT_MAX, SHIFT_MIN
+from corten.fx_nodes import get_attr, node_args
 
 __all__ = ["QuantizationWarning", "as_input_tuple", "check_example_inputs", "check_samples", "check_exported",
            "check_observers", "explain_calibration_failure", "check_lowered", "MAX_ACTIVATION_MAGNITUDE",
@@ -29,10 +31,6 @@ __all__ = ["QuantizationWarning", "as_input_tuple", "check_example_inputs", "che
 # Beyond ~2**40 the float32 histogram observer loses the range (measured: a conv whose outputs reach
 # 1.5e12 quantizes with cosine 0.9999 against float; 1.7e14 collapses to zero point 127, cosine 0.70).
 MAX_ACTIVATION_MAGNITUDE = 2.0**40
-# int8 x int8 products are at most 128 * 255 = 32,640 in magnitude (input offset applied):
-# 65,792 of them always fit an int32 sum; more may overflow.
-MAX_ACCUMULATOR_TAPS = 65792
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 class QuantizationWarning(UserWarning):
@@ -322,43 +320,12 @@ def explain_calibration_failure(gm: torch.fx.GraphModule, sample: tuple, index: 
 
 # ----------------------------------------------------------------------------- after lowering
 def _tensor_arg(gm: torch.fx.GraphModule, a) -> torch.Tensor | None:
-    if isinstance(a, torch.fx.Node) and a.op == "get_attr":
-        obj = gm
-        for part in a.target.split("."):
-            obj = getattr(obj, part)
-        return obj
-    return None
-
-
-def _args_by_name(node: torch.fx.Node) -> dict[str, Any]:
-    schema = node.target._schema
-    out = {}
-    for i, a in enumerate(schema.arguments):
-        if i < len(node.args):
-            out[a.name] = node.args[i]
-        elif a.name in node.kwargs:
-            out[a.name] = node.kwargs[a.name]
-    return out
-
-
-def _taps(op: str, args: dict, gm) -> int | None:
-    """Products summed into one int32 accumulator by a weighted op (None: not a weighted op)."""
-    w = _tensor_arg(gm, args.get("weight"))
-    if w is None:
-        return None
-    if op in ("quantized_conv2d", "quantized_grouped_conv2d"):
-        return int(w.shape[1]) * int(w.shape[2]) * int(w.shape[3])  # OHWI
-    if op == "quantized_depthwise_conv2d":
-        return int(w.shape[1]) * int(w.shape[2])
-    if op == "quantized_linear":
-        return int(w.shape[-1])
-    return None
+    return get_attr(gm, a) if isinstance(a, torch.fx.Node) and a.op == "get_attr" else None
 
 
 def check_lowered(gm: torch.fx.GraphModule, model_name: str) -> None:
     """Numeric guards on the lowered graph's constants (see the module docstring)."""
-    from corten.fixed_point import SHIFT_MAX, SHIFT_MIN
-    from corten.ops.registry import op_name_of
+    from corten.ops.registry import accumulator_taps, op_name_of
 
     underflows = []
     for node in gm.graph.nodes:
@@ -367,7 +334,7 @@ def check_lowered(gm: torch.fx.GraphModule, model_name: str) -> None:
         op = op_name_of(node.target)
         if op is None or not hasattr(node.target, "_schema"):
             continue
-        args = _args_by_name(node)
+        args = node_args(node)
         where = f"{op} node {node.meta.get('corten_source', node.name)!r} of {model_name} {_where(node)}"
         bias = _tensor_arg(gm, args.get("bias"))
         if bias is not None and bias.dtype == torch.int32 and bias.numel():
@@ -391,7 +358,7 @@ def check_lowered(gm: torch.fx.GraphModule, model_name: str) -> None:
                 if bad:
                     raise QuantizationError(f"{where}: requantization shift {bad[0]} ({name}) is outside "
                                             f"[{SHIFT_MIN}, {SHIFT_MAX}]; rescale the layer")
-        taps = _taps(op, args, gm)
+        taps = accumulator_taps(node)
         if taps is not None and taps > MAX_ACCUMULATOR_TAPS:
             raise QuantizationError(
                 f"{where}: each output sums {taps:,} int8 products, more than the {MAX_ACCUMULATOR_TAPS:,} that "

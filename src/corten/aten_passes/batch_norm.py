@@ -36,8 +36,9 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from corten.aten_passes.graph_utils import (AtenPassError, add_constant, arg_or_kwarg, constant_value,
+from corten.aten_passes.graph_utils import (AtenPassError, add_constant, constant_value,
                                             erase_if_unused, finish_rewrite, is_constant, set_arg)
+from corten.fx_nodes import node_arg
 
 aten = torch.ops.aten
 
@@ -149,34 +150,21 @@ def batch_norms(gm: GraphModule) -> Iterator[BatchNormMatch]:
 
 
 # ---------------------------------------------------------------------------- folding
-@dataclass(frozen=True)
-class _ConvSchema:
-    transposed_index: int | None  # argument holding the 'transposed' flag (aten.convolution only)
-    transposed: bool  # fixed value when transposed_index is None
-    groups_index: int
-
-
-CONV_OPS: dict[object, _ConvSchema] = {
-    aten.conv1d.default: _ConvSchema(None, False, 6),
-    aten.conv2d.default: _ConvSchema(None, False, 6),
-    aten.conv1d.padding: _ConvSchema(None, False, 6),
-    aten.conv2d.padding: _ConvSchema(None, False, 6),
-    aten.conv_transpose1d.default: _ConvSchema(None, True, 6),
-    aten.conv_transpose2d.input: _ConvSchema(None, True, 6),
-    aten.convolution.default: _ConvSchema(6, False, 8),
+# conv ops -> whether their weight is transposed ([Cin, Cout/groups, *k]); None: the ``transposed`` argument says
+CONV_OPS: dict[object, bool | None] = {
+    aten.conv1d.default: False, aten.conv2d.default: False, aten.conv1d.padding: False, aten.conv2d.padding: False,
+    aten.conv_transpose1d.default: True, aten.conv_transpose2d.input: True, aten.convolution.default: None,
 }
 LINEAR_OPS = {aten.linear.default}
 
 
 def _is_transposed(conv: Node) -> bool:
-    schema = CONV_OPS[conv.target]
-    if schema.transposed_index is None:
-        return schema.transposed
-    return bool(conv.args[schema.transposed_index])
+    fixed = CONV_OPS[conv.target]
+    return bool(node_arg(conv, "transposed")) if fixed is None else fixed
 
 
 def _groups(conv: Node) -> int:
-    return int(arg_or_kwarg(conv, CONV_OPS[conv.target].groups_index, "groups", 1))
+    return int(node_arg(conv, "groups", 1))
 
 
 def fold_scale_into_conv_weight(weight: torch.Tensor, scale: torch.Tensor, transposed: bool,
@@ -205,7 +193,7 @@ def _foldable_producer(bn: BatchNormMatch, targets) -> Node | None:
         return None
     if len(producer.users) != 1:  # a skip connection or another consumer needs the raw output
         return None
-    weight, bias = producer.args[1], arg_or_kwarg(producer, 2, "bias")
+    weight, bias = producer.args[1], node_arg(producer, "bias", None)
     if not (isinstance(weight, Node) and is_constant(weight) and is_constant(bias)):
         return None
     if not bn.has_constant_parameters:
@@ -215,7 +203,7 @@ def _foldable_producer(bn: BatchNormMatch, targets) -> Node | None:
 
 def _replace_weight_and_bias(gm: GraphModule, producer: Node, bn: BatchNormMatch,
                              weight: torch.Tensor, bias: torch.Tensor) -> None:
-    old_weight, old_bias = producer.args[1], arg_or_kwarg(producer, 2, "bias")
+    old_weight, old_bias = producer.args[1], node_arg(producer, "bias", None)
     base = f"{producer.name}_bn_fused"
     producer.update_arg(1, add_constant(gm, f"{base}_weight", weight, before=producer))
     set_arg(producer, 2, "bias", add_constant(gm, f"{base}_bias", bias, before=producer))
@@ -293,7 +281,7 @@ def _fold_into_conv(gm: GraphModule, bn: BatchNormMatch) -> bool:
     if _conv_out_channels(weight, transposed, groups) != scale.numel():
         return False
     fused_weight = fold_scale_into_conv_weight(weight.double(), scale, transposed, groups)
-    fused_bias = _fused_bias(constant_value(gm, arg_or_kwarg(conv, 2, "bias")), scale, shift, weight.dtype)
+    fused_bias = _fused_bias(constant_value(gm, node_arg(conv, "bias", None)), scale, shift, weight.dtype)
     _replace_weight_and_bias(gm, conv, bn, fused_weight.to(weight.dtype), fused_bias)
     return True
 
@@ -309,7 +297,7 @@ def _fold_into_linear(gm: GraphModule, bn: BatchNormMatch) -> bool:
     if weight.shape[0] != scale.numel():
         return False
     fused_weight = (weight.double() * scale[:, None]).to(weight.dtype)
-    fused_bias = _fused_bias(constant_value(gm, arg_or_kwarg(linear, 2, "bias")), scale, shift, weight.dtype)
+    fused_bias = _fused_bias(constant_value(gm, node_arg(linear, "bias", None)), scale, shift, weight.dtype)
     _replace_weight_and_bias(gm, linear, bn, fused_weight, fused_bias)
     return True
 

@@ -20,16 +20,11 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from corten.aten_passes.graph_utils import add_constant, attr_of, finish_rewrite
+from corten.aten_passes.graph_utils import add_constant, finish_rewrite
+from corten.fx_nodes import get_attr, node_arg
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
-
-
-def _arg(node: Node, i: int, name: str, default):
-    if len(node.args) > i:
-        return node.args[i]
-    return node.kwargs.get(name, default)
 
 
 class DecomposeScaledDotProductAttentionPass(PassBase):
@@ -39,11 +34,11 @@ class DecomposeScaledDotProductAttentionPass(PassBase):
             if node.op != "call_function" or node.target != SDPA:
                 continue
             q, k, v = node.args[:3]
-            scale = _arg(node, 6, "scale", None)
-            mask = _arg(node, 3, "attn_mask", None)
-            causal = bool(_arg(node, 5, "is_causal", False))
+            scale = node_arg(node, "scale", None)
+            mask = node_arg(node, "attn_mask", None)
+            causal = bool(node_arg(node, "is_causal", False))
             if ((mask is not None and not (isinstance(mask, Node) and mask.op == "get_attr"))
-                    or (mask is not None and causal) or _arg(node, 4, "dropout_p", 0.0) != 0.0
+                    or (mask is not None and causal) or node_arg(node, "dropout_p", 0.0) != 0.0
                     or isinstance(scale, Node) or node.kwargs.get("enable_gqa", False)):
                 continue
             keep, additive = None, None
@@ -51,7 +46,7 @@ class DecomposeScaledDotProductAttentionPass(PassBase):
             if causal:
                 keep = torch.ones(n_q, n_k, dtype=torch.bool).tril()
             elif mask is not None:
-                m = attr_of(gm, mask.target).detach()
+                m = get_attr(gm, mask).detach()
                 if m.dtype == torch.bool:
                     keep = m
                 elif bool(((m == 0) | (m <= -1e4)).all()):

@@ -54,8 +54,9 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
-from corten.aten_passes.graph_utils import add_constant, arg_or_kwarg, attr_of, is_mutating
+from corten.aten_passes.graph_utils import add_constant, is_mutating
 from corten.aten_passes.rewrites import Refusal, Rewrite, RewriteTable, RewriteTablePass
+from corten.fx_nodes import get_attr, node_arg
 
 aten = torch.ops.aten
 
@@ -204,8 +205,8 @@ def fold_constants(gm: GraphModule) -> bool:
             dtype = node.kwargs.get("dtype") or val.dtype
             value = torch.full(tuple(val.shape), fill, dtype=dtype)
         else:
-            args = torch.fx.node.map_arg(node.args, lambda a: attr_of(gm, a.target).detach())
-            kwargs = {k: v for k, v in torch.fx.node.map_arg(node.kwargs, lambda a: attr_of(gm, a.target).detach()).items()
+            args = torch.fx.node.map_arg(node.args, lambda a: get_attr(gm, a).detach())
+            kwargs = {k: v for k, v in torch.fx.node.map_arg(node.kwargs, lambda a: get_attr(gm, a).detach()).items()
                       if k not in ("device", "pin_memory")}
             try:
                 with torch.no_grad():
@@ -302,7 +303,7 @@ def _is_zero_state(node) -> bool:
     if node.target == aten.full.default and float(node.args[1]) == 0.0:
         return True
     if node.op == "get_attr":
-        v = attr_of(node.graph.owning_module, node.target)
+        v = get_attr(node.graph.owning_module, node)
         return isinstance(v, torch.Tensor) and not bool(v.any())
     return False
 
@@ -316,7 +317,7 @@ def masked_softmax(x: torch.Tensor, keep: torch.Tensor, dim: int) -> torch.Tenso
 def _constant(node: Node, arg: Node) -> torch.Tensor | None:
     gm = node.graph.owning_module
     try:
-        return attr_of(gm, arg.target).detach().to(torch.bool)
+        return get_attr(gm, arg).detach().to(torch.bool)
     except AttributeError:
         return None
 
@@ -325,7 +326,7 @@ def _uniform_value(gm: GraphModule, arg) -> float | None:
     """The one value of a constant float tensor whose elements are all equal (a folded ``zeros_like``)."""
     if not (isinstance(arg, Node) and arg.op == "get_attr"):
         return None
-    v = attr_of(gm, arg.target)
+    v = get_attr(gm, arg)
     if not isinstance(v, torch.Tensor) or not v.dtype.is_floating_point or v.numel() == 0:
         return None
     first = v.flatten()[0]
@@ -432,7 +433,7 @@ def _addmm(node: Node) -> Rewrite | Refusal:
 
 @rewrites(aten.glu.default)
 def _glu(node: Node) -> Rewrite | Refusal:
-    dim = arg_or_kwarg(node, 1, "dim", -1)
+    dim = node_arg(node, "dim", -1)
 
     def glu(x):
         h1, h2 = x.chunk(2, dim)
@@ -477,7 +478,7 @@ def _lerp(node: Node) -> Rewrite | Refusal:
 
 @rewrites(aten.addcmul.default, aten.addcdiv.default)
 def _addc(node: Node) -> Rewrite | Refusal:
-    value = float(arg_or_kwarg(node, 3, "value", 1))
+    value = float(node_arg(node, "value", 1))
     mul = node.target == aten.addcmul.default
 
     def addc(x, y, z):
@@ -493,9 +494,9 @@ def _hypot(node: Node) -> Rewrite | Refusal:
 
 @rewrites(aten.pairwise_distance.default)
 def _pairwise_distance(node: Node) -> Rewrite | Refusal:
-    order = float(arg_or_kwarg(node, 2, "p", 2.0))
-    eps = float(arg_or_kwarg(node, 3, "eps", 1e-6))
-    keepdim = bool(arg_or_kwarg(node, 4, "keepdim", False))
+    order = float(node_arg(node, "p", 2.0))
+    eps = float(node_arg(node, "eps", 1e-6))
+    keepdim = bool(node_arg(node, "keepdim", False))
     if order not in (1.0, 2.0):
         return Refusal(f"p={order:g} (only p 1 and 2 are spelled out)")
 
@@ -534,7 +535,7 @@ def _norm(x, groups, weight, bias, eps) -> Rewrite:
 def _group_norm(node: Node) -> Rewrite | Refusal:
     a = node.args
     return _norm(a[0], a[1], a[2] if len(a) > 2 else None, a[3] if len(a) > 3 else None,
-                 arg_or_kwarg(node, 4, "eps", 1e-5))
+                 node_arg(node, "eps", 1e-5))
 
 
 @rewrites(aten.instance_norm.default)
@@ -549,7 +550,7 @@ def _instance_norm(node: Node) -> Rewrite | Refusal:
 @rewrites(aten.logsumexp.default)
 def _logsumexp(node: Node) -> Rewrite | Refusal:
     dim = node.args[1]
-    keepdim = arg_or_kwarg(node, 2, "keepdim", False)
+    keepdim = node_arg(node, "keepdim", False)
 
     def lse(x):
         dims = _dims(dim, x.dim())
@@ -561,9 +562,9 @@ def _logsumexp(node: Node) -> Rewrite | Refusal:
 
 @rewrites(aten.linalg_vector_norm.default)
 def _vector_norm(node: Node) -> Rewrite | Refusal:
-    order = arg_or_kwarg(node, 1, "ord", 2)
-    dim = arg_or_kwarg(node, 2, "dim")
-    keepdim = arg_or_kwarg(node, 3, "keepdim", False)
+    order = node_arg(node, "ord", 2)
+    dim = node_arg(node, "dim", None)
+    keepdim = node_arg(node, "keepdim", False)
     if node.kwargs.get("dtype") is not None:
         return Refusal("dtype= given")
     if order not in (1, 2, float("inf")):
@@ -612,8 +613,8 @@ def _masked_softmax(node: Node) -> Rewrite | Refusal:
 def _recurrent_cell(node: Node) -> Rewrite | Refusal:
     t = node.target
     x, hx, w_ih, w_hh = node.args[:4]
-    b_ih = arg_or_kwarg(node, 4, "b_ih")
-    b_hh = arg_or_kwarg(node, 5, "b_hh")
+    b_ih = node_arg(node, "b_ih", None)
+    b_hh = node_arg(node, "b_hh", None)
     states = list(hx) if t == aten.lstm_cell.default else [hx]
     zero = all(_is_zero_state(h) for h in states)
     nodes = [x, w_ih, w_hh] + [b for b in (b_ih, b_hh) if b is not None] + ([] if zero else states)
@@ -675,8 +676,8 @@ def _cumsum(node: Node) -> Rewrite | Refusal:
 
 @rewrites(aten.cosine_similarity.default)
 def _cosine_similarity(node: Node) -> Rewrite | Refusal:
-    dim = arg_or_kwarg(node, 2, "dim", 1)
-    eps = float(arg_or_kwarg(node, 3, "eps", 1e-8))
+    dim = node_arg(node, "dim", 1)
+    eps = float(node_arg(node, "eps", 1e-8))
 
     def cosine(x, y):
         nx = torch.sqrt((x * x).sum(dim, keepdim=True)).clamp_min(eps)
@@ -710,7 +711,7 @@ def _full_reduction(node: Node) -> Rewrite | Refusal:
 
 @rewrites(aten.pad.default)
 def _index_pad(node: Node) -> Rewrite | Refusal:
-    mode = arg_or_kwarg(node, 2, "mode", "constant")
+    mode = node_arg(node, "mode", "constant")
     pads = [int(p) for p in node.args[1]]
     if mode not in ("reflect", "replicate", "circular") or any(p < 0 for p in pads):
         return Refusal(f"mode {mode!r} or a negative pad (the pad family lowers constant pads)")

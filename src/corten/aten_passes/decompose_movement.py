@@ -17,7 +17,8 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from corten.aten_passes.graph_utils import _unique_attr_name, attr_of, finish_rewrite
+from corten.aten_passes.graph_utils import _unique_attr_name, finish_rewrite
+from corten.fx_nodes import get_attr
 
 aten = torch.ops.aten
 
@@ -192,8 +193,8 @@ class DecomposeMovementPass(PassBase):
             inputs = node.all_input_nodes
             if not inputs or not all(_is_constant(a) for a in inputs):
                 continue
-            args = torch.fx.node.map_arg(node.args, lambda a: attr_of(gm, a.target).detach())
-            kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: attr_of(gm, a.target).detach())
+            args = torch.fx.node.map_arg(node.args, lambda a: get_attr(gm, a).detach())
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: get_attr(gm, a).detach())
             with torch.no_grad():
                 value = node.target(*args, **kwargs)
             if not isinstance(value, torch.Tensor):

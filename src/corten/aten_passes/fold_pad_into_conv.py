@@ -16,7 +16,8 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from corten.aten_passes.graph_utils import arg_or_kwarg, finish_rewrite, set_arg
+from corten.aten_passes.graph_utils import finish_rewrite, set_arg
+from corten.fx_nodes import node_arg
 
 aten = torch.ops.aten
 PAD_OPS = (aten.pad.default, aten.constant_pad_nd.default)
@@ -31,13 +32,13 @@ def symmetric_zero_pad(node: Node) -> tuple[int, int] | None:
     val = x.meta.get("val") if isinstance(x, Node) else None
     if not isinstance(val, torch.Tensor) or val.dim() != 4:
         return None
-    pad = list(arg_or_kwarg(node, 1, "pad", []))
+    pad = list(node_arg(node, "pad", []))
     if node.target == aten.pad.default:
-        if arg_or_kwarg(node, 2, "mode", "constant") != "constant":
+        if node_arg(node, "mode", "constant") != "constant":
             return None
-        value = arg_or_kwarg(node, 3, "value", None)
+        value = node_arg(node, "value", None)
     else:
-        value = arg_or_kwarg(node, 2, "value", 0)
+        value = node_arg(node, "value", 0)
     if value not in (None, 0, 0.0) or len(pad) > 8 or len(pad) % 2 or any(p for p in pad[4:]):
         return None
     left, right, top, bottom = (list(pad) + [0, 0, 0, 0])[:4]
@@ -62,8 +63,8 @@ def _folded_padding(conv: Node, pad_node: Node, pad_hw: tuple[int, int]) -> list
     weight = conv.args[1].meta.get("val") if isinstance(conv.args[1], Node) else None
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
         return None
-    padding = _pair(arg_or_kwarg(conv, 4, "padding", None), 0)
-    dilation = _pair(arg_or_kwarg(conv, 5, "dilation", None), 1)
+    padding = _pair(node_arg(conv, "padding", None), 0)
+    dilation = _pair(node_arg(conv, "dilation", None), 1)
     new = [padding[0] + pad_hw[0], padding[1] + pad_hw[1]]
     extent = [dilation[0] * (weight.shape[2] - 1) + 1, dilation[1] * (weight.shape[3] - 1) + 1]
     if new[0] > extent[0] or new[1] > extent[1]:

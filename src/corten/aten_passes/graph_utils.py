@@ -12,14 +12,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from corten.errors import AtenPassError
-
-
-def attr_of(gm: GraphModule, target: str) -> Any:
-    """The object a ``get_attr`` target (dotted path, e.g. ``features.0.0.weight``) refers to."""
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
+from corten.fx_nodes import get_attr
 
 
 def is_constant(arg: Any) -> bool:
@@ -33,7 +26,7 @@ def constant_value(gm: GraphModule, arg: Node | None) -> torch.Tensor | None:
         return None
     if not is_constant(arg):
         raise AtenPassError(f"{arg.name} is a {arg.op} node, not a constant (get_attr)")
-    value = attr_of(gm, arg.target)
+    value = get_attr(gm, arg)
     if not isinstance(value, torch.Tensor):
         raise AtenPassError(f"get_attr {arg.target} is a {type(value).__name__}, not a tensor")
     return value.detach()
@@ -68,13 +61,6 @@ def _fake_mode_of(gm: GraphModule) -> FakeTensorMode | None:
         if mode is not None:
             return mode
     return None
-
-
-def arg_or_kwarg(node: Node, index: int, name: str, default: Any = None) -> Any:
-    """Argument ``index`` / ``name`` of ``node`` whether given positionally, by keyword or not at all."""
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
 
 
 def set_arg(node: Node, index: int, name: str, value: Any) -> None:

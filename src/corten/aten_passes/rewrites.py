@@ -20,7 +20,8 @@ from torch.fx import GraphModule, Node
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from corten.aten_passes.graph_utils import AtenPassError, add_constant, attr_of, finish_rewrite, refresh_meta_val
+from corten.aten_passes.graph_utils import AtenPassError, add_constant, finish_rewrite, refresh_meta_val
+from corten.fx_nodes import get_attr
 
 aten = torch.ops.aten
 
@@ -93,7 +94,7 @@ def inline(gm: GraphModule, node: Node, rewrite: Rewrite) -> None:
     tensor_args, constants = list(rewrite.tensor_args), list(rewrite.constants)
     # traced on inputs with the real strides (a transposed q/k), and every view of the trace
     # becomes a reshape, which is valid whatever the strides of the tensors it is later run on
-    examples = [attr_of(gm, n.target).detach().clone() if n.op == "get_attr" else
+    examples = [get_attr(gm, n).detach().clone() if n.op == "get_attr" else
                 torch.empty_strided(n.meta["val"].shape, n.meta["val"].stride(), dtype=n.meta["val"].dtype).zero_()
                 for n in tensor_args] + constants
     try:

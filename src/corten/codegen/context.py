@@ -27,6 +27,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from corten.errors import CodegenError  # noqa: F401  (re-exported)
+from corten.fx_nodes import node_arg
 
 class ProgramEmitter(Protocol):
     """What an :class:`EmitContext` asks of the program-level emitter (``codegen.emitter``): the one
@@ -158,17 +159,10 @@ class EmitContext:
     # ------------------------------------------------------------------ arguments
     def arg(self, name: str) -> Any:
         """The node's argument ``name`` (schema order), positional or keyword."""
-        schema = self.node.target._schema
-        for i, a in enumerate(schema.arguments):
-            if a.name == name:
-                if i < len(self.node.args):
-                    return self.node.args[i]
-                if name in self.node.kwargs:
-                    return self.node.kwargs[name]
-                if a.has_default_value():
-                    return a.default_value
-                break
-        raise CodegenError(f"node {self.node.name!r} ({self.op_name}) has no argument {name!r}")
+        try:
+            return node_arg(self.node, name)
+        except KeyError:
+            raise CodegenError(f"node {self.node.name!r} ({self.op_name}) has no argument {name!r}") from None
 
     def shape(self, node: torch.fx.Node | None = None) -> tuple[int, ...]:
         """Logical (torch) shape of ``node`` (default: this node's output)."""

@@ -37,7 +37,7 @@ from corten.codegen import build_files
 from corten.codegen.context import (
     KERNEL_FLAVOURS, CodegenError, EmitContext, c_identifier, c_int, library_name_problem, nhwc,
 )
-from corten.ops.registry import family_of, hook_for, is_lowered_node, op_name_of
+from corten.ops.registry import family_of, hook_for, is_lowered_node, op_cost, op_name_of
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 KERNEL_HEADERS = ("corten_fixed_point.h", "corten_internal.h", "corten_kernels.h")
@@ -180,27 +180,6 @@ def kernel_called(body: str) -> str:
     """The (first) kernel function a step's C statements call."""
     m = _CALL_RE.search(body)
     return m.group(1) if m else "inline"
-
-
-def _macs(g: "_Generator", node, op: str) -> int:
-    """Multiply-accumulates of a step (convs and linear layers; elementwise mul counts one per output)."""
-    try:
-        out = int(np.prod(g._shape(node)))
-        if op in ("quantized_conv2d", "quantized_depthwise_conv2d", "quantized_grouped_conv2d",
-                  "quantized_conv_transpose2d"):
-            w = g.constant_value(node.args[1])
-            per_out = int(np.prod(w.shape[1:])) if op != "quantized_depthwise_conv2d" else int(np.prod(w.shape[1:3]))
-            if op == "quantized_conv_transpose2d":
-                return int(np.prod(g._shape(node.args[0]))) * int(w.shape[0]) * int(np.prod(w.shape[1:3]))
-            return out * per_out
-        if op == "quantized_linear":
-            w = g.constant_value(node.args[1])
-            return out * int(w.shape[-1])
-        if op == "quantized_mul":
-            return out
-    except (CodegenError, IndexError, KeyError, AttributeError, TypeError):
-        return 0
-    return 0
 
 
 @dataclass
@@ -465,7 +444,7 @@ class _Generator:
             reason = self.fallback_reasons.get(index) or (
                 "NHWC <-> NCHW layout copy (CMSIS-NN has no such kernel)" if what.startswith("reshape")
                 else "no CMSIS-NN kernel")
-        self.step_info.append(StepInfo(index, node.name, module, what, source, kernel, _macs(self, node, what),
+        self.step_info.append(StepInfo(index, node.name, module, what, source, kernel, op_cost(node).macs,
                                        reason))
         ins = ", ".join(self._layout(i) for i in inputs)
         where = f" ({source})" if source else ""

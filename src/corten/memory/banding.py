@@ -33,23 +33,12 @@ from dataclasses import dataclass, field
 import torch
 
 from corten.errors import BudgetError
+from corten.fx_nodes import arg_position
 from corten.memory.tensors import ProgramTensors, analyse
+from corten.ops.registry import Window, op_cost, op_window
 
-CONV = ("quantized_conv2d", "quantized_depthwise_conv2d")
-POOLS = ("quantized_avg_pool2d", "quantized_max_pool2d")
-SPATIAL = CONV + POOLS  # ops with a window along H
-PAD_ARG = {"quantized_conv2d": 4, "quantized_depthwise_conv2d": 4, "quantized_avg_pool2d": 3,
-           "quantized_max_pool2d": 3}
-CEIL_MODE_ARG = {"quantized_avg_pool2d": 6, "quantized_max_pool2d": 7}
-ELEMENTWISE = ("quantized_add", "quantized_lut")
-BANDABLE = SPATIAL + ELEMENTWISE
 MAX_SEGMENT_STEPS = 40
 BAND_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-
-
-def _pads4(padding) -> tuple[int, int, int, int]:
-    p = [int(v) for v in padding]
-    return (p[0], p[1], p[0], p[1]) if len(p) == 2 else (p[0], p[1], p[2], p[3])
 
 
 @dataclass(frozen=True)
@@ -134,50 +123,39 @@ def _op(node) -> str:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _conv_geometry(node):
-    """(kernel_h, stride_h, dilation_h, (top, left, bottom, right)) of a conv/depthwise/pool node."""
-    op = _op(node)
-    if op in POOLS:
-        dil = node.args[6] if op == "quantized_max_pool2d" and len(node.args) > 6 and node.args[6] else [1, 1]
-        return int(node.args[1][0]), int(node.args[2][0]), int(dil[0]), _pads4(node.args[3])
-    kh = _shape(node.args[1])[1]  # OHWI or [1, kH, kW, C]
-    return kh, int(node.args[3][0]), int(node.args[5][0]), _pads4(node.args[4])
+def _window(node) -> Window | None:
+    """The op's window along H (its family's ``Hook.WINDOW``); None: it cannot run in bands."""
+    return op_window(node)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _cost_macs(node) -> int:
+    return op_cost(node).macs
+
+
+def _spatial(node) -> bool:
+    w = _window(node)
+    return w is not None and w.padding_arg is not None
 
 
 def input_rows(node, lo: int, hi: int, in_h: int) -> tuple[int, int, int, int]:
     """The input rows ``[a, b)`` output rows ``[lo, hi)`` of ``node`` read, and the band's own
     (top, bottom) padding."""
-    if _op(node) not in SPATIAL:
+    w = _window(node)
+    if w is None or w.padding_arg is None:
         return lo, hi, 0, 0
-    kh, s, d, (top, _, _, _) = _conv_geometry(node)
-    a, b = lo * s - top, (hi - 1) * s - top + d * (kh - 1) + 1
+    a, b = lo * w.stride - w.pads[0], (hi - 1) * w.stride - w.pads[0] + w.dilation * (w.kernel - 1) + 1
     return max(a, 0), min(b, in_h), max(0, -a), max(0, b - in_h)
 
 
 def _macs(node, rows: int) -> int:
-    op = _op(node)
-    if op not in CONV:
-        return 0
-    _, c_out, _, w_out = _shape_c(node)
-    wshape = _shape_c(node.args[1])
-    per_pixel = wshape[1] * wshape[2] * (wshape[3] if op == "quantized_conv2d" else 1)
-    return rows * w_out * c_out * per_pixel
+    """MACs of ``rows`` output rows of a bandable (N == 1, NHWC) step: its ``Hook.COST`` share."""
+    return _cost_macs(node) * rows // _shape_c(node)[2]
 
 
 def total_macs(prog: ProgramTensors) -> int:
-    """Multiply-accumulates of the unbanded program (convolutions and linear layers)."""
-    total = 0
-    for node, op in zip(prog.steps, prog.op_names):
-        if op in CONV:
-            total += _macs(node, _shape_c(node)[2])
-        elif op == "quantized_linear":
-            out = _shape_c(node)
-            total += int(torch.Size(out).numel()) * _shape_c(node.args[1])[-1]
-        elif op == "quantized_grouped_conv2d":
-            n, c, h, w = _shape_c(node)
-            ws = _shape_c(node.args[1])
-            total += n * c * h * w * ws[1] * ws[2] * ws[3]
-    return total
+    """Multiply-accumulates of the unbanded program (every step's ``Hook.COST``)."""
+    return sum(_cost_macs(node) for node in prog.steps)
 
 
 class _Model:
@@ -194,8 +172,9 @@ class _Model:
         self._cache: dict = {}
 
     def _bandable(self, i: int) -> bool:
-        node, op = self.steps[i], self.prog.op_names[i]
-        if op not in BANDABLE:
+        node = self.steps[i]
+        window = _window(node)
+        if window is None:
             return False
         out = _shape_c(node)
         if len(out) != 4 or out[0] != 1 or out[2] < 2:
@@ -203,11 +182,9 @@ class _Model:
         args = self.act_args[i]
         if any(n.meta["val"].dtype != torch.int8 for n in (node, *args)):
             return False  # bands slice int8 bytes (int16 activations stay layer by layer)
-        if op in POOLS:
-            k = CEIL_MODE_ARG[op]
-            if len(node.args) > k and node.args[k]:
-                return False  # ceil mode: the last window's overhang depends on the input size
-        if op in SPATIAL:
+        if window.ceil_mode:
+            return False  # ceil mode: the last window's overhang depends on the input size
+        if window.padding_arg is not None:
             return len(args) == 1 and len(_shape_c(args[0])) == 4
         for a in node.args:  # a constant operand with rows (not an activation) is not sliced: refuse
             val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
@@ -339,7 +316,7 @@ def search(ep, scratch: list[int], live: list[int], budget: int) -> tuple[Schedu
 
 
 def _clear_caches() -> None:
-    for f in (_shape_c, _op, _conv_geometry):
+    for f in (_shape_c, _op, _window, _cost_macs):
         f.cache_clear()
 
 
@@ -440,9 +417,10 @@ def apply_schedule(gm: torch.fx.GraphModule, schedule: Schedule) -> torch.fx.Gra
                             src = graph.call_function(strided, (src, [n_, c_, x1 - x0, w_], [(x1 - x0) * w_ * c_],
                                                                 [1], (x0 - s0) * w_ * c_))
                         args[pos] = src
-                        if _op(node) in SPATIAL:
-                            k = PAD_ARG[_op(node)]
-                            _, left, _, right = _pads4(node.args[k])
+                        if _spatial(node):
+                            name = _window(node).padding_arg
+                            k = arg_position(node, name)
+                            _, left, _, right = _window(node).pads
                             args[k] = [top, left] if (top, left) == (bottom, right) else [top, left, bottom, right]
                     new = graph.call_function(node.target, tuple(args), dict(node.kwargs))
                     origin[new.name] = node.name

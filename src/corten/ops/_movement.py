@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from corten.errors import LoweringError
+from corten.fx_nodes import node_arg
 from corten.ops._common import storage_dim_order
 from corten.ops._rules import DQ_PER_TENSOR, Match
 from corten.ops.registry import op_name_of
@@ -233,16 +234,6 @@ def reshape_keeps_bytes(node) -> bool:
 
 
 # ----------------------------------------------------------------------------- strided copy nodes
-def node_arg(node, name: str):
-    """Argument ``name`` of a ``quantized_strided_copy`` node, positional or keyword (schema order)."""
-    for i, a in enumerate(node.target._schema.arguments):
-        if a.name == name:
-            if i < len(node.args):
-                return node.args[i]
-            return node.kwargs.get(name, a.default_value if a.has_default_value() else None)
-    raise KeyError(name)
-
-
 def strided_copy_alias_offset(node) -> int | None:
     """The input byte where a ``quantized_strided_copy`` node's output starts when it reads one
     contiguous run of bytes (then it can be an alias of them), else None."""

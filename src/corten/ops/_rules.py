@@ -20,6 +20,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from corten.errors import LoweringError
+from corten.fx_nodes import get_attr, node_arg
 from corten.fixed_point import INT8_MAX, INT8_MIN, INT16_MAX, INT16_MIN, round_half_away_t
 from corten.ops._qparams import QParams, activation_range
 from corten.ops.registry import op as corten_op
@@ -58,17 +59,11 @@ ACTIVATIONS = {
     aten.relu.default: lambda n: (0.0, None),
     aten.relu_.default: lambda n: (0.0, None),
     aten.relu6.default: lambda n: (0.0, 6.0),
-    aten.hardtanh.default: lambda n: (_arg(n, 1, "min_val", -1.0), _arg(n, 2, "max_val", 1.0)),
-    aten.hardtanh_.default: lambda n: (_arg(n, 1, "min_val", -1.0), _arg(n, 2, "max_val", 1.0)),
-    aten.clamp.default: lambda n: (_arg(n, 1, "min", None), _arg(n, 2, "max", None)),
-    aten.clamp_.default: lambda n: (_arg(n, 1, "min", None), _arg(n, 2, "max", None)),
+    aten.hardtanh.default: lambda n: (node_arg(n, "min_val", -1.0), node_arg(n, "max_val", 1.0)),
+    aten.hardtanh_.default: lambda n: (node_arg(n, "min_val", -1.0), node_arg(n, "max_val", 1.0)),
+    aten.clamp.default: lambda n: (node_arg(n, "min", None), node_arg(n, "max", None)),
+    aten.clamp_.default: lambda n: (node_arg(n, "min", None), node_arg(n, "max", None)),
 }
-
-
-def _arg(node: Node, i: int, name: str, default):
-    if len(node.args) > i:
-        return node.args[i]
-    return node.kwargs.get(name, default)
 
 
 @dataclass
@@ -162,10 +157,7 @@ class Match:
     def constant(self, node: Node) -> torch.Tensor:
         if node.op != "get_attr":
             raise LoweringError(f"{self.node.name}: {node.name} is not a constant")
-        obj = self.gm
-        for part in node.target.split("."):
-            obj = getattr(obj, part)
-        return obj.detach()
+        return get_attr(self.gm, node).detach()
 
     def quantized_constant(self, dq: Node) -> tuple[torch.Tensor, torch.Tensor, int | None]:
         """``dequantize_per_channel/tensor(const)`` -> (integer tensor, scales, channel axis)."""

@@ -38,7 +38,7 @@ from corten.ops._broadcast import (
 )
 from corten.ops._common import lower_rescaled_binary
 from corten.ops._rules import Match
-from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.ops.registry import ROW_WISE, Hook, OpFamily, annotates, lowers, register_family
 
 FAMILY = "add"
 
@@ -47,6 +47,7 @@ quantized_add = rescaled_binary_op("quantized_add", 1)
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_add",), doc=__doc__))
+family.provides(Hook.WINDOW)(lambda node: ROW_WISE)  # same-shape operands: output row r reads row r
 
 
 # ----------------------------------------------------------------------------- lowering

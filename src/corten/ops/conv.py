@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from corten.errors import LoweringError
+from corten.fixed_point import MAX_ACCUMULATOR_TAPS
+from corten.fx_nodes import node_arg
 from corten.ops import checks
 from corten.ops._common import (
     as_4d_view,
@@ -31,7 +33,8 @@ from corten.ops._common import (
 )
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
-from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.ops.registry import (Cost, Hook, OpFamily, Window, annotates, lowers, node_shape, op_name_of,
+                                 register_family, weighted_cost)
 
 FAMILY = "conv"
 # The window arguments of the three ops' schemas (:data:`corten.ops._common.CONV_SCHEMA`); the
@@ -112,7 +115,7 @@ def depthwise_accumulators(input, weight, stride, padding, dilation, depth_multi
     sum overflows int32 for kernels of fewer than 65,793 taps (checked).
     """
     _, kh, kw, c_out = weight.shape
-    if kh * kw > 65792:
+    if kh * kw > MAX_ACCUMULATOR_TAPS:
         checks.fail("quantized_depthwise_conv2d", "weight", f"kernel of {kh}x{kw} taps overflows int32 sums")
     ho, wo = _out_hw("quantized_depthwise_conv2d", input, kh, kw, stride, padding, dilation)
     # (16x8: |product| <= 2**22, summed in int64)
@@ -187,6 +190,25 @@ family = register_family(OpFamily(
     FAMILY, ("quantized_conv2d", "quantized_depthwise_conv2d", "quantized_grouped_conv2d"), doc=__doc__))
 
 
+# ----------------------------------------------------------------------------- metadata
+@family.provides(Hook.ACCUMULATOR_TAPS)
+def _taps(node) -> int:
+    """OHWI weight (grouped: I = C_in / groups): kH * kW * I products; depthwise ``[1, kH, kW, C]``: kH * kW."""
+    _, kh, kw, c = node_shape(node_arg(node, "weight"))
+    return kh * kw * (1 if op_name_of(node.target) == "quantized_depthwise_conv2d" else c)
+
+
+@family.provides(Hook.COST)
+def _cost(node) -> Cost:
+    return weighted_cost(node, _taps(node))
+
+
+@family.provides(Hook.WINDOW, "quantized_conv2d", "quantized_depthwise_conv2d")  # (the kernels take band pads)
+def _window(node) -> Window:
+    return Window(node_shape(node_arg(node, "weight"))[1], int(node_arg(node, "stride")[0]),
+                  int(node_arg(node, "dilation")[0]), pads4(node_arg(node, "padding")), "padding")
+
+
 # ----------------------------------------------------------------------------- lowering
 
 annotates("weighted", torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, torch.ops.aten.conv1d.default,
@@ -194,11 +216,8 @@ annotates("weighted", torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.paddi
 
 
 def _conv_args(node):
-    """``aten.conv2d(input, weight, bias, stride, padding, dilation, groups)`` with defaults."""
-    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-    defaults = (None, None, None, [1, 1], [0, 0], [1, 1], 1)
-    vals = list(node.args) + [node.kwargs.get(n, d) for n, d in zip(names[len(node.args):], defaults[len(node.args):])]
-    return dict(zip(names, vals))
+    """``aten.conv2d(input, weight, bias, stride, padding, dilation, groups)`` with the schema's defaults."""
+    return {n: node_arg(node, n) for n in ("input", "weight", "bias", "stride", "padding", "dilation", "groups")}
 
 
 def _pair(v):
@@ -539,7 +558,7 @@ def _emit_conv_c(ctx) -> str:
     act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
     filt = (1, kh, kw, c_out) if depthwise else (c_out, kh, kw, c_in)
     taps = kh * kw * (1 if depthwise else c_in)
-    if taps > 65792:
+    if taps > MAX_ACCUMULATOR_TAPS:
         ctx.fail(f"a window of {taps} products may overflow the int32 accumulator")
     x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight")
     s16 = ctx.arg("input").meta["val"].dtype == torch.int16
@@ -640,7 +659,7 @@ def _emit_grouped_conv_c(ctx) -> str:
     (sh, sw), (ph, pw), (dh, dw) = ctx.arg("stride"), ctx.arg("padding"), ctx.arg("dilation")
     in_off, out_off = int(ctx.arg("input_offset")), int(ctx.arg("output_offset"))
     act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
-    if kh * kw * ck > 65792:
+    if kh * kw * ck > MAX_ACCUMULATOR_TAPS:
         ctx.fail(f"a window of {kh * kw * ck} products may overflow the int32 accumulator")
     x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight")
     if ctx.kernels == "portable":

@@ -22,15 +22,16 @@ from __future__ import annotations
 import torch
 
 from corten.errors import LoweringError
+from corten.fixed_point import MAX_ACCUMULATOR_TAPS
+from corten.fx_nodes import node_arg
 from corten.ops import checks
 from corten.ops._common import as_4d_view, back_to_3d, check_conv_common, conv_op
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
-from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.ops.registry import Cost, Hook, OpFamily, annotates, lowers, node_shape, register_family, weighted_cost
 
 FAMILY = "conv_transpose"
 OP = "quantized_conv_transpose2d"
-MAX_TAPS = 65792  # products per output value that cannot overflow an int32 partial sum (|p| <= 32640)
 
 
 def transpose_out_size(size: int, k: int, stride: int, padding: int, output_padding: int, dilation: int) -> int:
@@ -48,7 +49,7 @@ def _check(input, weight, bias, stride, padding, output_padding, dilation, input
     if weight.shape[3] != input.shape[1]:
         checks.fail(OP, "weight", f"OHWI weight has C_in={weight.shape[3]} but input has {input.shape[1]} channels")
     kh, kw = int(weight.shape[1]), int(weight.shape[2])
-    if kh * kw * int(weight.shape[3]) > MAX_TAPS:
+    if kh * kw * int(weight.shape[3]) > MAX_ACCUMULATOR_TAPS:
         checks.fail(OP, "weight", f"{kh}x{kw}x{int(weight.shape[3])} products per output may overflow int32 sums")
     ho = transpose_out_size(input.shape[2], kh, stride[0], padding[0], oph, dilation[0])
     wo = transpose_out_size(input.shape[3], kw, stride[1], padding[1], opw, dilation[1])
@@ -88,6 +89,23 @@ quantized_conv_transpose2d = conv_op(
 
 
 family = register_family(OpFamily(FAMILY, (OP,), doc=__doc__))
+
+
+@family.provides(Hook.ACCUMULATOR_TAPS)
+def _taps(node) -> int:
+    """At most kH * kW * C_in products per output (OHWI weight)."""
+    _, kh, kw, c_in = node_shape(node_arg(node, "weight"))
+    return kh * kw * c_in
+
+
+@family.provides(Hook.COST)
+def _cost(node) -> Cost:
+    """Every input value times every weight of its output channel: numel(input) * C_out * kH * kW."""
+    c_out, kh, kw, _ = node_shape(node_arg(node, "weight"))
+    n_in = 1
+    for d in node_shape(node_arg(node, "input")):
+        n_in *= d
+    return Cost(n_in * c_out * kh * kw, weighted_cost(node, 0).weight_bytes)
 
 
 # ----------------------------------------------------------------------------- lowering

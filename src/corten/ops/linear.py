@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from corten.errors import LoweringError
+from corten.fx_nodes import node_arg
 from corten.fixed_point import (
     REDUCED_SHIFT_MAX,
     clamp_activation,
@@ -32,7 +33,7 @@ from corten.fixed_point import (
 from corten.ops import checks
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
-from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.ops.registry import Cost, Hook, OpFamily, annotates, lowers, node_shape, register_family, weighted_cost
 
 FAMILY = "linear"
 
@@ -113,6 +114,17 @@ def _(input, weight, kernel_sum, input_offset, output_offset, output_multiplier,
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_linear",), doc=__doc__))
+
+
+@family.provides(Hook.ACCUMULATOR_TAPS)
+def _taps(node) -> int:
+    """``[out, in]`` weight: ``in`` products per output."""
+    return node_shape(node_arg(node, "weight"))[-1]
+
+
+@family.provides(Hook.COST)
+def _cost(node) -> Cost:
+    return weighted_cost(node, _taps(node))
 
 
 # ----------------------------------------------------------------------------- lowering

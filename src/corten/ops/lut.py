@@ -78,7 +78,7 @@ from corten.fixed_point import round_half_away_t as round_half_away  # exact tie
 from corten.ops import _lut16, checks
 from corten.ops._common import layout_of
 from corten.ops._rules import Match
-from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.ops.registry import ROW_WISE, Hook, OpFamily, annotates, lowers, register_family
 
 FAMILY = "lut"
 TABLE_SIZE = 256
@@ -199,6 +199,7 @@ def cmsis_left_shift(input_multiplier: int, input_shift: int) -> int | None:
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_lut", "quantized_activation_s16"), doc=__doc__))
+family.provides(Hook.WINDOW, "quantized_lut")(lambda node: ROW_WISE)  # elementwise: output row r reads row r
 
 
 # ----------------------------------------------------------------------------- table construction

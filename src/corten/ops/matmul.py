@@ -40,7 +40,8 @@ from corten.ops._broadcast import is_constant, storage_strides
 from corten.ops._common import output_format
 from corten.ops._qparams import QParams
 from corten.ops._rules import DQ_PER_TENSOR, Match
-from corten.ops.registry import OpFamily, annotates, lowers, op_name_of, register_family
+from corten.fx_nodes import node_arg
+from corten.ops.registry import Cost, Hook, OpFamily, annotates, lowers, node_shape, op_name_of, register_family
 
 FAMILY = "matmul"
 MIN_RANK, MAX_RANK = 2, 4
@@ -112,6 +113,15 @@ def _(lhs, rhs, lhs_offset, rhs_offset, output_offset, output_multiplier, output
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_matmul",), doc=__doc__))
+
+
+@family.provides(Hook.COST)
+def _cost(node) -> Cost:
+    """K products per output value (both operands are activations: no weight bytes counted)."""
+    out = 1
+    for d in node_shape(node):
+        out *= d
+    return Cost(out * node_shape(node_arg(node, "lhs"))[-1])
 
 
 # ----------------------------------------------------------------------------- C geometry (pure functions)

@@ -41,11 +41,12 @@ import torch
 import torch.nn.functional as F
 
 from corten.errors import LoweringError
+from corten.fx_nodes import node_arg
 from corten.fixed_point import clamp_activation
 from corten.ops import checks
 from corten.ops._common import as_4d_view, back_to_3d, pads4
 from corten.ops._rules import Match
-from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.ops.registry import Hook, OpFamily, Window, annotates, lowers, register_family
 
 FAMILY = "pool"
 
@@ -260,6 +261,13 @@ OPS = ("quantized_avg_pool2d", "quantized_max_pool2d", "quantized_adaptive_avg_p
 family = register_family(OpFamily(FAMILY, OPS, doc=__doc__))
 
 
+@family.provides(Hook.WINDOW, "quantized_avg_pool2d", "quantized_max_pool2d")
+def _window(node) -> Window:
+    dilation = node_arg(node, "dilation", None) or [1, 1]
+    return Window(int(node_arg(node, "kernel_size")[0]), int(node_arg(node, "stride")[0]), int(dilation[0]),
+                  pads4(node_arg(node, "padding")), "padding", bool(node_arg(node, "ceil_mode")))
+
+
 # ----------------------------------------------------------------------------- lowering
 
 _aten = torch.ops.aten
@@ -277,13 +285,6 @@ def _same_qparams(m: Match) -> None:
 def _ints(v, n=2):
     v = list(v) if isinstance(v, (list, tuple)) else [v]
     return [int(x) for x in (v * n if len(v) == 1 else v)]
-
-
-def _arg(node, i: int, name: str, default):
-    if len(node.args) > i and node.args[i] is not None:
-        return node.args[i]
-    v = node.kwargs.get(name)
-    return default if v is None else v
 
 
 def _avg_call(m: Match, x, kernel, stride, padding, in_hw, ceil_mode=False, include_pad=False, divisor=0):
@@ -321,12 +322,12 @@ def lower_avg_pool2d(m: Match):
     _same_qparams(m)
     n = m.node
     kernel = _ints(n.args[1])
-    stride = _ints(_arg(n, 2, "stride", None) or kernel)
-    padding = _ints(_arg(n, 3, "padding", 0))
+    stride = _ints(node_arg(n, "stride", None) or kernel)
+    padding = _ints(node_arg(n, "padding", 0))
     _check_pool_padding("avg_pool2d", kernel, padding)
     h, w = (int(d) for d in n.args[0].meta["val"].shape[2:])
-    return _avg_call(m, m.inputs[0].node, kernel, stride, padding, (h, w), bool(_arg(n, 4, "ceil_mode", False)),
-                     bool(_arg(n, 5, "count_include_pad", True)), _arg(n, 6, "divisor_override", None) or 0)
+    return _avg_call(m, m.inputs[0].node, kernel, stride, padding, (h, w), bool(node_arg(n, "ceil_mode", False)),
+                     bool(node_arg(n, "count_include_pad", True)), node_arg(n, "divisor_override", None) or 0)
 
 
 def is_uniform(size: int, out: int) -> bool:
@@ -361,10 +362,10 @@ def lower_max_pool2d(m: Match):
     _same_qparams(m)
     n = m.node
     kernel = _ints(n.args[1])
-    stride = _ints(_arg(n, 2, "stride", None) or kernel)
-    padding = _ints(_arg(n, 3, "padding", 0))
-    dilation = _ints(_arg(n, 4, "dilation", 1))
-    ceil_mode = bool(_arg(n, 5, "ceil_mode", False))
+    stride = _ints(node_arg(n, "stride", None) or kernel)
+    padding = _ints(node_arg(n, "padding", 0))
+    dilation = _ints(node_arg(n, "dilation", 1))
+    ceil_mode = bool(node_arg(n, "ceil_mode", False))
     _check_pool_padding("max_pool2d", kernel, padding)
     h, w = (int(d) for d in n.args[0].meta["val"].shape[2:])
     if ceil_mode and all(pool_out_size(s, k, st, p, p, d, True) == pool_out_size(s, k, st, p, p, d)
@@ -401,10 +402,10 @@ def lower_max_pool1d(m: Match):
     _same_qparams(m)
     n = m.node
     kernel = _ints(n.args[1], 1)[0]
-    stride = _ints(_arg(n, 2, "stride", None) or kernel, 1)[0]
-    padding = _ints(_arg(n, 3, "padding", 0), 1)[0]
-    dilation = _ints(_arg(n, 4, "dilation", 1), 1)[0]
-    ceil_mode = bool(_arg(n, 5, "ceil_mode", False))
+    stride = _ints(node_arg(n, "stride", None) or kernel, 1)[0]
+    padding = _ints(node_arg(n, "padding", 0), 1)[0]
+    dilation = _ints(node_arg(n, "dilation", 1), 1)[0]
+    ceil_mode = bool(node_arg(n, "ceil_mode", False))
     _check_pool_padding("max_pool1d", [kernel], [padding], [dilation])
     lo, hi = m.activation_bounds
     extra = [[1, dilation], ceil_mode] if (dilation != 1 or ceil_mode) else []
@@ -417,10 +418,10 @@ def lower_avg_pool1d(m: Match):
     _same_qparams(m)
     n = m.node
     kernel = _ints(n.args[1], 1)[0]
-    stride = _ints(_arg(n, 2, "stride", None) or kernel, 1)[0]
-    padding = _ints(_arg(n, 3, "padding", 0), 1)[0]
-    ceil_mode = bool(_arg(n, 4, "ceil_mode", False))
-    include_pad = bool(_arg(n, 5, "count_include_pad", True))
+    stride = _ints(node_arg(n, "stride", None) or kernel, 1)[0]
+    padding = _ints(node_arg(n, "padding", 0), 1)[0]
+    ceil_mode = bool(node_arg(n, "ceil_mode", False))
+    include_pad = bool(node_arg(n, "count_include_pad", True))
     _check_pool_padding("avg_pool1d", [kernel], [padding])
     in_shape = n.args[0].meta["val"].shape
     if len(in_shape) != 3:

@@ -30,6 +30,22 @@ Extension points (the only ones; each is registered by the family module at impo
     view: no C code, no bytes of its own), else None.  Optional (memory planner, C generator; see
     :func:`corten.memory.views.alias_offset`).
 
+  - ``Hook.COST``: ``fn(node: torch.fx.Node) -> Cost``, the multiply-accumulates of one run of the
+    node and the bytes of its weights.  Optional: no hook is ``Cost()`` (data movement, elementwise,
+    tables).  Read through :func:`op_cost` by the profile and compile report (codegen), banding,
+    the auto-precision report - one count of MACs.
+  - ``Hook.WINDOW``: ``fn(node) -> Window``, the node's window along H (kernel, stride, dilation,
+    padding and the schema argument holding it); provided by the ops that can run in row bands
+    (``padding_arg`` None: output row r reads input row r).  Read through :func:`op_window` by
+    :mod:`corten.memory.banding`.
+  - ``Hook.ACCUMULATOR_TAPS``: ``fn(node) -> int``, the int8 x int8 products (input offset
+    applied) summed into one int32 accumulator per output value; the overflow check
+    (:func:`corten.validation.check_lowered`) compares it with
+    :data:`corten.fixed_point.MAX_ACCUMULATOR_TAPS`.  Read through :func:`accumulator_taps`.
+
+  Metadata hooks read shapes with :func:`node_shape` (``meta["val"]``, or the constant behind a
+  ``get_attr``), so the same hook serves every stage's graph.
+
   ``kind`` is the :class:`Hook` member or its string value; anything else raises ValueError when
   the family module is imported, so a misspelled hook cannot silently disable a feature.
 """
@@ -40,6 +56,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+from corten.fx_nodes import get_attr, node_arg
 
 NAMESPACE = "corten"
 _FAMILIES: dict[str, "OpFamily"] = {}
@@ -55,6 +73,10 @@ class Hook(str, enum.Enum):
     EMIT_C = "emit_c"
     IN_PLACE_INPUTS = "in_place_inputs"
     ALIAS_OFFSET = "alias_offset"
+    # op metadata (one definition each, read by codegen, memory, validation and the compiler)
+    COST = "cost"
+    WINDOW = "window"
+    ACCUMULATOR_TAPS = "accumulator_taps"
 
     @classmethod
     def of(cls, kind: "Hook | str") -> "Hook":
@@ -256,3 +278,76 @@ def is_lowered_node(node: Any) -> bool:
     if node.op != "call_function":
         return True
     return op_name_of(node.target) is not None or node.target in _VIEW_TARGETS
+
+
+# ----------------------------------------------------------------------------- op metadata
+@dataclass(frozen=True)
+class Cost:
+    """What one run of a node costs: multiply-accumulates and weight bytes (``Hook.COST``)."""
+
+    macs: int = 0
+    weight_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Window:
+    """A node's window along H (``Hook.WINDOW``): output row ``r`` reads input rows
+    ``r * stride - pads[0]`` .. ``+ dilation * (kernel - 1)``.  ``padding_arg`` names the schema
+    argument holding ``[top, left(, bottom, right)]`` (a band rewrites it); None for row-wise ops
+    (kernel 1, stride 1, no padding).  ``ceil_mode``: the last window may overhang by an amount that
+    depends on the input height (such a node cannot run in bands)."""
+
+    kernel: int = 1
+    stride: int = 1
+    dilation: int = 1
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
+    padding_arg: str | None = None
+    ceil_mode: bool = False
+
+
+ROW_WISE = Window()
+
+
+def _value(node: Any) -> torch.Tensor:
+    val = node.meta.get("val")
+    if val is None and node.op == "get_attr":
+        val = get_attr(node.graph.owning_module, node)
+    return val
+
+
+def node_shape(node: Any) -> tuple[int, ...]:
+    """The shape of a node's value: its ``meta["val"]``, or the constant a ``get_attr`` names."""
+    return tuple(int(d) for d in _value(node).shape)
+
+
+def weighted_cost(node: Any, taps: int, weight: str = "weight") -> Cost:
+    """The cost of an op computing each output value from ``taps`` products with its ``weight``
+    constant: ``numel(output) * taps`` MACs, the weight's bytes."""
+    w = _value(node_arg(node, weight))
+    out = 1
+    for d in node_shape(node):
+        out *= d
+    return Cost(out * taps, int(w.numel()) * w.element_size())
+
+
+def _metadata(node: Any, kind: Hook) -> Callable | None:
+    name = op_name_of(getattr(node, "target", None))
+    return None if name is None else hook_for(name, kind)
+
+
+def op_cost(node: Any) -> Cost:
+    """The ``Hook.COST`` of a Corten op node (``Cost()`` for other nodes and ops without one)."""
+    fn = _metadata(node, Hook.COST)
+    return Cost() if fn is None else fn(node)
+
+
+def op_window(node: Any) -> Window | None:
+    """The ``Hook.WINDOW`` of a Corten op node, or None (the op cannot run in row bands)."""
+    fn = _metadata(node, Hook.WINDOW)
+    return None if fn is None else fn(node)
+
+
+def accumulator_taps(node: Any) -> int | None:
+    """The ``Hook.ACCUMULATOR_TAPS`` of a Corten op node, or None (no int32 accumulation to check)."""
+    fn = _metadata(node, Hook.ACCUMULATOR_TAPS)
+    return None if fn is None else fn(node)
