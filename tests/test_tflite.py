@@ -121,6 +121,44 @@ def test_fully_connected_rounds_once_like_litert(tmp_path, per_channel):
     assert node.args[9] is True
 
 
+UNARY = [("LOGISTIC", (1 / 256, -128), None, {}), ("TANH", (1 / 128, 0), None, {}),
+         ("LEAKY_RELU", None, "LeakyReluOptions", {"Alpha": 0.1}), ("HARD_SWISH", None, None, {}),
+         ("RELU", None, None, {}), ("RELU6", None, None, {}), ("RELU_N1_TO_1", None, None, {}),
+         ("QUANTIZE", None, None, {})]
+
+
+@pytest.mark.parametrize("code,out_q,options,fields", UNARY, ids=[u[0] for u in UNARY])
+def test_elementwise_activation_tables_match_litert_on_every_int8_value(tmp_path, code, out_q, options, fields):
+    """Every int8 input value, 6 random input quantizations: the table of TFLite's own arithmetic
+    (LUTPopulate<int8_t> in float32 for LOGISTIC/TANH; the integer reference kernels of LEAKY_RELU,
+    HARD_SWISH, ReluX and Requantize)."""
+    q = np.arange(-128, 128, dtype=np.int8).reshape(1, 256)
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        m = TfliteBuilder(seed)
+        x = m.input([1, 256], float(rng.uniform(0.005, 0.2)), int(rng.integers(-40, 41)))
+        m.output(m.unary(code, x, out_q, options, **fields))
+        data = m.finish()
+        prog = corten.compile(str(_write(tmp_path, data)))
+        got = tflite_output(prog.run_int8(tflite_input(prog, q))[0])
+        assert np.array_equal(got, litert_outputs(data, [q])[0]), seed
+
+
+REDUCTIONS = [(code, axes, keep) for code in ("MEAN", "REDUCE_MAX", "REDUCE_MIN")
+              for axes, keep in (([1, 2], True), ([1, 2], False), ([3], False), ([1], False), ([2, 3], True))]
+
+
+@pytest.mark.parametrize("code,axes,keep", REDUCTIONS)
+def test_reductions_match_litert(tmp_path, code, axes, keep):
+    """MEAN divides TFLite's Q31 multiplier by the element count in integers (QuantizedMeanOrSum)."""
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        m = TfliteBuilder(seed)
+        x = m.input([1, 5, 7, 6], float(rng.uniform(0.01, 0.1)), int(rng.integers(-40, 41)))
+        m.output(m.reduce(code, x, axes, keep))
+        assert_exact(tmp_path, m.finish(), samples=2, seed=seed)
+
+
 @pytest.mark.parametrize("op", ["ADD", "SUB", "MUL"])
 def test_elementwise_on_large_tensors_matches_litert(tmp_path, op):
     m = TfliteBuilder(11)
@@ -130,11 +168,13 @@ def test_elementwise_on_large_tensors_matches_litert(tmp_path, op):
     assert_exact(tmp_path, m.finish(), samples=3)
 
 
-def test_random_tflite_models_match_litert(tmp_path):
-    """200 seeded random models (conv, depthwise, pools, add/sub/mul with broadcasting, pad, concat,
-    relu, slice, requantize, fc, softmax; random scales, zero points, paddings, strides, fused
-    activations): every output byte equals LiteRT's reference kernels."""
-    for seed in range(200):
+@pytest.mark.parametrize("first", range(0, 200, 50))
+def test_random_tflite_models_match_litert(tmp_path, first):
+    """200 seeded random models, in 4 chunks (conv, depthwise, pools, add/sub/mul with broadcasting,
+    pad, concat, relu, slice, requantize, logistic/tanh/hard-swish/leaky-relu, mean/reduce-max, fc,
+    softmax; random scales, zero points, paddings, strides, fused activations): every output byte
+    equals LiteRT's reference kernels."""
+    for seed in range(first, first + 50):
         assert_exact(tmp_path, random_model(seed), samples=1, seed=seed)
 
 
@@ -154,7 +194,10 @@ def _c_net() -> bytes:
     x = m.conv_2d(x, 6, (3, 3), (2, 2), "SAME", "RELU6")
     y = m.depthwise_conv_2d(x, 1, (3, 3), (1, 1), "SAME", "RELU")
     x = m.pool("MAX_POOL_2D", m.binary("ADD", x, y, "NONE"), (2, 2), (2, 2), "SAME")
+    z = m.reduce("MEAN", m.unary("HARD_SWISH", x), [1, 2], False)
     x = m.fully_connected(m.reshape(x, [1, -1]), 40, "RELU", per_channel=True)
+    x = m.concatenation([m.unary("LOGISTIC", x, (1 / 256, -128)),
+                         m.unary("TANH", m.fully_connected(z, 8), (1 / 256, -128))], 1)
     m.output(m.softmax(m.fully_connected(x, 10)))
     return m.finish()
 

@@ -183,6 +183,19 @@ class TfliteBuilder:
         self.op(code, [x], [y], None)
         return y
 
+    def unary(self, code: str, x: _T, out_q=None, options: str | None = None, **fields) -> _T:
+        y = self.act(x.shape, *(out_q or self._out_q(x, 0.7)))
+        self.op(code, [x], [y], options, **fields)
+        return y
+
+    def reduce(self, code: str, x: _T, axes, keep_dims=False, out_q=None) -> _T:
+        at = self.tensor([len(axes)], INT32, data=np.asarray(axes, np.int32))
+        shape = list(np.empty(x.shape).mean(axis=tuple(axes), keepdims=keep_dims).shape)
+        y = self.act(shape, *(out_q or ((x.scale, x.zero_point) if code.startswith("REDUCE") else
+                                        self._out_q(x, 0.5))))
+        self.op(code, [x, at], [y], "ReducerOptions", KeepDims=keep_dims)
+        return y
+
     def requantize(self, x: _T) -> _T:
         y = self.act(x.shape, *self._out_q(x, 1.3))
         self.op("QUANTIZE", [x], [y], None)
@@ -327,7 +340,8 @@ def random_model(seed: int) -> bytes:
     x = m.input([1, h, w, c], float(rng.uniform(0.01, 0.1)), int(rng.integers(-30, 31)))
     acts = ["NONE", "RELU", "RELU6", "RELU_N1_TO_1"]
     for _ in range(int(rng.integers(1, 5))):
-        kind = rng.choice(["conv", "dw", "pool", "add", "mul", "sub", "pad", "concat", "relu", "slice", "requant"])
+        kind = rng.choice(["conv", "dw", "pool", "add", "mul", "sub", "pad", "concat", "relu", "slice", "requant",
+                           "act", "mean"])
         n, h, w, c = x.shape
         pad = str(rng.choice(["SAME", "VALID"]))
         k = (int(rng.integers(1, min(h, 3) + 1)), int(rng.integers(1, min(w, 3) + 1)))
@@ -352,6 +366,13 @@ def random_model(seed: int) -> bytes:
             x = m.relu(str(rng.choice(["RELU", "RELU6", "RELU_N1_TO_1"])), x)
         elif kind == "slice":
             x = m.strided_slice(x, [0, 0, 0, 0], [1, h, w, max(1, c - 1)] if c > 1 else [1, h, w, 1], [1, 1, 2, 1])
+        elif kind == "act":
+            code = str(rng.choice(["LOGISTIC", "TANH", "HARD_SWISH", "LEAKY_RELU"]))
+            fixed = {"LOGISTIC": (1 / 256, -128), "TANH": (1 / 128, 0)}.get(code)
+            x = m.unary(code, x, fixed, "LeakyReluOptions" if code == "LEAKY_RELU" else None,
+                        **({"Alpha": float(rng.uniform(0.01, 0.5))} if code == "LEAKY_RELU" else {}))
+        elif kind == "mean":
+            x = m.reduce(str(rng.choice(["MEAN", "REDUCE_MAX"])), x, [1, 2], True)
         else:
             x = m.requantize(x)
     if rng.integers(2):

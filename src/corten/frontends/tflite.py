@@ -168,7 +168,7 @@ class _Builder:
         if table.size == 0:
             raise Unsupported(f"the output is empty (shape {list(out_shape)})")
         flat = table.reshape(-1)
-        if np.array_equal(flat, np.arange(flat.size)):
+        if flat.size == int(np.prod(tfl_in)) and np.array_equal(flat, np.arange(flat.size)):
             return self.view(node, tfl_in, out_shape), out_shape
         plan = fit_copy_plan(flat)
         index = None if plan.index is None else self.const(torch.tensor(plan.index, dtype=torch.int32), "index")
@@ -483,6 +483,118 @@ def _relu_like(b: _Builder, op: Operator) -> None:
     _table(b, op, lambda q: max(amin, min(amax, y.zero_point + requantize_scalar(q - x.zero_point, mult, shift))))
 
 
+def lut_populate(transform: Callable[[np.ndarray], np.ndarray], x: Tensor, y: Tensor) -> Callable[[int], int]:
+    """TFLite's ``LUTPopulate<int8_t>`` (float32): ``round(transform(s_in * (q - zp_in)) / s_out) + zp_out``
+    with ``1 / s_out`` formed first, as the int8 LOGISTIC and TANH kernels prepare their tables."""
+    q = np.arange(-128, 128)
+    dequantized = np.float32(x.scale) * (q - x.zero_point).astype(np.float32)
+    with np.errstate(over="ignore"):
+        transformed = transform(dequantized.astype(np.float32)).astype(np.float32)
+    rescaled = transformed * (np.float32(1.0) / np.float32(y.scale))
+    values = [round_half_away(float(v)) + y.zero_point if np.isfinite(v) else (127 if v > 0 else -128)
+              for v in rescaled]
+    return lambda v: values[v + 128]
+
+
+def _logistic(b: _Builder, op: Operator) -> None:
+    x, y = _int8(b, op.inputs[0], "input"), _int8(b, op.outputs[0], "output")
+    _table(b, op, lut_populate(lambda v: np.float32(1.0) / (np.float32(1.0) + np.exp(-v)), x, y))
+
+
+def _tanh(b: _Builder, op: Operator) -> None:
+    x, y = _int8(b, op.inputs[0], "input"), _int8(b, op.outputs[0], "output")
+    _table(b, op, lut_populate(np.tanh, x, y))
+
+
+def _leaky_relu(b: _Builder, op: Operator) -> None:
+    """TFLite's ``QuantizeLeakyRelu``: the identity or the alpha multiplier by the input's sign."""
+    x, y = _int8(b, op.inputs[0], "input"), _int8(b, op.outputs[0], "output")
+    alpha = np.float32(op.options.get("Alpha", 0.2))
+    m_alpha = quantize_multiplier(float(np.float32(x.scale) * alpha / np.float32(y.scale)))
+    m_id = quantize_multiplier(float(np.float32(x.scale) / np.float32(y.scale)))
+    _table(b, op, lambda q: y.zero_point + requantize_scalar(q - x.zero_point, *(m_id if q >= x.zero_point
+                                                                                  else m_alpha)))
+
+
+def _srdhm16(a: int, b: int) -> int:
+    """gemmlowp ``SaturatingRoundingDoublingHighMul`` on int16."""
+    if a == b == -32768:
+        return 32767
+    ab = a * b
+    nudge = (1 << 14) if ab >= 0 else 1 - (1 << 14)
+    return int((ab + nudge) / (1 << 15)) if ab + nudge >= 0 else -int(-(ab + nudge) // (1 << 15))
+
+
+def _rdbpot(x: int, exponent: int) -> int:
+    """gemmlowp ``RoundingDivideByPOT``."""
+    mask = (1 << exponent) - 1
+    remainder = x & mask
+    threshold = (mask >> 1) + (1 if x < 0 else 0)
+    return (x >> exponent) + (1 if remainder > threshold else 0)
+
+
+def _sat16(v: int) -> int:
+    return max(-32768, min(32767, v))
+
+
+def _to_int16_multiplier(m: int) -> int:
+    """``DownScaleInt32ToInt16Multiplier``."""
+    return 32767 if m >= 2**31 - 1 - (1 << 15) else (m + (1 << 15)) >> 16
+
+
+def _hard_swish(b: _Builder, op: Operator) -> None:
+    """TFLite's integer ``reference_ops::HardSwish<int8_t>`` (int16 fixed point) on each int8 value."""
+    x, y = _int8(b, op.inputs[0], "input"), _int8(b, op.outputs[0], "output")
+    hires = np.float32(1.0 / 128.0) * np.float32(x.scale)
+    out_m, out_e = quantize_multiplier(float(hires / np.float32(y.scale)))
+    relu_m, relu_e = quantize_multiplier(float(hires / np.float32(3.0 / 32768.0)))
+    out_m16, relu_m16 = _to_int16_multiplier(out_m), _to_int16_multiplier(relu_m)
+
+    def fn(q: int) -> int:
+        v = _sat16((q - x.zero_point) * 128)
+        pre = _srdhm16(v, out_m16)
+        r = v
+        if relu_e > 0:
+            r = _sat16(r * (1 << (relu_e - 1)))
+        r = _srdhm16(r, relu_m16)
+        if relu_e > 0:
+            r = _sat16(r * 2)
+        if relu_e < 0:
+            r = _rdbpot(r, -relu_e)
+        r = (r + (1 << 15)) >> 1
+        prod = 32767 if r == pre == -32768 else int(r * pre / (1 << 15))
+        return _rdbpot(prod, -out_e) + y.zero_point
+
+    _table(b, op, fn)
+
+
+def mean_multiplier(in_scale: float, out_scale: float, count: int) -> tuple[int, int]:
+    """TFLite's int8 MEAN (``QuantizedMeanOrSum``): the multiplier of ``double(s_in) / double(s_out)``,
+    then divided by the element count in integers: shifted left by ``min(floor(log2 count), 32,
+    31 + shift)`` and divided (truncating), the shift lowered by as much."""
+    mult, shift = quantize_multiplier(float(in_scale) / float(out_scale))
+    k = min(count.bit_length() - 1, 32, 31 + shift)
+    return (mult << k) // count, shift - k
+
+
+def _reduce(b: _Builder, op: Operator) -> None:
+    x, y = _int8(b, op.inputs[0], "input"), _int8(b, op.outputs[0], "output")
+    rank = len(x.shape)
+    axes = sorted({int(a) % rank for a in _const_ints(b, op, 1, "the axes").reshape(-1)})
+    kept = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    dims = sorted(graph_dim(a, rank) for a in axes)
+    node = b.value(op.inputs[0])
+    if op.opcode in ("REDUCE_MAX", "REDUCE_MIN"):
+        _same_qparams(x, y, op.opcode)
+        out = b.call(OPS.quantized_reduce.default, node, dims, True, 0 if op.opcode == "REDUCE_MAX" else 1, 0, 0,
+                     1 << 30, 1, -128, 127)
+    else:
+        mult, shift = mean_multiplier(x.scale, y.scale, int(np.prod([x.shape[a] for a in axes])))
+        out = b.call(OPS.quantized_reduce.default, node, dims, True, 2, -x.zero_point, y.zero_point, mult, shift,
+                     -128, 127)
+    b.values[op.outputs[0]] = b.view(out, kept, y.shape)
+
+
 OPERATORS: dict[str, Callable[[_Builder, Operator], None]] = {
     "CONV_2D": _conv_2d,
     "DEPTHWISE_CONV_2D": _depthwise_conv_2d,
@@ -506,6 +618,13 @@ OPERATORS: dict[str, Callable[[_Builder, Operator], None]] = {
     "RELU": _relu_like,
     "RELU6": _relu_like,
     "RELU_N1_TO_1": _relu_like,
+    "LOGISTIC": _logistic,
+    "TANH": _tanh,
+    "LEAKY_RELU": _leaky_relu,
+    "HARD_SWISH": _hard_swish,
+    "MEAN": _reduce,
+    "REDUCE_MAX": _reduce,
+    "REDUCE_MIN": _reduce,
 }
 
 
