@@ -1,7 +1,8 @@
 """The MLPerf Tiny int8 reference models, compiled from their .tflite files, against LiteRT's
 reference interpreter (``BUILTIN_REF``: TFLite's reference kernels).
 
-Fetch the four models once (Apache-2.0, mlcommons/tiny at commit 1afd2c9820f7)::
+The four models are committed under tests/data/mlperf_tiny (the default folder; Apache-2.0, see
+PROVENANCE.md there).  To fetch them yourself (mlcommons/tiny at commit 1afd2c9820f7)::
 
     mkdir -p mlperf-tiny && cd mlperf-tiny
     for f in anomaly_detection/trained_models/ad01_int8.tflite \\
@@ -13,7 +14,7 @@ Fetch the four models once (Apache-2.0, mlcommons/tiny at commit 1afd2c9820f7)::
 
 Then::
 
-    python benchmarks/bench_tflite.py mlperf-tiny [--samples 100] [--qemu] [--qemu-samples 3]
+    python benchmarks/bench_tflite.py [mlperf-tiny] [--samples 100] [--qemu] [--qemu-samples 3]
     CMSIS_NN_PATH=/path/to/CMSIS-NN python benchmarks/bench_tflite.py mlperf-tiny --qemu   # + CMSIS-NN kernels
 
 Per model it prints: bytes equal to LiteRT on N random int8 inputs (Python reference kernels and the
@@ -63,10 +64,13 @@ def main(argv=None) -> int:
     from corten.frontends.tflite import tflite_input, tflite_output
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("dir", help="folder with the four .tflite files (see the fetch step above)")
+    ap.add_argument("dir", nargs="?", default=str(Path(__file__).resolve().parents[1] / "tests" / "data" /
+                                                  "mlperf_tiny"),
+                    help="folder with the four .tflite files (default: tests/data/mlperf_tiny)")
     ap.add_argument("--samples", type=int, default=100, help="random int8 inputs per model (Python and host C)")
     ap.add_argument("--qemu", action="store_true", help="also run on QEMU Cortex-M4 and M55")
     ap.add_argument("--qemu-samples", type=int, default=3, help="inputs per QEMU target and kernel flavour")
+    ap.add_argument("--markdown", action="store_true", help="also print the results as a markdown table")
     args = ap.parse_args(argv)
     folder = Path(args.dir)
     flavours = ["portable"] + (["cmsis-nn"] if os.environ.get("CMSIS_NN_PATH") else [])
@@ -108,7 +112,26 @@ def main(argv=None) -> int:
             print(f"    QEMU {target:<10} {kernels:<8}: LiteRT-equal {same}, {instr / 1e6:.2f} M instructions "
                   f"(MLPerf Tiny X-CUBE-AI 10.2: {cycles / 1e6:.2f} M cycles; ratio {instr / cycles:.2f})"
                   if instr else f"    QEMU {target} {kernels}: {same}")
+    if args.markdown and rows:
+        print(markdown(rows, flavours))
     return 0
+
+
+def markdown(rows, flavours) -> str:
+    """The README table: one row per model."""
+    qemu_cols = [(t, k) for t in ("cortex-m4", "cortex-m55") for k in flavours] if rows[0]["qemu"] else []
+    head = ["model", "LiteRT-equal (Python / host C)", "arena portable / CMSIS-NN (B)", "TFLM ref. arena (B)",
+            "flash (B)"] + [f"{t[7:].upper()} {k} (M instr.)" for t, k in qemu_cols] + ["X-CUBE-AI 10.2 (M cycles)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["model"], f"{r['python']} / {r['host_c']}", f"{r['arena_portable']:,} / {r['arena_cmsis']:,}",
+                 f"{r['tflm_arena']:,}", f"{r['flash']:,}"]
+        for key in qemu_cols:
+            same, instr = r["qemu"][key]
+            cells.append(f"{instr / 1e6:.2f} ({same} equal)" if instr else same)
+        cells.append(f"{r['cycles'] / 1e6:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

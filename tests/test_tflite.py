@@ -15,7 +15,7 @@ import corten  # noqa: E402
 from conftest import needs_arm_gcc, needs_cmsis_nn, needs_gcc, needs_qemu  # noqa: E402
 from corten.errors import ModelFileError, UsageError  # noqa: E402
 from corten.frontends.tflite import tflite_input, tflite_output  # noqa: E402
-from tflite_builder import TfliteBuilder, litert_outputs, random_input, random_model  # noqa: E402
+from tflite_builder import TfliteBuilder, litert_outputs, random_input, random_model, random_models  # noqa: E402
 
 
 def _write(tmp_path, data: bytes, name="m.tflite"):
@@ -35,10 +35,10 @@ def assert_exact(tmp_path, data: bytes, samples: int = 3, seed: int = 0):
     for _ in range(samples):
         xs = [random_input(_tfl_shape(spec), rng) for spec in prog.inputs]
         refs = litert_outputs(data, xs)
-        assert torch.equal(prog.quantize_inputs(tflite_input(prog, xs[0]))[0].to(torch.int64),
-                           tflite_input(prog, xs[0]).div(prog.inputs[0].scale).round().add(
-                               prog.inputs[0].zero_point).to(torch.int64))
-        got = prog.run_int8(*[tflite_input(prog, x) for x in xs])
+        floats = [tflite_input(prog, x, k) for k, x in enumerate(xs)]
+        for q, x in zip(prog.quantize_inputs(*floats), xs):  # the float inputs quantize back to the int8 ones
+            assert np.array_equal(tflite_output(q), x)
+        got = prog.run_int8(*floats)
         for g, r in zip(got, refs):
             g = tflite_output(g)
             assert g.shape == r.shape and np.array_equal(g, r), (prog.op_counts(), int((g != r).sum()))
@@ -173,9 +173,14 @@ def test_random_tflite_models_match_litert(tmp_path, first):
     """200 seeded random models, in 4 chunks (conv, depthwise, pools, add/sub/mul with broadcasting,
     pad, concat, relu, slice, requantize, logistic/tanh/hard-swish/leaky-relu, mean/reduce-max, fc,
     softmax; random scales, zero points, paddings, strides, fused activations): every output byte
-    equals LiteRT's reference kernels."""
-    for seed in range(first, first + 50):
-        assert_exact(tmp_path, random_model(seed), samples=1, seed=seed)
+    equals LiteRT's reference kernels.  Ten models share a .tflite file (independent inputs and
+    outputs: one conversion each ten)."""
+    for seeds in np.arange(first, first + 50).reshape(-1, 10):
+        assert_exact(tmp_path, random_models(seeds), samples=2, seed=int(seeds[0]))
+
+
+def test_one_random_model_alone_matches_litert(tmp_path):
+    assert_exact(tmp_path, random_model(7), samples=2, seed=7)
 
 
 # ----------------------------------------------------------------------------- C, budgets, refusals

@@ -333,8 +333,24 @@ def random_input(shape, rng) -> np.ndarray:
 # ----------------------------------------------------------------------------- random models
 def random_model(seed: int) -> bytes:
     """A random small int8 CNN/MLP from the supported operators (seeded)."""
-    rng = np.random.default_rng(seed)
     m = TfliteBuilder(seed)
+    random_chain(m, seed)
+    return m.finish()
+
+
+def random_models(seeds) -> bytes:
+    """The random models of ``seeds`` side by side in one .tflite file: one input and one output
+    each, nothing shared (one conversion and one export for several models)."""
+    m = TfliteBuilder(int(seeds[0]))
+    for seed in seeds:
+        random_chain(m, int(seed))
+    return m.finish()
+
+
+def random_chain(m: TfliteBuilder, seed: int) -> None:
+    """Add the random model of ``seed`` (an input, 1-4 random layers, maybe fc + softmax, an output)."""
+    rng = np.random.default_rng(seed)
+    m.rng = np.random.default_rng(seed)
     h, w = int(rng.integers(3, 11)), int(rng.integers(3, 11))
     c = int(rng.integers(1, 6))
     x = m.input([1, h, w, c], float(rng.uniform(0.01, 0.1)), int(rng.integers(-30, 31)))
@@ -381,4 +397,3 @@ def random_model(seed: int) -> bytes:
         if rng.integers(2):
             x = m.softmax(x)
     m.output(x)
-    return m.finish()

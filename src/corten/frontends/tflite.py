@@ -765,14 +765,14 @@ def compile_tflite(path, target: str = "cortex-m55", name: str | None = None, *,
     return prog.fit_budget(max_arena, max_flash, kernels)
 
 
-def tflite_input(prog, q) -> torch.Tensor:
-    """The float input of ``prog`` whose quantization is the int8 TFLite input ``q`` (numpy or tensor,
-    TFLite's NHWC shape): ``(q - zero_point) * scale`` in the program's layout (quantizing it gives ``q``
-    back exactly)."""
+def tflite_input(prog, q, index: int = 0) -> torch.Tensor:
+    """The float input ``index`` of ``prog`` whose quantization is the int8 TFLite input ``q`` (numpy or
+    tensor, TFLite's NHWC shape): ``(q - zero_point) * scale`` in the program's layout (quantizing it
+    gives ``q`` back exactly)."""
     t = torch.as_tensor(np.asarray(q)).to(torch.float32)
     if t.dim() == 4:
         t = t.permute(0, 3, 1, 2)
-    spec = prog.inputs[0]
+    spec = prog.inputs[index]
     return ((t - spec.zero_point) * torch.tensor(spec.scale, dtype=torch.float32)).contiguous()
 
 
