@@ -351,3 +351,69 @@ def test_named_input_and_output_pointers(tmp_path):
     want = prog.run_int8(x, y)
     for t, w in zip(lib.outputs, want):
         assert torch.equal(c_bytes_to_tensor(res.output[t.offset:t.offset + t.nbytes], t.shape), w)
+
+
+class OneInOneOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1), nn.ReLU())
+        self.block = nn.Conv2d(8, 8, 3, 1, 1, groups=8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, image):
+        z = self.block(self.stem(image)) + self.stem(image)
+        return self.head(nn.functional.adaptive_avg_pool2d(z, 1).flatten(1))
+
+
+ONE_IO_MAIN = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include "one_io.h"
+
+static int8_t image[ONE_IO_INPUT_BYTES];
+static int8_t logits[ONE_IO_OUTPUT_BYTES];
+static uint8_t arena[ONE_IO_ARENA_BYTES] __attribute__((aligned(16)));
+
+int main(void)
+{
+    const one_io_inputs in = {.image = image};
+    const one_io_outputs out = {.output0 = logits};
+    FILE *f = fopen("input.bin", "rb");
+    int status;
+    if (f == NULL || fread(image, 1, sizeof image, f) != sizeof image) {
+        return 2;
+    }
+    fclose(f);
+    status = one_io_run_io(&in, &out, arena, sizeof arena);
+    f = fopen("output.bin", "wb");
+    fwrite(logits, 1, sizeof logits, f);
+    fclose(f);
+    printf("CORTEN_RESULT status=%d elapsed=0 unit=ns\n", status);
+    return 0;
+}
+"""
+
+
+def test_a_single_tensor_model_has_typed_io_and_named_arena_pointers(tmp_path):
+    """<name>_inputs / <name>_outputs / <name>_run_io for a one-input one-output model too, and every
+    arena tensor of <name>.c is a named pointer (act_<module path>) instead of an (act + offset)."""
+    torch.manual_seed(2)
+    x = torch.randn(1, 3, 8, 8)
+    prog = corten.compile(OneInOneOut().eval(), (x,), name="one_io")
+    lib = prog.emit_c(tmp_path / "lib")
+    header, source = (tmp_path / "lib" / "one_io.h").read_text(), (tmp_path / "lib" / "one_io.c").read_text()
+    assert "} one_io_inputs;" in header and "} one_io_outputs;" in header and "one_io_run_io(" in header
+    # offsets appear only in the pointer declarations
+    assert [line for line in source.splitlines() if "act + " in line] == \
+           [line for line in source.splitlines() if line.lstrip().startswith("int8_t *const ") and "= act + " in line]
+    assert not [line for line in source.splitlines() if "(act + " in line or "(act)" in line]
+    declared = [line.split("=")[0].split()[-1] for line in source.splitlines() if "int8_t *const act_" in line]
+    assert {"act_stem_0", "act_block"} <= set(declared) and len(declared) == len(set(declared))
+    main = tmp_path / "io_main.c"
+    main.write_text(ONE_IO_MAIN)
+    data = tensor_to_c_bytes(prog.quantize_inputs(x)[0])
+    res = run_on_host(lib.sources, lib.include_dirs, {}, data, lib.output_bytes, tmp_path / "run", main=main,
+                      progress=None)
+    t = lib.outputs[0]
+    assert torch.equal(c_bytes_to_tensor(res.output[:t.nbytes], t.shape), prog.run_int8(x)[0])
+    assert torch.equal(prog.run_c(x, on="host", int8=True)[0], prog.run_int8(x)[0])  # <name>_run unchanged

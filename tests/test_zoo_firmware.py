@@ -108,10 +108,13 @@ def test_arena_is_planned_for_the_kernel_flavour(name):
         _, lib = library(name, kernels)
         assert lib.arena_bytes == plan.arena_bytes
         src = lib.source.read_text()
-        given = sorted((int(o), int(s)) for o, s in re.findall(r"\.buf = \(void \*\)\(act \+ (\d+)\), \.size = (\d+)", src))
+        # each scratch buffer is a named pointer declared from the plan: scratch_<module path> = act + offset
+        declared = {n: int(o or 0) for n, o in re.findall(r"int8_t \*const (scratch_\w+) = act(?: \+ (\d+))?;", src)}
+        given = sorted((declared[n], int(s)) for n, s in re.findall(r"\.buf = \(void \*\)(scratch_\w+), \.size = (\d+)", src))
         planned = sorted((a.offset, a.nbytes) for a in plan.scratch.values())
         assert set(given) <= set(planned)  # each CMSIS-NN context gets exactly its planned buffer
-        assert all(f"(void *)(act + {off})" in src for off, _ in planned)
+        assert {off for off, _ in planned} <= set(declared.values())
+        assert all(re.search(rf"\(void \*\){n}\b", src) for n in declared)
         if kernels == "cmsis-nn":
             assert len(given) == len([1 for k in plan.scratch if "lstm" not in k])
 

@@ -212,6 +212,9 @@ class _Generator:
     def __post_init__(self):
         self.macro = self.name.upper()
         self._prefixes: dict[str, str] = {}
+        self._arena_names: dict[str, str] = {}
+        self._scratch_names: dict[str, str] = {}
+        self.arena_pointers: dict[str, tuple[int, int, str]] = {}  # C name -> (offset, bytes, node), first use first
         self._used_names: set[str] = set()
         sig = self.ep.graph_signature
         self._const_keys = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
@@ -277,22 +280,36 @@ class _Generator:
     def explain_portable(self, step: int, reason: str) -> None:
         self.fallback_reasons[step] = reason
 
-    def node_prefix(self, node: torch.fx.Node) -> str:
-        """C name stem of a node's constants: its module path (``features_3_conv_1``), or, for code in
-        the root module's forward, the op and node number (``add_3``); unique within the model."""
-        if node.name not in self._prefixes:
+    def _named(self, names: dict[str, str], node: torch.fx.Node, prefix: str = "") -> str:
+        """``prefix`` + the node's module path (``features_3_conv_1``), or, for code in the root
+        module's forward, its op and node number (``add_3``); unique among ``names``."""
+        if node.name not in names:
             path = self.module_path(node)
             base = c_identifier(path.replace(".", "_")).strip("_") if path else ""
             if not base:
                 base = c_identifier(node.name.replace("quantized_", "")).strip("_") or "step"
+            base = prefix + base
             name, k = base, 2
-            while name in self._prefixes.values():
+            while name in names.values():
                 name, k = f"{base}_{k}", k + 1
-            self._prefixes[node.name] = name
-        return self._prefixes[node.name]
+            names[node.name] = name
+        return names[node.name]
+
+    def node_prefix(self, node: torch.fx.Node) -> str:
+        """C name stem of a node's constants, unique within the model (see :meth:`_named`)."""
+        return self._named(self._prefixes, node)
+
+    def arena_pointer(self, node: torch.fx.Node, offset: int, nbytes: int, scratch: bool = False) -> str:
+        """The named pointer of the arena bytes of ``node``'s tensor (or scratch): ``act_<module path>``
+        (``scratch_<module path>``), declared at the top of ``<name>_steps`` as ``act + offset``."""
+        names = self._scratch_names if scratch else self._arena_names
+        name = self._named(names, node, "scratch_" if scratch else "act_")
+        self.arena_pointers[name] = (int(offset), int(nbytes), node.name)
+        return name
 
     # ------------------------------------------------------------------ memory
-    def alloc(self, node: torch.fx.Node):
+    def _owner(self, node: torch.fx.Node) -> torch.fx.Node:
+        """The node whose planned buffer holds ``node``'s bytes (itself, or the source of an alias reshape)."""
         cur = node
         while cur.name not in self.plan.tensors:
             if cur.op == "call_function" and cur.target == RESHAPE and _reshape_is_alias(cur):
@@ -300,14 +317,20 @@ class _Generator:
                 continue
             raise CodegenError(f"the memory plan has no buffer for tensor {node.name!r}; plan the same "
                                "program that is emitted")
-        return self.plan.tensors[cur.name]
+        return cur
+
+    def alloc(self, node: torch.fx.Node):
+        return self.plan.tensors[self._owner(node).name]
 
     def buffer_expr(self, node: torch.fx.Node) -> str:
         a = self.alloc(node)
         if a.region not in ("arena", "input", "output"):
             raise CodegenError(f"tensor {node.name!r} has unknown region {a.region!r} in the memory plan")
-        # each program input / output has its own pointer (in<i> / out<i>) inside <name>_steps
-        base = "act" if a.region == "arena" else f"{'in' if a.region == 'input' else 'out'}{int(getattr(a, 'index', 0))}"
+        # each program input / output has its own pointer (in<i> / out<i>) inside <name>_steps, each
+        # arena tensor a named one (act_<module path>)
+        if a.region == "arena":
+            return self.arena_pointer(self._owner(node), a.offset, a.nbytes)
+        base = f"{'in' if a.region == 'input' else 'out'}{int(getattr(a, 'index', 0))}"
         offset = int(a.offset)
         return f"({base} + {offset})" if offset else f"({base})"
 
@@ -317,7 +340,7 @@ class _Generator:
             return "NULL", 0
         if a.region != "arena":
             raise CodegenError(f"scratch of {node.name!r} is in region {a.region!r}; scratch must be in the arena")
-        return f"(void *)(act + {int(a.offset)})", int(a.nbytes)
+        return f"(void *){self.arena_pointer(node, a.offset, a.nbytes, scratch=True)}", int(a.nbytes)
 
     # ------------------------------------------------------------------ program walk
     def io_nodes(self) -> tuple[list[torch.fx.Node | None], list[torch.fx.Node]]:
@@ -689,7 +712,6 @@ def _header(g: _Generator, lib: dict, n_steps: int) -> str:
                         False)]
     helpers = [_quant_helper(n, m, "input", "", ins[0])] + ([] if outs[0].int32 else
                                                             [_quant_helper(n, m, "output", "", outs[0])])
-    io_api = ""
     if multi:
         blocks.append(f"/* Several inputs/outputs: {n}_run_io takes one pointer each ({n}_inputs / {n}_outputs);\n"
                       f" * {n}_run takes them packed one after another at their _OFFSET. */\n"
@@ -699,11 +721,12 @@ def _header(g: _Generator, lib: dict, n_steps: int) -> str:
                 blocks.append(_io_block(f"{m}_{kind}{i}", t, f"{kind.title()} {i} ({names[i]})", True).replace("{name}", n))
                 if not t.int32:  # (int32 indices need no dequantize helper)
                     helpers.append(_quant_helper(n, m, kind.lower(), str(i), t))
-        in_fields = "\n".join(f"    const {t.ctype} *{nm}; /* {m}_INPUT{i}_BYTES bytes */"
-                              for i, (nm, t) in enumerate(zip(in_names, ins)))
-        out_fields = "\n".join(f"    {t.ctype} *{nm}; /* {m}_OUTPUT{i}_BYTES bytes */"
-                               for i, (nm, t) in enumerate(zip(out_names, outs)))
-        io_api = f"""
+    # typed I/O structs for every model (a single-tensor one too): one named pointer per input / output
+    in_fields = "\n".join(f"    const {t.ctype} *{nm}; /* {m}_INPUT{i if multi else ''}_BYTES bytes */"
+                          for i, (nm, t) in enumerate(zip(in_names, ins)))
+    out_fields = "\n".join(f"    {t.ctype} *{nm}; /* {m}_OUTPUT{i if multi else ''}_BYTES bytes */"
+                           for i, (nm, t) in enumerate(zip(out_names, outs)))
+    io_api = f"""
 /** One pointer per program input / output (no packing needed). */
 typedef struct {{
 {in_fields}
@@ -799,7 +822,6 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
     m, n = g.macro, g.name
     arena_bytes = lib["arena_bytes"]
     ins, outs = lib["inputs"], lib["outputs"]
-    multi = len(ins) > 1 or len(outs) > 1
     includes = [f'#include "{n}.h"', f'#include "{n}_constants.h"']
     if g.kernels == "cmsis-nn":
         includes.append('#include "arm_nnfunctions.h"')
@@ -815,10 +837,13 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
     body = "\n".join(("    " + line) if line else line for line in body.split("\n"))
     params = ", ".join([f"const int8_t *in{i}" for i in range(len(ins))] + [f"int8_t *out{i}" for i in range(len(outs))]
                        + ["int8_t *act"])
-    uses_act = "act" if arena_bytes > 0 else "act /* unused: this model needs no arena */"
-    steps_fn = (f"/* The model's steps; in<i>/out<i> point at each program input/output, act at the arena. */\n"
+    pointers = "".join(f"    int8_t *const {name} = {f'act + {off}' if off else 'act'}; /* {nbytes} B, node '{node}' */\n"
+                       for name, (off, nbytes, node) in g.arena_pointers.items() if re.search(rf"\b{name}\b", body))
+    steps_fn = (f"/* The model's steps; in<i>/out<i> point at each program input/output, act at the arena:\n"
+                f" * one named pointer per arena tensor (act_<module path>) and scratch buffer (scratch_<...>). */\n"
                 f"static int {n}_steps({params})\n{{\n"
-                + ("" if re.search(r"\bact\b", body) else "    (void)act;\n")  # e.g. only scratch in the arena
+                + pointers + ("\n" if pointers else "")
+                + ("" if pointers else "    (void)act;\n")  # e.g. a model without arena tensors
                 + "".join(f"    (void)in{i}; /* an input the model never reads */\n" for i, t in enumerate(ins)
                           if not re.search(rf"\bin{i}\b", body))
                 + body + ("\n\n" if body else "") + f"    return {m}_OK;\n}}\n")
@@ -834,20 +859,18 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
                   if arena_bytes > 0 else "    (void)arena_bytes; /* this model needs no arena */\n")
     checked = (f"int {n}_run_checked(const int8_t *input, int8_t *output, uint8_t *arena, size_t arena_bytes)\n{{\n"
                + size_check + f"    return {n}_run(input, output, arena);\n}}\n")
-    io = ""
-    if multi:
-        in_names, out_names = _io_names(g)
-        nulls = " || ".join(["inputs == NULL", "outputs == NULL"] + [f"inputs->{x} == NULL" for x in in_names]
-                            + [f"outputs->{x} == NULL" for x in out_names]
-                            + (["arena == NULL"] if arena_bytes > 0 else []))
-        args = ", ".join([f"inputs->{x}" if t.bits == 8 else f"(const int8_t *)(const void *)inputs->{x}"
-                          for x, t in zip(in_names, ins)]
-                         + [f"outputs->{x}" if t.bits == 8 else f"(int8_t *)(void *)outputs->{x}"
-                            for x, t in zip(out_names, outs)] + ["(int8_t *)arena"])
-        io = (f"\nint {n}_run_io(const {n}_inputs *inputs, const {n}_outputs *outputs, uint8_t *arena, size_t arena_bytes)\n{{\n"
-              f"    if ({nulls}) {{\n        return {m}_ERROR_NULL_POINTER;\n    }}\n"
-              + size_check + align + f"    return {n}_steps({args});\n}}\n")
-    del uses_act
+    # every model has <name>_run_io (typed <name>_inputs / <name>_outputs)
+    in_names, out_names = _io_names(g)
+    nulls = " || ".join(["inputs == NULL", "outputs == NULL"] + [f"inputs->{x} == NULL" for x in in_names]
+                        + [f"outputs->{x} == NULL" for x in out_names]
+                        + (["arena == NULL"] if arena_bytes > 0 else []))
+    args = ", ".join([f"inputs->{x}" if t.bits == 8 else f"(const int8_t *)(const void *)inputs->{x}"
+                      for x, t in zip(in_names, ins)]
+                     + [f"outputs->{x}" if t.bits == 8 else f"(int8_t *)(void *)outputs->{x}"
+                        for x, t in zip(out_names, outs)] + ["(int8_t *)arena"])
+    io = (f"\nint {n}_run_io(const {n}_inputs *inputs, const {n}_outputs *outputs, uint8_t *arena, size_t arena_bytes)\n{{\n"
+          f"    if ({nulls}) {{\n        return {m}_ERROR_NULL_POINTER;\n    }}\n"
+          + size_check + align + f"    return {n}_steps({args});\n}}\n")
     return (f"/*\n * {n}.c - generated by Corten (kernels: {g.kernels}, target: {g.target.name}).\n"
             f" * The fixed sequence of kernel calls of the model: one numbered step per kernel call (the\n"
             f" * number {n}_run returns if that call fails), with the PyTorch module path, op and source\n"
