@@ -62,6 +62,17 @@ def node_args(node: torch.fx.Node) -> dict[str, Any]:
     return out
 
 
+def aten_overloads(*names: str) -> tuple:
+    """The ATen overloads that exist in this torch (``"slice.Tensor"``, ...), in the order given."""
+    out = []
+    for name in names:
+        op, overload = name.split(".")
+        packet = getattr(torch.ops.aten, op, None)
+        if packet is not None and hasattr(packet, overload):
+            out.append(getattr(packet, overload))
+    return tuple(out)
+
+
 def get_attr(module: torch.nn.Module, target: "str | torch.fx.Node") -> Any:
     """The object behind a ``get_attr`` node or target (a dotted path such as ``features.0.0.weight``)."""
     if isinstance(target, torch.fx.Node):

@@ -18,19 +18,13 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from corten.aten_passes.graph_utils import _unique_attr_name, finish_rewrite
-from corten.fx_nodes import get_attr
+from corten.fx_nodes import aten_overloads, get_attr
 
 aten = torch.ops.aten
 
 
 def _ops(*names: str) -> frozenset:
-    out = []
-    for name in names:
-        op, overload = name.split(".")
-        packet = getattr(aten, op, None)
-        if packet is not None and hasattr(packet, overload):
-            out.append(getattr(packet, overload))
-    return frozenset(out)
+    return frozenset(aten_overloads(*names))
 
 
 SPLITS = _ops("split.Tensor", "split_with_sizes.default", "chunk.default", "tensor_split.sections",

@@ -46,14 +46,18 @@ class LowerInputQuantizePass:
     def __call__(self, gm: GraphModule) -> GraphModule:
         for node in list(gm.graph.nodes):
             if node.target in Q_PER_TENSOR and node.args[0].op == "placeholder":
-                q = qparams_of(node)
-                with gm.graph.inserting_before(node):
-                    new = gm.graph.call_function(op("quantize_per_tensor"), (node.args[0], q.scale, q.zero_point,
-                                                                         *_bits_arg(q)))
-                new.meta.update(node.meta)
-                node.replace_all_uses_with(new)
-                gm.graph.erase_node(node)
+                _edge_op(gm, node, "quantize_per_tensor")
         return gm
+
+
+def _edge_op(gm: GraphModule, node: Node, name: str) -> None:
+    """Replace the q/dq ``node`` at a program edge by Corten's ``name`` op with its qparams."""
+    q = qparams_of(node)
+    with gm.graph.inserting_before(node):
+        new = gm.graph.call_function(op(name), (node.args[0], q.scale, q.zero_point, *_bits_arg(q)))
+    new.meta.update(node.meta)
+    node.replace_all_uses_with(new)
+    gm.graph.erase_node(node)
 
 
 def _bits_arg(q) -> tuple:
@@ -149,13 +153,7 @@ class LowerOutputDequantizePass:
         out = gm.graph.output_node()
         for node in list(out.all_input_nodes):
             if node.target in DQ_PER_TENSOR:
-                q = qparams_of(node)
-                with gm.graph.inserting_before(node):
-                    new = gm.graph.call_function(op("dequantize_per_tensor"), (node.args[0], q.scale, q.zero_point,
-                                                                               *_bits_arg(q)))
-                new.meta.update(node.meta)
-                node.replace_all_uses_with(new)
-                gm.graph.erase_node(node)
+                _edge_op(gm, node, "dequantize_per_tensor")
         return gm
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from corten.errors import LoweringError
-from corten.fx_nodes import node_arg
+from corten.fx_nodes import aten_overloads, node_arg
 from corten.ops._common import storage_dim_order
 from corten.ops._rules import DQ_PER_TENSOR, Match
 from corten.ops.registry import op_name_of
@@ -247,17 +247,6 @@ def strided_copy_alias_offset(node) -> int | None:
 
 
 # ----------------------------------------------------------------------------- lowering helpers
-def aten_overloads(*names: str) -> tuple:
-    """The ATen overloads that exist in this torch (``"slice.Tensor"``, ...)."""
-    out = []
-    for name in names:
-        op, overload = name.split(".")
-        packet = getattr(_aten, op, None)
-        if packet is not None and hasattr(packet, overload):
-            out.append(getattr(packet, overload))
-    return tuple(out)
-
-
 # Arguments that are computations on constants (``torch.tensor([0, 2])`` in forward() becomes
 # ``lift_fresh_copy`` of a lifted constant, often followed by ``detach_``): evaluated at compile time.
 CONSTANT_CHAIN_OPS = frozenset(aten_overloads(

@@ -230,30 +230,26 @@ def _adaptive(input, output_size, activation_min, activation_max, is_avg: bool) 
     return clamp_activation(out, activation_min, activation_max).permute(0, 3, 1, 2)
 
 
-@torch.library.custom_op("corten::quantized_adaptive_avg_pool2d", mutates_args=())
-def quantized_adaptive_avg_pool2d(input: torch.Tensor, output_size: list[int], activation_min: int,
-                                  activation_max: int) -> torch.Tensor:
-    _check_adaptive("quantized_adaptive_avg_pool2d", input, output_size, activation_min, activation_max)
-    return _adaptive(input, output_size, activation_min, activation_max, True)
+def _adaptive_op(name: str, average: bool):
+    """Define ``corten::<name>``: adaptive average (``average``) or max pooling to ``output_size``."""
+    def kernel(input: torch.Tensor, output_size: list[int], activation_min: int,
+               activation_max: int) -> torch.Tensor:
+        _check_adaptive(name, input, output_size, activation_min, activation_max)
+        return _adaptive(input, output_size, activation_min, activation_max, average)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    op = torch.library.custom_op(f"corten::{name}", kernel, mutates_args=())
+
+    @op.register_fake
+    def _(input, output_size, activation_min, activation_max):
+        oh, ow = _check_adaptive(name, input, output_size, activation_min, activation_max)
+        return _empty(input, oh, ow)
+
+    return op
 
 
-@quantized_adaptive_avg_pool2d.register_fake
-def _(input, output_size, activation_min, activation_max):
-    oh, ow = _check_adaptive("quantized_adaptive_avg_pool2d", input, output_size, activation_min, activation_max)
-    return _empty(input, oh, ow)
-
-
-@torch.library.custom_op("corten::quantized_adaptive_max_pool2d", mutates_args=())
-def quantized_adaptive_max_pool2d(input: torch.Tensor, output_size: list[int], activation_min: int,
-                                  activation_max: int) -> torch.Tensor:
-    _check_adaptive("quantized_adaptive_max_pool2d", input, output_size, activation_min, activation_max)
-    return _adaptive(input, output_size, activation_min, activation_max, False)
-
-
-@quantized_adaptive_max_pool2d.register_fake
-def _(input, output_size, activation_min, activation_max):
-    oh, ow = _check_adaptive("quantized_adaptive_max_pool2d", input, output_size, activation_min, activation_max)
-    return _empty(input, oh, ow)
+quantized_adaptive_avg_pool2d = _adaptive_op("quantized_adaptive_avg_pool2d", True)
+quantized_adaptive_max_pool2d = _adaptive_op("quantized_adaptive_max_pool2d", False)
 
 
 OPS = ("quantized_avg_pool2d", "quantized_max_pool2d", "quantized_adaptive_avg_pool2d",

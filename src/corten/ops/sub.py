@@ -22,17 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from corten.ops._broadcast import (
-    PARAM_NAMES,
-    broadcast_struct,
-    cmsis_add_call,
-    cmsis_add_rows,
-    dense_full_operands,
-    numel,
-    operand_expr,
-    rescaled_binary_op,
-    same_dense_shape,
-)
+from corten.ops._broadcast import (PARAM_NAMES, broadcast_struct, cmsis_add_call, cmsis_add_rows, dense_full_operands,
+                                   numel, operand_expr, rescaled_binary_op, same_dense_shape)
 from corten.ops._common import lower_rescaled_binary
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
