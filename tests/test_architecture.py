@@ -246,3 +246,16 @@ def test_each_numeric_constant_is_written_in_one_module():
     repeated = {v: sorted(m) for v, m in _magic_numbers().items() if len(m) > 1}
     assert not repeated, f"numeric literals written in several modules (name them once and import): {repeated}"
     assert _magic_numbers()[65792.0] == {"fixed_point.py"}
+
+
+def test_the_architecture_document_names_every_unit_and_hook():
+    """docs/architecture.md's layer table lists every unit of ALLOWED (a new package gets a row there and
+    here), and its hook table every registry.Hook."""
+    from corten.ops.registry import Hook
+
+    doc = (SRC.parent.parent / "docs" / "architecture.md").read_text()
+    layers = doc.split("## Layers", 1)[1].split("```", 2)[1]
+    named = set(re.findall(r"[a-z_]+", layers))
+    missing = [u for u in ALLOWED if u not in ("ops.infra", "ops.family") and u not in named]
+    assert not missing, f"units missing from docs/architecture.md's layer table: {missing}"
+    assert not [h.name for h in Hook if f"`{h.name}`" not in doc], "hooks missing from docs/architecture.md"
