@@ -159,6 +159,35 @@ def test_reductions_match_litert(tmp_path, code, axes, keep):
         assert_exact(tmp_path, m.finish(), samples=2, seed=seed)
 
 
+def _bmm_net(adj_x: bool, adj_y: bool, sa=(3, 16, 24), sb=(1, 24, 20)) -> bytes:
+    sa, sb = list(sa), list(sb)
+    if adj_x:
+        sa = sa[:-2] + [sa[-1], sa[-2]]
+    if adj_y:
+        sb = sb[:-2] + [sb[-1], sb[-2]]
+    m = TfliteBuilder(1)
+    a, b = m.input(sa, 0.05, 3), m.input(sb, 0.07, -5)
+    m.output(m.batch_matmul(a, b, adj_x, adj_y))
+    return m.finish()
+
+
+@pytest.mark.parametrize("adj_x", [False, True])
+@pytest.mark.parametrize("adj_y", [False, True])
+@pytest.mark.parametrize("shapes", [((2, 16, 24), (2, 24, 20)), ((16, 24), (24, 20)), ((3, 16, 24), (1, 24, 20))])
+def test_batch_matmul_matches_litert(tmp_path, adj_x, adj_y, shapes):
+    assert_exact(tmp_path, _bmm_net(adj_x, adj_y, *shapes), samples=2)
+
+
+@needs_gcc
+def test_batch_matmul_c_library_matches_litert(tmp_path):
+    data = _bmm_net(True, True)
+    prog = corten.compile(str(_write(tmp_path, data)))
+    rng = np.random.default_rng(3)
+    xs = [random_input(_tfl_shape(spec), rng) for spec in prog.inputs]
+    run = prog.c_run(*[tflite_input(prog, x, k) for k, x in enumerate(xs)], on="host", kernels="portable")
+    assert np.array_equal(tflite_output(run.outputs[0]), litert_outputs(data, xs)[0])
+
+
 @pytest.mark.parametrize("op", ["ADD", "SUB", "MUL"])
 def test_elementwise_on_large_tensors_matches_litert(tmp_path, op):
     m = TfliteBuilder(11)
@@ -273,3 +302,26 @@ def test_not_a_tflite_file_and_calibration_refused(tmp_path):
     good = _write(tmp_path, _net("RELU"), "ok.tflite")
     with pytest.raises(UsageError, match="own int8"):
         corten.compile(str(good), calibration=torch.zeros(2, 3, 9, 7))
+
+
+def test_cli_compiles_a_tflite_model_and_runs_its_c_library(tmp_path, capsys):
+    from corten.cli import main
+
+    path = _write(tmp_path, _net("flatten-fc-softmax"), "net.tflite")
+    assert main(["compile", str(path), "--out", str(tmp_path / "out"), "--target", "cortex-m4"]) == 0
+    out = capsys.readouterr().out
+    assert "its own int8 quantization (TFLite)" in out and "corten.quantized_conv2d" in out
+    assert (tmp_path / "out" / "manifest.json").exists()
+    assert main(["compile", str(path), "--out", str(tmp_path / "o2"), "--compare"]) == 2  # no float model to compare
+
+
+def test_cli_refuses_an_unsupported_tflite_operator(tmp_path, capsys):
+    from corten.cli import main
+
+    m = TfliteBuilder(0)
+    x = m.input([1, 4, 4, 2], 0.05, 0)
+    y = m.act([1, 4, 4, 2], 0.05, 0)
+    m.op("SQUARE", [x], [y], None)
+    m.output(y)
+    assert main(["compile", str(_write(tmp_path, m.finish(), "sq.tflite")), "--out", str(tmp_path / "o")]) == 2
+    assert "operator 0 (SQUARE" in capsys.readouterr().err

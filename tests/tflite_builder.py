@@ -196,6 +196,14 @@ class TfliteBuilder:
         self.op(code, [x, at], [y], "ReducerOptions", KeepDims=keep_dims)
         return y
 
+    def batch_matmul(self, a: _T, b: _T, adj_x=False, adj_y=False) -> _T:
+        sa = list(a.shape[:-2]) + ([a.shape[-1], a.shape[-2]] if adj_x else a.shape[-2:])
+        sb = list(b.shape[:-2]) + ([b.shape[-1], b.shape[-2]] if adj_y else b.shape[-2:])
+        shape = list(np.matmul(np.zeros(sa), np.zeros(sb)).shape)
+        y = self.act(shape, *self._out_q(a, float(np.sqrt(sa[-1])) * 3))
+        self.op("BATCH_MATMUL", [a, b], [y], "BatchMatMulOptions", AdjX=adj_x, AdjY=adj_y)
+        return y
+
     def requantize(self, x: _T) -> _T:
         y = self.act(x.shape, *self._out_q(x, 1.3))
         self.op("QUANTIZE", [x], [y], None)

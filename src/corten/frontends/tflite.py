@@ -595,6 +595,22 @@ def _reduce(b: _Builder, op: Operator) -> None:
     b.values[op.outputs[0]] = b.view(out, kept, y.shape)
 
 
+def _batch_matmul(b: _Builder, op: Operator) -> None:
+    """BATCH_MATMUL of two int8 tensors of rank 2 or 3 (``adj_x`` moves the left operand's bytes,
+    ``adj_y`` is the op's transposed right operand)."""
+    x, w, y = _int8(b, op.inputs[0], "lhs"), _int8(b, op.inputs[1], "rhs"), _int8(b, op.outputs[0], "output")
+    if not (2 <= len(x.shape) <= 3 and 2 <= len(w.shape) <= 3):
+        raise Unsupported(f"operands of ranks {len(x.shape)} and {len(w.shape)}; Corten converts ranks 2 and 3")
+    mult, shift = quantize_multiplier(float(x.scale) * float(w.scale) / float(y.scale))
+    lhs = b.value(op.inputs[0])
+    if op.options.get("AdjX"):
+        perm = list(range(len(x.shape) - 2)) + [len(x.shape) - 1, len(x.shape) - 2]
+        lhs, _ = b.movement(lhs, x.shape, lambda t: t.transpose(perm))
+    b.values[op.outputs[0]] = b.call(OPS.quantized_matmul.default, lhs, b.value(op.inputs[1]), -x.zero_point,
+                                     -w.zero_point, y.zero_point, mult, shift, -128, 127,
+                                     bool(op.options.get("AdjY", False)))
+
+
 OPERATORS: dict[str, Callable[[_Builder, Operator], None]] = {
     "CONV_2D": _conv_2d,
     "DEPTHWISE_CONV_2D": _depthwise_conv_2d,
@@ -623,6 +639,7 @@ OPERATORS: dict[str, Callable[[_Builder, Operator], None]] = {
     "LEAKY_RELU": _leaky_relu,
     "HARD_SWISH": _hard_swish,
     "MEAN": _reduce,
+    "BATCH_MATMUL": _batch_matmul,
     "REDUCE_MAX": _reduce,
     "REDUCE_MIN": _reduce,
 }
