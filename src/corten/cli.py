@@ -261,24 +261,31 @@ def _print_quantization_warnings(caught) -> None:
             print(f"corten: warning: {msg}", file=sys.stderr)
 
 
+def _run_inputs(args, prog, doing: str) -> tuple[tuple, str]:
+    """The inputs of ``corten run`` / ``profile`` (``--input`` or seeded random) and the target name;
+    prints what is about to run."""
+    import torch
+
+    if args.input:
+        if len(prog.inputs) != 1:
+            raise CliError(f"{args.dir}: the program takes {len(prog.inputs)} inputs; --input gives one")
+        xs = (load_input_file(args.input, prog),)
+    else:
+        g = torch.Generator().manual_seed(args.seed)
+        xs = tuple(torch.randn(s.shape, generator=g) for s in prog.inputs)
+    target = args.target or prog.target.name
+    print(f"corten: {doing} {prog.name} ({args.kernels} kernels) on {args.on}"
+          + (f" ({target})" if args.on == "qemu" else ""), flush=True)
+    return xs, target
+
+
 def cmd_run(args) -> int:
-    import numpy as np
     import torch
 
     from corten.program import load
 
     prog = load(args.dir)
-    if len(prog.inputs) != 1 and args.input:
-        raise CliError(f"{args.dir}: the program takes {len(prog.inputs)} inputs; --input gives one")
-    if args.input:
-        x = load_input_file(args.input, prog)
-        xs = (x,)
-    else:
-        g = torch.Generator().manual_seed(args.seed)
-        xs = tuple(torch.randn(s.shape, generator=g) for s in prog.inputs)
-    target = args.target or prog.target.name
-    print(f"corten: running {prog.name} ({args.kernels} kernels) on {args.on}"
-          + (f" ({target})" if args.on == "qemu" else ""), flush=True)
+    xs, target = _run_inputs(args, prog, "running")
     expected = prog.run_int8(*xs)
     run = prog.c_run(*xs, on=args.on, kernels=args.kernels, target=target, progress=True, cflags=args.cflags or ())
     got = run.outputs
@@ -298,21 +305,10 @@ def cmd_run(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    import torch
-
     from corten.program import load
 
     prog = load(args.dir)
-    if args.input:
-        if len(prog.inputs) != 1:
-            raise CliError(f"{args.dir}: the program takes {len(prog.inputs)} inputs; --input gives one")
-        xs = (load_input_file(args.input, prog),)
-    else:
-        g = torch.Generator().manual_seed(args.seed)
-        xs = tuple(torch.randn(s.shape, generator=g) for s in prog.inputs)
-    target = args.target or prog.target.name
-    print(f"corten: profiling {prog.name} ({args.kernels} kernels) on {args.on}"
-          + (f" ({target})" if args.on == "qemu" else ""), flush=True)
+    xs, target = _run_inputs(args, prog, "profiling")
     prof = prog.profile(*xs, on=args.on, target=target, kernels=args.kernels, progress=True,
                         baseline=not args.no_baseline)
     print(prof.table())

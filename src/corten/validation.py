@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import torch
 
-from corten.errors import CaptureError, ProgramFileError, QuantizationError, UsageError
+from corten.errors import CaptureError, QuantizationError, UsageError
 from corten.fixed_point import INT32_MAX, INT32_MIN, MAX_ACCUMULATOR_TAPS, SHIFT_MAX, SHIFT_MIN
 from corten.fx_nodes import get_attr, node_args
 

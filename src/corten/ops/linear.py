@@ -21,15 +21,8 @@ import torch
 
 from corten.errors import LoweringError
 from corten.fx_nodes import node_arg
-from corten.fixed_point import (
-    REDUCED_SHIFT_MAX,
-    clamp_activation,
-    int_range,
-    reduce_multiplier_t,
-    requantize,
-    requantize_s64,
-    wrap_int32_t,
-)
+from corten.fixed_point import (REDUCED_SHIFT_MAX, clamp_activation, reduce_multiplier_t, requantize, requantize_s64,
+                                wrap_int32_t)
 from corten.ops import checks
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match

@@ -392,16 +392,20 @@ def _pool1d(m: Match, op_name: str, *args):
     return back_to_3d(m, y4, [out_shape[0], out_shape[1], 1, out_shape[2]])
 
 
+def _window1d(n) -> tuple[int, int, int, bool]:
+    """(kernel, stride, padding, ceil_mode) of an ``aten`` 1-D pool (stride defaults to the kernel)."""
+    kernel = _ints(n.args[1], 1)[0]
+    return (kernel, _ints(node_arg(n, "stride", None) or kernel, 1)[0], _ints(node_arg(n, "padding", 0), 1)[0],
+            bool(node_arg(n, "ceil_mode", False)))
+
+
 @lowers(_aten.max_pool1d.default)
 def lower_max_pool1d(m: Match):
     """``aten.max_pool1d(x, kernel, stride, padding, dilation, ceil_mode)`` -> 2-D max pool on [N, C, 1, L]."""
     _same_qparams(m)
     n = m.node
-    kernel = _ints(n.args[1], 1)[0]
-    stride = _ints(node_arg(n, "stride", None) or kernel, 1)[0]
-    padding = _ints(node_arg(n, "padding", 0), 1)[0]
+    kernel, stride, padding, ceil_mode = _window1d(n)
     dilation = _ints(node_arg(n, "dilation", 1), 1)[0]
-    ceil_mode = bool(node_arg(n, "ceil_mode", False))
     _check_pool_padding("max_pool1d", [kernel], [padding], [dilation])
     lo, hi = m.activation_bounds
     extra = [[1, dilation], ceil_mode] if (dilation != 1 or ceil_mode) else []
@@ -413,10 +417,7 @@ def lower_avg_pool1d(m: Match):
     """``aten.avg_pool1d(x, kernel, stride, padding, ceil_mode, count_include_pad)`` -> 2-D average pool."""
     _same_qparams(m)
     n = m.node
-    kernel = _ints(n.args[1], 1)[0]
-    stride = _ints(node_arg(n, "stride", None) or kernel, 1)[0]
-    padding = _ints(node_arg(n, "padding", 0), 1)[0]
-    ceil_mode = bool(node_arg(n, "ceil_mode", False))
+    kernel, stride, padding, ceil_mode = _window1d(n)
     include_pad = bool(node_arg(n, "count_include_pad", True))
     _check_pool_padding("avg_pool1d", [kernel], [padding])
     in_shape = n.args[0].meta["val"].shape
