@@ -28,7 +28,7 @@ def _export(model, example, path):
 
 @needs_gcc
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ds-cnn", "resnet8", "mv1-0.25-96"])
+@pytest.mark.parametrize("name", ["ds-cnn", "resnet8", "mv1-0.25-96", "deep-ae"])
 def test_onnx_zoo_model_compiles_like_pytorch(tmp_path, name):
     model, example = get_model(name)
     example = example if isinstance(example, tuple) else (example,)

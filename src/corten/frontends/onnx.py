@@ -55,6 +55,28 @@ def _input_shapes(model) -> list[tuple[str, list[int]]]:
     return out
 
 
+def inline_constant_identities(model) -> int:
+    """Replace each ``Identity`` of an initializer by an initializer of its own (``torch.onnx.export``
+    shares equal parameters, e.g. zero biases, through Identity nodes; onnx2torch then no longer sees a
+    constant bias and keeps a generic Gemm).  Returns how many were inlined."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    keep, n = [], 0
+    for node in model.graph.node:
+        if node.op_type == "Identity" and len(node.input) == 1 and node.input[0] in inits:
+            t = numpy_helper.from_array(numpy_helper.to_array(inits[node.input[0]]), node.output[0])
+            model.graph.initializer.append(t)
+            inits[t.name] = t
+            n += 1
+        else:
+            keep.append(node)
+    if n:
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    return n
+
+
 def onnx_module(path) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """``(module, example_inputs)`` of the ONNX model in ``path``: the converted ``torch.fx`` module in
     eval mode and zeros of its input shapes (a dynamic dimension becomes 1)."""
@@ -71,6 +93,7 @@ def onnx_module(path) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     except Exception as e:  # noqa: BLE001 - not a protobuf
         raise ModelFileError(f"{path}: not an ONNX model ({type(e).__name__}: {e})") from e
     shapes = _input_shapes(model)
+    inline_constant_identities(model)
     _torchvision_stand_in()
     from onnx2torch import convert
 
