@@ -15,6 +15,7 @@ pytest.importorskip("ai_edge_litert")
 import corten  # noqa: E402
 from conftest import needs_arm_gcc, needs_cmsis_nn, needs_gcc, needs_qemu  # noqa: E402
 from corten.frontends.tflite import tflite_input, tflite_output  # noqa: E402
+from tflite_builder import litert_outputs, random_input  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "mlperf_tiny"
 MODELS = {"kws_ref_model.tflite": {"quantized_conv2d": 5, "quantized_depthwise_conv2d": 4, "quantized_avg_pool2d": 1,
@@ -26,29 +27,16 @@ MODELS = {"kws_ref_model.tflite": {"quantized_conv2d": 5, "quantized_depthwise_c
           "ad01_int8.tflite": {"quantized_linear": 10}}
 
 
-def _litert(path):
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
-    it = Interpreter(model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
-    it.allocate_tensors()
-    d, o = it.get_input_details()[0], it.get_output_details()[0]
-
-    def run(q):
-        it.set_tensor(d["index"], q)
-        it.invoke()
-        return it.get_tensor(o["index"]).copy()
-
-    return run, tuple(int(s) for s in d["shape"])
-
-
 @pytest.fixture(scope="module", params=list(MODELS))
 def model(request):
     path = DATA / request.param
     prog = corten.compile(str(path), target="cortex-m4")
-    ref, shape = _litert(path)
     rng = np.random.default_rng(0)
-    qs = [rng.integers(-128, 128, shape, dtype=np.int8) for _ in range(10)]
-    return request.param, prog, qs, [ref(q) for q in qs]
+    spec = prog.inputs[0]
+    shape = (spec.shape[0], spec.shape[2], spec.shape[3], spec.shape[1]) if len(spec.shape) == 4 else spec.shape
+    qs = [random_input(shape, rng) for _ in range(10)]
+    data = path.read_bytes()
+    return request.param, prog, qs, [litert_outputs(data, [q])[0] for q in qs]
 
 
 def test_mlperf_tiny_model_compiles_to_its_ops(model):

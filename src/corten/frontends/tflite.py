@@ -240,40 +240,28 @@ def _act(opt: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- operators
-def _conv_2d(b: _Builder, op: Operator) -> None:
-    x, y = _int8(b, op.inputs[0], "input"), _int8(b, op.outputs[0], "output")
-    cout = b.tensor(op.outputs[0]).shape[3]
-    w, scales = _weights(b, op.inputs[1], cout, 0)
-    if w.shape[3] != x.shape[3]:
-        raise Unsupported(f"grouped convolution ({x.shape[3]} input channels, {w.shape[3]} per filter)")
-    o = op.options
-    stride, dil = [int(o.get("StrideH", 1)), int(o.get("StrideW", 1))], \
-        [int(o.get("DilationHFactor", 1)), int(o.get("DilationWFactor", 1))]
-    pads = _padding(o, x.shape[1:3], w.shape[1:3], stride, dil, y.shape[1:3], op)
-    mult, shift = _per_channel_multipliers(x.scale, scales, y.scale)
-    amin, amax = activation_range(_act(o), y, op)
-    b.values[op.outputs[0]] = b.call(
-        OPS.quantized_conv2d.default, b.value(op.inputs[0]), b.const(torch.from_numpy(w.data.copy()), "weight"),
-        b.const(_bias(b, op, cout), "bias"), stride, pads, dil, -x.zero_point, y.zero_point,
-        b.const(mult, "multiplier"), b.const(shift, "shift"), amin, amax)
-
-
-def _depthwise_conv_2d(b: _Builder, op: Operator) -> None:
+def _convolution(b: _Builder, op: Operator, depthwise: bool) -> None:
+    """CONV_2D (weights OHWI, per-channel along 0) and DEPTHWISE_CONV_2D (weights ``[1, kH, kW, C_out]``,
+    per-channel along 3): the weights, bias, geometry and output stage as TFLite prepares them."""
     x, y = _int8(b, op.inputs[0], "input"), _int8(b, op.outputs[0], "output")
     cin, cout = x.shape[3], y.shape[3]
-    w, scales = _weights(b, op.inputs[1], cout, 3)
-    if cout % cin:
+    w, scales = _weights(b, op.inputs[1], cout, 3 if depthwise else 0)
+    if depthwise and cout % cin:
         raise Unsupported(f"{cout} output channels for {cin} input channels")
+    if not depthwise and w.shape[3] != cin:
+        raise Unsupported(f"grouped convolution ({cin} input channels, {w.shape[3]} per filter)")
     o = op.options
-    stride, dil = [int(o.get("StrideH", 1)), int(o.get("StrideW", 1))], \
-        [int(o.get("DilationHFactor", 1)), int(o.get("DilationWFactor", 1))]
+    stride = [int(o.get("StrideH", 1)), int(o.get("StrideW", 1))]
+    dil = [int(o.get("DilationHFactor", 1)), int(o.get("DilationWFactor", 1))]
     pads = _padding(o, x.shape[1:3], w.shape[1:3], stride, dil, y.shape[1:3], op)
     mult, shift = _per_channel_multipliers(x.scale, scales, y.scale)
     amin, amax = activation_range(_act(o), y, op)
+    geometry = [stride, pads, dil] + ([cout // cin] if depthwise else [])
+    target = OPS.quantized_depthwise_conv2d.default if depthwise else OPS.quantized_conv2d.default
     b.values[op.outputs[0]] = b.call(
-        OPS.quantized_depthwise_conv2d.default, b.value(op.inputs[0]),
-        b.const(torch.from_numpy(w.data.copy()), "weight"), b.const(_bias(b, op, cout), "bias"), stride, pads, dil,
-        cout // cin, -x.zero_point, y.zero_point, b.const(mult, "multiplier"), b.const(shift, "shift"), amin, amax)
+        target, b.value(op.inputs[0]), b.const(torch.from_numpy(w.data.copy()), "weight"),
+        b.const(_bias(b, op, cout), "bias"), *geometry, -x.zero_point, y.zero_point, b.const(mult, "multiplier"),
+        b.const(shift, "shift"), amin, amax)
 
 
 def _fully_connected(b: _Builder, op: Operator) -> None:
@@ -612,8 +600,8 @@ def _batch_matmul(b: _Builder, op: Operator) -> None:
 
 
 OPERATORS: dict[str, Callable[[_Builder, Operator], None]] = {
-    "CONV_2D": _conv_2d,
-    "DEPTHWISE_CONV_2D": _depthwise_conv_2d,
+    "CONV_2D": lambda b, op: _convolution(b, op, False),
+    "DEPTHWISE_CONV_2D": lambda b, op: _convolution(b, op, True),
     "FULLY_CONNECTED": _fully_connected,
     "ADD": lambda b, op: _add_sub(b, op, 1),
     "SUB": lambda b, op: _add_sub(b, op, -1),
@@ -670,6 +658,8 @@ def convert(model: TfliteModel, target: str = "cortex-m55", name: str | None = N
             raise ModelFileError(f"{Path(model.path).name}: input {k} {t.describe()} is {t.type_name}"
                                  f"{'' if t.quantized else ' without quantization'}; Corten takes int8 inputs (or "
                                  "float inputs that a QUANTIZE operator quantizes)")
+    if not examples:
+        raise UsageError(f"{model.path}: the model has no inputs")
     refused = []
     for op in model.operators:
         fn = OPERATORS.get(op.opcode)
@@ -704,8 +694,6 @@ def convert(model: TfliteModel, target: str = "cortex-m55", name: str | None = N
                              f"{type(e).__name__}: {e}") from e
     info = {"compiled_from": str(model.path), "tflite": {"version": model.version, "operators": len(model.operators)},
             "node_sources": _node_sources(model, b, ep)}
-    if not examples:
-        raise UsageError(f"{model.path}: the model has no inputs")
     return Program(ep, tgt, name=name, stages={"lowered": ep.graph_module.print_readable(print_output=False)},
                    info=info)
 
