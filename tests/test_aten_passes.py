@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from corten.aten_passes import (AtenPassError, AtenPassManager, DecomposeCompositesPass, DecomposeMovementPass,
-                                FoldBatchNormPass,
+                                BatchNormToDepthwiseConvPass, FoldBatchNormPass, FuseBatchNormIntoConvPass,
+                                FuseBatchNormIntoLinearPass,
                                 RemoveNoOpsPass, fold_scale_into_conv_weight, is_batch_norm)
 from corten.capture import capture, capture_module, remove_guards_fn
 
@@ -418,3 +419,20 @@ def test_mobilenet_v2_has_no_batch_norm_after_the_passes():
     assert not _depthwise_nodes(gm)  # every BN in MobileNetV2 folds
     assert all(isinstance(n.meta.get("val"), torch.Tensor) for n in gm.graph.nodes if n.op == "call_function")
     _assert_same_output(gm, model, inputs)
+
+
+def test_the_former_batch_norm_passes_are_steps_of_the_one_path():
+    module, inputs = _prepare(ProducerBN(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)), (1, 3, 4, 4))
+    gm = capture_module(module, inputs)
+    assert FuseBatchNormIntoLinearPass()(gm).modified is False
+    assert FuseBatchNormIntoConvPass()(gm).modified is True
+    assert FuseBatchNormIntoConvPass()(gm).modified is False
+    assert BatchNormToDepthwiseConvPass()(gm).modified is False
+    _assert_same_output(gm, module, inputs)
+    gm = capture_module(module, inputs)
+    manager = AtenPassManager([BatchNormToDepthwiseConvPass()])
+    gm = manager(gm)
+    assert manager.modified_by == ["BatchNormToDepthwiseConvPass"] and _op_counts(gm) == {aten.conv2d.default: 2}
+    _assert_same_output(gm, module, inputs)
+    with pytest.raises(ValueError, match="steps"):
+        FoldBatchNormPass(("folded",))

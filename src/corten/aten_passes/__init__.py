@@ -9,8 +9,9 @@ BatchNorm.  Composite ops are spelled out by a table of rewrite functions (``COM
 
 Each pass is a ``torch.fx.passes.infra.pass_base.PassBase``: ``pass_(gm) -> PassResult(gm, modified)``.
 """
-from corten.aten_passes.batch_norm import (BatchNormMatch, FoldBatchNormPass, batch_norms, fold_scale_into_conv_weight,
-                                           is_batch_norm, match_batch_norm)
+from corten.aten_passes.batch_norm import (BatchNormMatch, BatchNormToDepthwiseConvPass, FoldBatchNormPass,
+                                           FuseBatchNormIntoConvPass, FuseBatchNormIntoLinearPass, batch_norms,
+                                           fold_scale_into_conv_weight, is_batch_norm, match_batch_norm)
 from corten.aten_passes.decompose_composites import COMPOSITES, DecomposeCompositesPass
 from corten.aten_passes.decompose_movement import DecomposeMovementPass
 from corten.aten_passes.functionalize import FunctionalizeInPlacePass, functional_variant
@@ -21,7 +22,8 @@ from corten.aten_passes.rewrites import Refusal, Rewrite, RewriteTable, RewriteT
 
 __all__ = [
     "AtenPassManager", "AtenPassError", "default_passes", "RUNS_AFTER",
-    "FoldBatchNormPass", "DecomposeCompositesPass", "COMPOSITES", "Rewrite", "Refusal", "RewriteTable",
+    "FoldBatchNormPass", "FuseBatchNormIntoConvPass", "FuseBatchNormIntoLinearPass", "BatchNormToDepthwiseConvPass",
+    "DecomposeCompositesPass", "COMPOSITES", "Rewrite", "Refusal", "RewriteTable",
     "RewriteTablePass",
     "RemoveNoOpsPass", "DecomposeMovementPass", "FunctionalizeInPlacePass", "functional_variant", "BatchNormMatch", "batch_norms", "is_batch_norm", "match_batch_norm",
     "is_noop", "fold_scale_into_conv_weight",

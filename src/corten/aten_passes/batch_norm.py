@@ -304,19 +304,54 @@ def _fold_into_linear(gm: GraphModule, bn: BatchNormMatch) -> bool:
 
 class FoldBatchNormPass(PassBase):
     """Every BatchNorm, in graph order: folded into its conv / linear producer when exact, else
-    rewritten as a depthwise 1x1 conv (see the module docstring)."""
+    rewritten as a depthwise 1x1 conv (see the module docstring).  ``steps`` restricts the pass to
+    some of the three (``"conv"``, ``"linear"``, ``"depthwise"``), in that order of preference: the
+    names below keep the three passes Corten had before this one path."""
+
+    STEPS = ("conv", "linear", "depthwise")
+
+    def __init__(self, steps: tuple[str, ...] = STEPS) -> None:
+        super().__init__()
+        unknown = set(steps) - set(self.STEPS)
+        if unknown:
+            raise ValueError(f"FoldBatchNormPass steps {sorted(unknown)}: use {self.STEPS}")
+        self.steps = tuple(s for s in self.STEPS if s in steps)
 
     def call(self, graph_module: GraphModule) -> PassResult:
+        folds = {"conv": _fold_into_conv, "linear": _fold_into_linear}
         modified = False
         for bn in batch_norms(graph_module):
-            if not (_fold_into_conv(graph_module, bn) or _fold_into_linear(graph_module, bn)):
+            if any(folds[s](graph_module, bn) for s in self.steps if s in folds):
+                modified = True
+            elif "depthwise" in self.steps:
                 bn.erase(graph_module, replacement=_depthwise_affine(graph_module, bn))
-            modified = True
+                modified = True
         if modified:
             finish_rewrite(graph_module)
         return PassResult(graph_module, modified)
 
     def ensures(self, graph_module: GraphModule) -> None:
         left = [n.name for n in graph_module.graph.nodes if is_batch_norm(n)]
-        if left:
+        if left and "depthwise" in self.steps:
             raise AtenPassError(f"BatchNorm nodes {left} are still in the graph after {type(self).__name__}")
+
+
+class FuseBatchNormIntoConvPass(FoldBatchNormPass):
+    """:class:`FoldBatchNormPass` folding into convolutions only (the others stay)."""
+
+    def __init__(self) -> None:
+        super().__init__(("conv",))
+
+
+class FuseBatchNormIntoLinearPass(FoldBatchNormPass):
+    """:class:`FoldBatchNormPass` folding into 2-D ``aten.linear`` only."""
+
+    def __init__(self) -> None:
+        super().__init__(("linear",))
+
+
+class BatchNormToDepthwiseConvPass(FoldBatchNormPass):
+    """:class:`FoldBatchNormPass` rewriting every BatchNorm as a depthwise 1x1 conv (no fold)."""
+
+    def __init__(self) -> None:
+        super().__init__(("depthwise",))

@@ -46,6 +46,11 @@ RUNS_AFTER: dict[str, tuple[str, ...]] = {
     "DecomposeMovementPass": ("DecomposeCompositesPass", "FunctionalizeInPlacePass"),
     # conv -> dropout/clone -> BN folds only once the no-op is gone; ``bn_(x)`` must be functional first
     "FoldBatchNormPass": ("RemoveNoOpsPass", "FunctionalizeInPlacePass"),
+    "FuseBatchNormIntoConvPass": ("RemoveNoOpsPass", "FunctionalizeInPlacePass"),
+    "FuseBatchNormIntoLinearPass": ("RemoveNoOpsPass", "FunctionalizeInPlacePass"),
+    # a BatchNorm left for the depthwise rewrite is one no fold could take
+    "BatchNormToDepthwiseConvPass": ("RemoveNoOpsPass", "FunctionalizeInPlacePass", "FuseBatchNormIntoConvPass",
+                                     "FuseBatchNormIntoLinearPass"),
     # pad -> clone -> conv
     "FoldPadIntoConvPass": ("RemoveNoOpsPass",),
 }
