@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 import corten  # noqa: F401  (registers the corten:: ops)
 
@@ -286,3 +287,33 @@ def test_banded_program_is_built_without_a_second_export_and_equals_one(small_mv
     convs = [n for n in a if "conv2d" in str(n.target)]
     assert len(convs) > len([n for n in small_mv2.ep.graph.nodes if n.op == "call_function" and "conv2d" in str(n.target)])
     assert all("stack_trace" in n.meta and sources[n.name]["module"] for n in convs)
+
+
+@needs_gcc
+def test_sequential_fits_a_budget_byte_exact(tmp_path):
+    """``nn.Sequential``'s forward argument is named ``input`` (a builtin); the banded program's
+    copy of the graph renames that placeholder, and its signature follows (it raised torch's
+    SpecViolationError).  API, save/load and the CLI."""
+    from corten.cli import main as cli_main
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1)).eval()
+    example = (torch.randn(1, 3, 32, 32),)
+    plain = corten.compile(model, example, name="seq")
+    banded = corten.compile(model, example, name="seq", max_arena=plain.memory.arena_bytes * 3 // 4)
+    assert banded.schedule is not None and banded.memory.arena_bytes < plain.memory.arena_bytes
+    x = torch.randn(example[0].shape, generator=torch.Generator().manual_seed(1))
+    want = plain.run_int8(x)
+    assert all(torch.equal(a, b) for a, b in zip(want, banded.run_int8(x)))
+    assert all(torch.equal(a, b) for a, b in zip(want, banded.c_run(x, kernels="portable").outputs))
+    banded.save(tmp_path / "p")
+    assert all(torch.equal(a, b) for a, b in zip(want, corten.load(tmp_path / "p").run_int8(x)))
+
+    net = tmp_path / "net.py"
+    net.write_text("import torch\nfrom torch import nn\n\ndef make():\n    torch.manual_seed(0)\n"
+                   "    return (nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))"
+                   ".eval(), (torch.randn(1, 3, 32, 32),))\n")
+    rc = cli_main(["compile", f"{net}:make", "--out", str(tmp_path / "o"), "--calib", "2",
+                   "--max-arena", str(plain.memory.arena_bytes * 3 // 4)])
+    assert rc == 0
+    assert corten.load(tmp_path / "o").schedule is not None

@@ -500,3 +500,14 @@ def test_cli_unknown_target_is_a_usage_error(capsys):
         main(["compile", "mv2-0.35-96", "--out", "unused", "--target", "cortex-a53"])
     assert info.value.code == 2
     assert "cortex-a53" in capsys.readouterr().err
+
+
+def test_corten_error_is_exported():
+    """``except corten.CortenError`` catches every refusal without knowing ``corten.errors``."""
+    from corten import errors
+
+    assert corten.CortenError is errors.CortenError
+    for name in ("UsageError", "UnsupportedOpsError", "BudgetError", "QuantizationError"):
+        assert issubclass(getattr(corten, name), corten.CortenError)
+    with pytest.raises(corten.CortenError, match="target"):
+        corten.compile(nn.Linear(2, 2).eval(), (torch.randn(1, 2),), target="cortex-a53")

@@ -339,3 +339,32 @@ def test_cmsis_concatenation_functions_match_reference(cmsis_concat_lib):
             tail = [] if c.output_size is None else [ctypes.c_uint16(c.output_size)]
             fn((ctypes.c_int8 * len(src))(*src), *sizes, out, *tail, ctypes.c_uint32(c.offset))
         assert list(out) == naive.storage_bytes(want.contiguous().flatten().tolist(), list(want.shape)), f"case {i}"
+
+
+class _SelfCat(nn.Module):
+    """One tensor concatenated with itself at several levels (found by a random model)."""
+
+    def forward(self, x):
+        t0 = torch.cat([x, x], 1)
+        t1 = torch.cat([t0, x], 1)
+        t2 = torch.cat([t1, t0], 1)
+        return torch.cat([t2, x * 2], 1), t1
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_tensor_concatenated_with_itself_at_several_levels_byte_exact():
+    """The quantizer's sharing groups of ``t1 = cat([t0, x]); cat([t1, t0])`` with ``t0 = cat([x, x])``
+    (torchao's union-find recursed without end); every cat shares one scale, byte-exact in C."""
+    import corten
+
+    model = _SelfCat().eval()
+    x = torch.randn(1, 2, 4, 4)
+    prog = corten.compile(model, (x,), calibration=[(torch.randn(1, 2, 4, 4),) for _ in range(3)])
+    assert prog.unlowered_ops() == []
+    assert prog.op_counts()["quantized_cat"] == 4
+    y = torch.randn(1, 2, 4, 4)
+    want = prog.run_int8(y)
+    assert all(torch.equal(a, b) for a, b in zip(want, prog.c_run(y, kernels="portable").outputs))
+    out, t1 = prog.run(y)
+    ref_out, ref_t1 = model(y)
+    assert (t1 - ref_t1).abs().max() < 0.05 and (out - ref_out).abs().max() < 0.1

@@ -56,6 +56,9 @@ def test_every_family_builds_models_and_cases_are_deterministic():
     ci_fams = set().union(*(fuzz.make_case(seed).families for seed in range(CI_SEEDS)))
     assert set(fuzz.FAMILIES) | set(fuzz.ANY_FAMILIES) | set(fuzz.SEQ_FAMILIES) <= ci_fams, \
         (set(fuzz.FAMILIES) | set(fuzz.ANY_FAMILIES) | set(fuzz.SEQ_FAMILIES)) - ci_fams
+    # the new generators (issue 21): one tensor fed to several inputs of one op, int16 programs
+    assert "int16" in ci_fams and "self_input" in ci_fams
+    assert any(fuzz.make_case(seed).precision == "int16" for seed in range(CI_SEEDS))
     a, b = fuzz.make_case(7), fuzz.make_case(7)
     assert a.families == b.families and str(a.model) == str(b.model)
     assert all((pa == pb).all() for pa, pb in zip(a.model.parameters(), b.model.parameters()))

@@ -862,3 +862,49 @@ def test_int16_step_functions_stay_int8_tables():
     assert not prog.unlowered_ops() and _dtypes(prog, "quantized_lut") == [torch.int8, torch.int8]
     assert ops["quantized_requantize"] >= 2 and prog.inputs[0].bits == 16
     assert torch.equal(prog.c_run(x, on="host", kernels="portable").outputs[0], prog.run_int8(x)[0])
+
+
+@needs_gcc
+def test_run_c_dequantizes_int16_outputs():
+    """``prog.run_c(x)`` of a program whose output is int16 dequantizes it at 16 bits (it asked the
+    int8 dequantize for it and raised); ``int8=True`` still returns the raw int16 values."""
+    import corten
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    x = torch.randn(2, 8)
+    prog = corten.compile(model, (x,), precision="int16", calibration=[(torch.randn(2, 8),) for _ in range(3)])
+    raw = prog.run_c(x, int8=True)
+    assert raw[0].dtype == torch.int16 and torch.equal(raw[0], prog.run_int8(x)[0])
+    out = prog.run_c(x)
+    assert out.dtype == torch.float32 and torch.equal(out, prog.run(x))
+
+
+class _MixedReaders(nn.Module):
+    """The input read by an op with a 16x8 kernel (linear) and by one without (a comparison + where)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.fc(x), torch.where(x > 0.25, x, torch.zeros_like(x))
+
+
+@needs_gcc
+def test_input_read_by_int16_and_int8_ops_is_quantized_once():
+    """``precision="int16"``: the input goes through one int16 quantize; the int8 reader gets a
+    ``quantized_requantize`` of it (the C library takes one buffer per input; it was refused at
+    emit time).  Byte-exact on the host."""
+    import corten
+
+    torch.manual_seed(0)
+    model = _MixedReaders().eval()
+    x = torch.randn(3, 6)
+    prog = corten.compile(model, (x,), precision="int16", calibration=[(torch.randn(3, 6),) for _ in range(3)])
+    counts = prog.op_counts()
+    assert prog.unlowered_ops() == [] and counts["quantize_per_tensor"] == 1 and counts["quantized_requantize"] >= 1
+    y = torch.randn(3, 6)
+    want = prog.run_int8(y)
+    assert [t.dtype for t in want] == [torch.int16, torch.int8]
+    assert all(torch.equal(a, b) for a, b in zip(want, prog.c_run(y, kernels="portable").outputs))

@@ -105,10 +105,15 @@ def test_add_and_shared_ops_annotation(annotated):
     assert len(_ann(add).input_qspec_map) == 2
     assert all(_is_activation_spec(s) for s in _ann(add).input_qspec_map.values())
     assert _is_activation_spec(_ann(add).output_qspec)
+    # the pool shares its input edge's qparams; the flatten after it joins that group, and every
+    # shared spec points at the group's root (one link: see quantizer._share_with_roots)
+    pool = _node(annotated, aten.max_pool2d.default)
+    root = (pool.args[0], pool)
+    assert _is_activation_spec(_ann(pool).input_qspec_map[pool.args[0]])
     for target in (aten.max_pool2d.default, aten.flatten.using_ints):
         node = _node(annotated, target)
         out = _ann(node).output_qspec
-        assert isinstance(out, SharedQuantizationSpec) and out.edge_or_node == (node.args[0], node)
+        assert isinstance(out, SharedQuantizationSpec) and out.edge_or_node == root
 
 
 def test_every_lowered_op_is_annotated():

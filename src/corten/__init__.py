@@ -1,6 +1,7 @@
 """Corten: compile PyTorch models to bit-exact int8 programs for Arm Cortex-M (CMSIS-NN)."""
 from corten import ops  # noqa: F401  (registers the corten:: ops)
-from corten.errors import QuantizationWarning  # noqa: F401
+from corten.errors import (  # noqa: F401  (``except corten.CortenError`` catches every refusal)
+    BudgetError, CortenError, QuantizationError, QuantizationWarning, UnsupportedOpsError, UsageError)
 
 __version__ = "0.1.0"
 

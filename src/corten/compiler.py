@@ -182,7 +182,8 @@ def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) 
         if node.op != "call_function" or node.target is operator.getitem:
             continue  # (a getitem of a refused op's tuple is reported through that op)
         if isinstance(node.target, torch._ops.HigherOrderOperator):
-            refused.append(UnloweredNode(node.name, op_display_name(node.target), source_location(node),
+            refused.append(UnloweredNode(node.name, op_display_name(node.target),
+                                         _region_location(exported.graph_module, node),
                                          _higher_order_reason(node.target)))
             continue
         if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -247,12 +248,31 @@ def max_indices_as_argmax(gm: torch.fx.GraphModule) -> bool:
     return changed
 
 
+def _region_location(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str:
+    """Where a higher-order op's region is in the user's code: its own source line, else that of
+    the first op inside its sub-graph that has one (torch.export records none for the region)."""
+    from corten.ops._rules import source_location
+
+    here = source_location(node)
+    if here != "<unknown source>":
+        return here
+    for a in node.args:
+        sub = getattr(gm, a.target, None) if isinstance(a, torch.fx.Node) and a.op == "get_attr" else None
+        for n in getattr(getattr(sub, "graph", None), "nodes", ()):
+            inner = _region_location(sub, n) if isinstance(n.target, torch._ops.HigherOrderOperator) else \
+                source_location(n)
+            if inner != "<unknown source>":
+                return f"{inner} (the first op of the region)"
+    return here
+
+
 def _higher_order_reason(op) -> str:
     """Why a higher-order op (a region torch.export keeps as a sub-graph) is refused."""
     name = getattr(op, "__name__", str(op))
     if "autocast" in name:
-        return ("a `with torch.autocast(...)` region in forward: Corten quantizes the float32 model itself; "
-                "remove the autocast context (or move it outside the compiled model)")
+        return ("a `with torch.autocast(...)` region that computes in a lower float precision (bfloat16/float16 "
+                "on the CPU): Corten quantizes the float32 model itself; remove the autocast context, or disable "
+                "it (enabled=False: such a region, like one for another device type, is compiled as plain float32)")
     if "grad" in name:
         return "a grad-mode region in forward: remove the `with torch.set_grad_enabled(...)` around the layers"
     if name in ("cond", "while_loop", "scan", "map_impl", "map"):
@@ -404,7 +424,7 @@ class Pipeline:
     def calibrate(self, samples: Iterable[tuple] | None = None) -> "Pipeline":
         """Run ``samples`` (default: the pipeline's calibration, else 8 seeded random samples)
         through the observers; then check that every observer saw finite values."""
-        from corten.validation import check_observers, check_samples
+        from corten.validation import check_observers, check_samples, record_table_batches, table_saturation_warnings
 
         if self.prepared is None:
             self.prepare()
@@ -416,11 +436,12 @@ class Pipeline:
         else:
             samples = calibration_batches(None, self.example_inputs, self.seed)  # random, with a warning
         self.say("corten: calibrating")
-        with torch.no_grad():
+        with torch.no_grad(), record_table_batches(self.prepared) as tables:
             self.calibration_samples += _calibrate(self.prepared, samples, self.say, self.float_module,
                                                    self.model_name)
         self._calibrated = True
         check_observers(self.prepared, self.model_name)
+        table_saturation_warnings(self.prepared, self.model_name, tables.batches)
         _output_saturation_warnings(self.prepared, self.output_tree)
         self._timed("quantize", t0)
         return self

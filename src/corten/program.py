@@ -439,8 +439,9 @@ class Program:
         outs = run.outputs
         if int8:
             return outs
-        deq = [o if o.dtype == torch.int32 else  # argmax/argmin indices are returned as they are
-               torch.ops.corten.dequantize_per_tensor(o.contiguous(), s.scale, s.zero_point)
+        deq = [o if o.dtype not in (torch.int8, torch.int16) else  # argmax/argmin indices: as they are
+               torch.ops.corten.dequantize_per_tensor(o.contiguous(), s.scale, s.zero_point,
+                                                      16 if o.dtype == torch.int16 else 8)
                for o, s in zip(outs, self.outputs)]
         return self._returned(deq)
 

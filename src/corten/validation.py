@@ -7,7 +7,10 @@ never in a traceback from deep inside torch or in a silently wrong program.
 * :func:`check_samples` - every calibration sample against the example inputs (arity, shape,
   dtype, finiteness) and calibration data that is constant (collapsed ranges);
 * :func:`check_exported` - after ``torch.export``: zero-size intermediate tensors, non-finite parameters and buffers, BatchNorm with a negative variance;
-* :func:`check_observers` - after calibration: non-finite, huge or collapsed activation ranges;
+* :func:`check_observers` - after calibration: non-finite, huge or collapsed activation ranges, and
+  ranges narrower than one step of their int8 grid;
+* :func:`table_saturation_warnings` - after calibration: lookup tables whose output range leaves out
+  a share of the values they computed (:class:`record_table_batches` counts the batches);
 * :func:`explain_calibration_failure` - the first float node giving NaN/Inf on a sample;
 * :func:`check_lowered` - after lowering: biases that do not fit int32, requantization multipliers
   that underflow to 0, shifts out of range, int32 accumulators that can overflow.
@@ -20,7 +23,7 @@ from typing import Any, Iterable
 
 import torch
 
-from corten.errors import CaptureError, QuantizationError, UsageError
+from corten.errors import CaptureError, QuantizationError, QuantizationWarning, UsageError
 from corten.fixed_point import INT32_MAX, INT32_MIN, MAX_ACCUMULATOR_TAPS, SHIFT_MAX, SHIFT_MIN
 from corten.fx_nodes import get_attr, node_args
 
@@ -31,11 +34,6 @@ __all__ = ["QuantizationWarning", "as_input_tuple", "check_example_inputs", "che
 # Beyond ~2**40 the float32 histogram observer loses the range (measured: a conv whose outputs reach
 # 1.5e12 quantizes with cosine 0.9999 against float; 1.7e14 collapses to zero point 127, cosine 0.70).
 MAX_ACTIVATION_MAGNITUDE = 2.0**40
-
-
-class QuantizationWarning(UserWarning):
-    """The program is correct for the data it was calibrated on, but something looks degenerate
-    (e.g. an intermediate tensor that was constant during calibration)."""
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -257,7 +255,7 @@ def observed_any(prepared: torch.fx.GraphModule) -> bool:
 def check_observers(prepared: torch.fx.GraphModule, model_name: str) -> None:
     """After calibration: every observed activation range finite, not beyond
     :data:`MAX_ACTIVATION_MAGNITUDE`; a range that stayed a single value gets a warning."""
-    collapsed = []
+    collapsed, tiny = [], []
     for mod, src, _ in _observers(prepared):
         lo, hi = mod.min_val, mod.max_val
         if lo.numel() == 0 or hi.numel() == 0:
@@ -279,6 +277,16 @@ def check_observers(prepared: torch.fx.GraphModule, model_name: str) -> None:
                 "normalise them)")
         if lo_f == hi_f and src.op != "placeholder":
             collapsed.append(src)
+        elif 0 < hi_f - lo_f < float(getattr(mod, "eps", torch.finfo(torch.float32).eps)):
+            tiny.append((src, lo_f, hi_f, float(getattr(mod, "eps", torch.finfo(torch.float32).eps))))
+    if tiny:  # the smallest scale an observer gives is eps: the whole range falls within one step
+        shown = "; ".join(f"{_observed_label(s)}: [{lo:.3g}, {hi:.3g}]" for s, lo, hi, _ in tiny[:3])
+        more = f" and {len(tiny) - 3} more" if len(tiny) > 3 else ""
+        warnings.warn(QuantizationWarning(
+            f"{model_name}: {len(tiny)} tensor(s) span less than one step of their int8 grid on the calibration "
+            f"data (the smallest step is {tiny[0][3]:.3g}): {shown}{more}; every value quantizes to the same level "
+            "or two, so the program computes (almost) nothing there. Check the weights (a model at its plain "
+            "initialisation: load trained weights) or rescale that layer"), stacklevel=3)
     if collapsed:
         shown = "; ".join(_observed_label(s) for s in collapsed[:3])
         more = f" and {len(collapsed) - 3} more" if len(collapsed) > 3 else ""
@@ -286,6 +294,109 @@ def check_observers(prepared: torch.fx.GraphModule, model_name: str) -> None:
             f"{model_name}: {len(collapsed)} tensor(s) held one constant value on every calibration sample "
             f"({shown}{more}); their int8 range is degenerate, so other inputs may be clipped. Calibrate "
             "with representative samples"), stacklevel=3)
+
+
+# A lookup table saturating on more than this share of the values it reads in calibration does so
+# as a rule, not on outliers (a histogram observer clips ~0.01-1% of a tensor's values).
+TABLE_SATURATION_SHARE = 0.05
+
+
+def _tables(prepared: torch.fx.GraphModule):
+    """(table op node, input observer, output observer) of every lookup-table op (a ``unary``
+    annotation: rsqrt, exp, hardswish, ...) observed on both sides."""
+    from corten.ops.registry import annotation_for
+    from torchao.quantization.pt2e.observer import ObserverBase
+
+    def observer(n):
+        mod = prepared.get_submodule(n.target) if isinstance(n, torch.fx.Node) and n.op == "call_module" else None
+        return mod if isinstance(mod, ObserverBase) and hasattr(mod, "min_val") else None
+
+    for node in prepared.graph.nodes:
+        ann = annotation_for(node.target) if node.op == "call_function" else None
+        if getattr(ann, "kind", None) != "unary" or not node.args:
+            continue
+        obs_in = observer(node.args[0])
+        obs_out = next((m for m in map(observer, node.users) if m is not None), None)
+        if obs_in is not None and obs_out is not None:
+            yield node, obs_in, obs_out
+
+
+class record_table_batches:
+    """Around calibration: the (min, max) each calibration batch gives every lookup table's input
+    observer (a forward hook; two numbers per batch), for :func:`table_saturation_warnings`."""
+
+    def __init__(self, prepared: torch.fx.GraphModule):
+        self.prepared, self.batches, self._hooks = prepared, {}, []
+
+    def __enter__(self):
+        for node, obs_in, _ in _tables(self.prepared):
+            seen = self.batches.setdefault(node, [])
+
+            def hook(m, args, out, seen=seen):
+                x = args[0]
+                if isinstance(x, torch.Tensor) and x.numel():
+                    seen.append((float(x.min()), float(x.max())))
+            self._hooks.append(obs_in.register_forward_hook(hook))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        return False
+
+
+def _grid(obs) -> tuple[float, int, int, int]:
+    scale, zp = (float(v) for v in obs.calculate_qparams())
+    return scale, int(zp), int(obs.quant_min), int(obs.quant_max)
+
+
+def table_saturation_warnings(prepared: torch.fx.GraphModule, model_name: str,
+                              batches: dict | None = None) -> None:
+    """After calibration: a lookup table maps each input level to an output level; warn when the
+    input levels whose function value lies beyond the table's output range (``rsqrt`` of the level
+    0 is infinite) hold more than :data:`TABLE_SATURATION_SHARE` of the values the table read in
+    calibration - e.g. a single-group GroupNorm, whose one variance per sample falls into the
+    lowest level of the rsqrt table's input on a quarter or more of the samples."""
+    for node, obs_in, obs_out in _tables(prepared):
+        hist = getattr(obs_in, "histogram", None)
+        lo_seen, hi_seen = float(obs_in.min_val.min()), float(obs_in.max_val.max())
+        if not isinstance(hist, torch.Tensor) or float(hist.sum()) <= 0 or not hi_seen > lo_seen \
+                or not (math.isfinite(lo_seen) and math.isfinite(hi_seen)):
+            continue
+        s_in, z_in, qmin, qmax = _grid(obs_in)
+        s_out, z_out, omin, omax = _grid(obs_out)
+        levels = torch.arange(qmin, qmax + 1, dtype=torch.float64)
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                y = node.target(((levels - z_in) * s_in).float(), *node.args[1:], **node.kwargs).double()
+        except Exception:  # noqa: BLE001 - a table whose function cannot run on the grid: no verdict
+            continue
+        lo, hi = s_out * (omin - z_out), s_out * (omax - z_out)
+        bad = ~torch.isfinite(y) | (y > hi + s_out / 2) | (y < lo - s_out / 2)
+        if not bool(bad.any()):
+            continue
+        edges = torch.linspace(lo_seen, hi_seen, hist.numel() + 1, dtype=torch.float64)
+        q = (((edges[:-1] + edges[1:]) / 2) / s_in).round().add(z_in).clamp(qmin, qmax).long() - qmin
+        share = float(hist.double()[bad[q]].sum()) / float(hist.sum())
+        if share <= TABLE_SATURATION_SHARE:
+            continue
+
+        def saturates(v: float) -> bool:
+            return bool(bad[int(min(max(round(v / s_in) + z_in, qmin), qmax)) - qmin])
+        seen = (batches or {}).get(node, [])
+        hit = sum(1 for a, b in seen if saturates(a) or saturates(b))
+        per = f" on {hit} of {len(seen)} calibration batches" if seen else ""
+        warnings.warn(QuantizationWarning(
+            f"{model_name}: the lookup table of {_observed_label(node)} saturates{per} ({100 * share:.0f}% of "
+            f"the values it read): its input levels {_levels(bad, qmin)} give values beyond its output range "
+            f"[{lo:.4g}, {hi:.4g}]. Use observer='minmax', or change the layer so its input stays clear of them "
+            "(e.g. GroupNorm with more than one group, a larger eps)"), stacklevel=3)
+
+
+def _levels(bad: torch.Tensor, qmin: int) -> str:
+    idx = [int(i) + qmin for i in torch.nonzero(bad).flatten()]
+    return ", ".join(map(str, idx[:4])) + (f" ... ({len(idx)} levels)" if len(idx) > 4 else "")
 
 
 def explain_calibration_failure(gm: torch.fx.GraphModule, sample: tuple, index: int, model_name: str,

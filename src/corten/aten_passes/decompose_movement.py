@@ -90,13 +90,16 @@ class DecomposeMovementPass(PassBase):
             if not changed:
                 break
             modified = True
-            gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output"))
+            gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output")
+                                         or bool(n.meta.get("corten_refusal")))
             finish_rewrite(gm)  # new nodes get meta["val"]
         return PassResult(gm, modified)
 
     # -- dst.copy_(src): the values of src, in dst's shape
     def _copy(self, gm: GraphModule, node: Node) -> bool:
         dst, src = node.args[0], node.args[1]
+        if node.meta.get("corten_refusal"):
+            return False  # a write into a view FunctionalizeInPlacePass could not make functional
         if not isinstance(src, Node) or "val" not in src.meta or "val" not in dst.meta or \
                 src.meta["val"].dtype != dst.meta["val"].dtype:
             return False

@@ -3,8 +3,13 @@
 On torch 2.13 ``torch.export`` of an eval-mode model keeps ``nn.Dropout`` as
 ``aten.dropout.default(x, p, train=False)``; ``Tensor.clone()`` / ``.detach()`` appear as
 ``aten.clone.default`` / ``aten.detach.default``; ``.contiguous()`` on an already contiguous tensor
-is traced away, but ``aten.contiguous`` / ``aten.alias`` may appear in other graphs.  Each such node
-is removed and its users read its input instead.
+is traced away, but ``aten.contiguous`` / ``aten.alias`` may appear in other graphs; a cast to the
+dtype a tensor already has (``x.float()``, ``x.to(torch.float32)``, ``x.to(y.dtype)``, ``x.type_as(y)``
+on float32 tensors) is ``aten.to.dtype`` / ``_to_copy`` (with an ``_assert_tensor_metadata`` check
+beside it); ``x + 0``, ``x - 0``, ``x * 1`` and ``x / 1`` (a number, or a constant tensor of that
+value that does not broadcast ``x``) compute nothing either (kept, they would cost a kernel call and a
+requantization whose multiplier underflows).  Each such node is removed and its users read its input
+instead.
 
 A node is kept when an in-place op (e.g. ``hardtanh_``) writes to its output or to its input while
 the other one is still read: there the copy protects the original value.
@@ -15,7 +20,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from corten.aten_passes.graph_utils import finish_rewrite, is_mutating
+from corten.aten_passes.graph_utils import constant_value, finish_rewrite, is_mutating
 
 aten = torch.ops.aten
 
@@ -39,12 +44,56 @@ DROPOUT_OPS = {
 }
 
 
+# Casts: identities when the dtype does not change (``x.float()``, ``x.to(torch.float32)``,
+# ``x.to(y.dtype)``, ``x.type(torch.float32)``, ``x.type_as(y)`` on float32 tensors; memory-format and
+# copy arguments change no value).
+CAST_OPS = {getattr(getattr(aten, op), overload) for op, overload in (
+    ("to", "dtype"), ("to", "dtype_layout"), ("to", "other"), ("to", "device"), ("_to_copy", "default"),
+    ("type_as", "default"), ("_assert_tensor_metadata", "default")) if hasattr(getattr(aten, op, None), overload)}
+
+
+# ``x + 0``, ``x - 0``, ``x * 1``, ``x / 1`` (MobileOne's ``identity_out = 0; out = scale_out +
+# identity_out``): the operand that leaves x as it is, per op (a Python number or a constant tensor
+# of that value that does not broadcast x to a larger shape).
+NEUTRAL = {aten.add.Tensor: 0.0, aten.add.Scalar: 0.0, aten.sub.Tensor: 0.0, aten.sub.Scalar: 0.0,
+           aten.mul.Tensor: 1.0, aten.mul.Scalar: 1.0, aten.div.Tensor: 1.0, aten.div.Scalar: 1.0}
+
+
+def is_neutral_operand(node: Node, other) -> bool:
+    """``other`` (the second operand of ``node``, a number or a constant tensor's value) leaves the
+    first operand unchanged under ``node``'s op."""
+    want = NEUTRAL.get(node.target)
+    if want is None or len(node.args) < 2 or node.kwargs.get("rounding_mode") is not None:
+        return False
+    out, x = node.meta.get("val"), node.args[0].meta.get("val")
+    if not (isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor) and out.shape == x.shape
+            and out.dtype == x.dtype and x.dtype.is_floating_point):
+        return False
+    if isinstance(other, bool) or not isinstance(other, (int, float, torch.Tensor)):
+        return False
+    if isinstance(other, torch.Tensor):
+        return other.numel() > 0 and bool((other == want).all())
+    return float(other) == want
+
+
+def _same_dtype(node: Node) -> bool:
+    out, src = node.meta.get("val"), node.args[0].meta.get("val")
+    if node.target == aten._assert_tensor_metadata.default:
+        return not node.users  # a check torch.export leaves behind casts; it computes nothing
+    return (isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor) and out.dtype == src.dtype
+            and out.shape == src.shape and out.device == src.device)
+
+
 def is_noop(node: Node) -> bool:
     """True when ``node`` returns its first argument's value unchanged."""
     if node.op != "call_function" or not isinstance(node.args[0] if node.args else None, Node):
         return False
     if node.target in IDENTITY_OPS:
         return True
+    if node.target in CAST_OPS:
+        return _same_dtype(node)
+    if node.target in NEUTRAL and not isinstance(node.args[1] if len(node.args) > 1 else None, Node):
+        return is_neutral_operand(node, node.args[1])
     if node.target in DROPOUT_OPS:
         p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p")
         train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
@@ -63,13 +112,22 @@ def _copy_protects_input(node: Node) -> bool:
     return any(is_mutating(user) for user in source.users if user is not node)
 
 
+def _neutral_constant(gm: GraphModule, node: Node) -> bool:
+    """``x + zeros``, ``x * ones`` with a constant tensor (``get_attr``) of the neutral value."""
+    other = node.args[1] if node.op == "call_function" and node.target in NEUTRAL and len(node.args) > 1 else None
+    if not (isinstance(other, Node) and other.op == "get_attr" and isinstance(node.args[0], Node)):
+        return False
+    return is_neutral_operand(node, constant_value(gm, other))
+
+
 class RemoveNoOpsPass(PassBase):
-    """Remove eval-mode dropout, clone, alias, detach and contiguous nodes."""
+    """Remove eval-mode dropout, clone, alias, detach and contiguous nodes, casts to the dtype a
+    tensor already has, and ``x + 0``, ``x - 0``, ``x * 1``, ``x / 1``."""
 
     def call(self, graph_module: GraphModule) -> PassResult:
         modified = False
         for node in list(graph_module.graph.nodes):
-            if is_noop(node) and not _copy_protects_input(node):
+            if (is_noop(node) or _neutral_constant(graph_module, node)) and not _copy_protects_input(node):
                 node.replace_all_uses_with(node.args[0])
                 graph_module.graph.erase_node(node)
                 modified = True

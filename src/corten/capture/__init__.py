@@ -29,6 +29,8 @@ tensors of rank 1 to 5 (a Python scalar input is refused with what to do instead
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -99,19 +101,50 @@ def capture(model: nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> torch
     _check_model(model)
     _check_inputs(example_inputs)
     try:
-        ep = torch.export.export(model, example_inputs)
-        if _sets_grad_mode(ep):
-            # a forward decorated with @torch.no_grad() (or a `with torch.no_grad():` block) exports as a
-            # wrap_with_set_grad_enabled region; exported in no-grad mode the switch is a no-op and the
-            # graph is the plain ops (inference graphs never need gradients)
-            with torch.no_grad():
-                ep = torch.export.export(model, example_inputs)
+        with _noop_autocast_regions_vanish():
+            ep = torch.export.export(model, example_inputs)
+            if _sets_grad_mode(ep):
+                # a forward decorated with @torch.no_grad() (or a `with torch.no_grad():` block) exports as a
+                # wrap_with_set_grad_enabled region; exported in no-grad mode the switch is a no-op and the
+                # graph is the plain ops (inference graphs never need gradients)
+                with torch.no_grad():
+                    ep = torch.export.export(model, example_inputs)
         return ep
     except Exception as exc:  # torch raises many types (UserError, Unsupported, RuntimeError, ...)
         raise CaptureError(
             f"torch.export could not capture {type(model).__name__}: {type(exc).__name__}: "
             f"{_first_line(exc)}. Make forward() traceable (no data-dependent Python control flow, "
             "no unsupported ops) and check it runs on the example inputs") from exc
+
+
+def autocast_leaves_float32(device_type: str, dtype, enabled: bool) -> bool:
+    """A ``torch.autocast`` region changes nothing in a float32 CPU model when it is disabled, casts
+    to float32, or is for another device type (CUDA autocast on CPU tensors)."""
+    return not enabled or dtype == torch.float32 or device_type != "cpu"
+
+
+@contextlib.contextmanager
+def _noop_autocast_regions_vanish():
+    """While exporting: a ``with torch.autocast(...)`` region that leaves float32 as it is
+    (:func:`autocast_leaves_float32`; timm's ``torch.autocast(device_type=..., enabled=False)``
+    around a float32 computation) is not recorded, so its ops are plain ops of the graph; a region
+    that would compute in bfloat16/float16 stays a ``wrap_with_autocast`` region (refused, naming
+    its source line)."""
+    cls = torch.amp.autocast_mode.autocast
+    enter, exit_ = cls.__enter__, cls.__exit__
+
+    def __enter__(self):
+        self._corten_noop = autocast_leaves_float32(self.device, self.fast_dtype, self._enabled)
+        return self if self._corten_noop else enter(self)
+
+    def __exit__(self, *exc):
+        return None if getattr(self, "_corten_noop", False) else exit_(self, *exc)
+
+    cls.__enter__, cls.__exit__ = __enter__, __exit__
+    try:
+        yield
+    finally:
+        cls.__enter__, cls.__exit__ = enter, exit_
 
 
 def _sets_grad_mode(ep: torch.export.ExportedProgram) -> bool:

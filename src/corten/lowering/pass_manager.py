@@ -43,10 +43,36 @@ aten = torch.ops.aten
 
 
 class LowerInputQuantizePass:
+    """Each program input is quantized once (the C library takes one buffer per input).  An input
+    that int16 and int8 ops both read (``precision="int16"`` where only some consumers have 16x8
+    kernels) was given one quantize per width: the widest stays, the others become a
+    ``quantized_requantize`` of it (TFLite's Requantize; one grid's values onto the other's)."""
+
     def __call__(self, gm: GraphModule) -> GraphModule:
-        for node in list(gm.graph.nodes):
+        by_input: dict[Node, list[Node]] = {}
+        for node in gm.graph.nodes:
             if node.target in Q_PER_TENSOR and node.args[0].op == "placeholder":
-                _edge_op(gm, node, "quantize_per_tensor")
+                by_input.setdefault(node.args[0], []).append(node)
+        for quants in by_input.values():
+            at = quants[0]  # the new nodes go where the input was first quantized
+            quants = sorted(quants, key=lambda n: -torch.iinfo(qparams_of(n).dtype).bits)  # widest first
+            first, q_first = None, None
+            for node in quants:
+                q = qparams_of(node)
+                new = first
+                with gm.graph.inserting_before(at):
+                    if first is None:
+                        new = first = gm.graph.call_function(op("quantize_per_tensor"),
+                                                             (node.args[0], q.scale, q.zero_point, *_bits_arg(q)))
+                        q_first = q
+                        new.meta.update(node.meta)
+                    elif q != q_first:
+                        new = gm.graph.call_function(op("quantized_requantize"), requantize_args(q_first, q, first))
+                        new.meta.update(node.meta)
+                node.replace_all_uses_with(new)
+                if node is not at:
+                    gm.graph.erase_node(node)
+            gm.graph.erase_node(at)
         return gm
 
 
@@ -117,6 +143,8 @@ class LowerComputeOpsPass:
             rule = lowering_rule(node.target)
             if rule is None:
                 continue
+            if node.meta.get("corten_refusal"):  # an ATen pass found it cannot be expressed (e.g. an
+                continue                          # in-place write into a view another view still reads)
             match = build_match(gm, node)
             if match is None:
                 self.refusals[node.name] = "its inputs/outputs are not quantized by CortenQuantizer"
@@ -211,7 +239,10 @@ class RemoveDeadCodePass:
     as removable too: once lowered, what they wrote to is itself dead."""
 
     def __call__(self, gm: GraphModule) -> GraphModule:
-        gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output", "call_module"))
+        # (an op an ATen pass refused stays, to be reported: an in-place write it could not make
+        # functional has no users, yet dropping it would silently drop the write)
+        gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output", "call_module")
+                                     or bool(n.meta.get("corten_refusal")))
         used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
         for name, _ in list(gm.named_buffers()) + list(gm.named_parameters()):
             if name not in used and "." not in name:

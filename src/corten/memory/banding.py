@@ -450,7 +450,7 @@ def banded_program(ep, schedule: Schedule):
     each node of the banded program to the unbanded node it comes from."""
     from torch._guards import detect_fake_mode
     from torch.export.exported_program import ExportedProgram
-    from torch.export.graph_signature import ExportGraphSignature, OutputSpec, TensorArgument
+    from torch.export.graph_signature import ExportGraphSignature, InputSpec, OutputSpec, TensorArgument
 
     gm = apply_schedule(ep.graph_module, schedule)
     origin = gm.meta.pop("corten_band_origin", {})
@@ -473,7 +473,12 @@ def banded_program(ep, schedule: Schedule):
     outputs = [OutputSpec(spec.kind, TensorArgument(out_args[k].name) if isinstance(spec.arg, TensorArgument)
                           and isinstance(out_args[k], torch.fx.Node) else spec.arg, spec.target)
                for k, spec in enumerate(sig.output_specs)]
-    new_sig = ExportGraphSignature(input_specs=list(sig.input_specs), output_specs=outputs)
+    # The copy renames placeholders whose names shadow a builtin (nn.Sequential's ``input`` ->
+    # ``input_1``); the specs follow the placeholders by position.
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    inputs = [InputSpec(spec.kind, TensorArgument(placeholders[k].name), spec.target, spec.persistent)
+              if isinstance(spec.arg, TensorArgument) else spec for k, spec in enumerate(sig.input_specs)]
+    new_sig = ExportGraphSignature(input_specs=inputs, output_specs=outputs)
     new_ep = ExportedProgram(root=gm, graph=gm.graph, graph_signature=new_sig, state_dict=ep.state_dict,
                              range_constraints=copy.deepcopy(ep.range_constraints),
                              module_call_graph=copy.deepcopy(ep.module_call_graph), example_inputs=ep.example_inputs,

@@ -234,6 +234,7 @@ class CortenQuantizer(Quantizer):
         self._annotate_float_outputs(model, act)
         if not self.is_qat:
             _observe_outputs_unclipped(model)
+        _share_with_roots(model)
         return model
 
     def _annotate_float_outputs(self, model: GraphModule, act: QuantizationSpec) -> None:
@@ -361,6 +362,77 @@ def _fixed_output_spec(node: Node, follow_shared: bool) -> FixedQParamsQuantizat
         else:
             return None
     return None
+
+
+def _share_with_roots(model: GraphModule) -> None:
+    """Give every sharing group one root spec and point each ``SharedQuantizationSpec`` straight at
+    it.  A group is a tree of ``SharedQuantizationSpec`` links, merged with the trees of the same
+    tensor's other such trees (of its output, its other input edges) whose roots are the very same
+    spec object - the groups torchao forms anyway.  torchao's union-find
+    (``_get_edge_or_node_to_group_id``) merges a tensor's uses before it has followed the chains'
+    later links; on a tensor concatenated with itself at several levels (``t0 = cat([x, x]);
+    t1 = cat([t0, x]); cat([t1, t0])``) a group's root then ended up holding a shared spec that led
+    back into its own group (RecursionError).  With one real spec per group and one-link pointers
+    its cycle check (``_union``) sees every case.  Qparams are unchanged: only identical specs merge."""
+    def spec_of(e):
+        if isinstance(e, tuple):
+            ann = e[1].meta.get("quantization_annotation")
+            return None if ann is None else ann.input_qspec_map.get(e[0])
+        ann = e.meta.get("quantization_annotation")
+        return None if ann is None else ann.output_qspec
+
+    def tree_root(e):
+        seen = set()
+        while e not in seen:
+            seen.add(e)
+            nxt = spec_of(e)
+            if not isinstance(nxt, SharedQuantizationSpec):
+                return e
+            e = nxt.edge_or_node
+        return None  # a cycle in the annotations themselves: leave it as written
+
+    entries = []  # every annotated edge and node, in graph order
+    for node in model.graph.nodes:
+        ann = node.meta.get("quantization_annotation")
+        if ann is not None:
+            entries.extend((src, node) for src in ann.input_qspec_map)
+            if ann.output_qspec is not None:
+                entries.append(node)
+    order = {e: k for k, e in enumerate(entries)}
+    roots = {e: tree_root(e) for e in entries}
+    parent = {r: r for r in roots.values() if r is not None}
+
+    def find(r):
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    size: dict = {}
+    for r in roots.values():
+        size[r] = size.get(r, 0) + 1
+    uses: dict[Node, list] = {}  # tensor -> the tree roots of its uses (its output and input edges)
+    for e in entries:  # (a lone spec - no shared spec points at it - is left as it is)
+        if roots[e] is not None and spec_of(roots[e]) is not None and size[roots[e]] > 1:
+            uses.setdefault(e[0] if isinstance(e, tuple) else e, []).append(roots[e])
+    for rs in uses.values():
+        for r in rs[1:]:
+            a, b = find(rs[0]), find(r)
+            if a != b and spec_of(a) is spec_of(b):  # the earlier one stays root: torchao makes
+                a, b = (a, b) if order[a] < order[b] else (b, a)  # observers in this order
+                parent[b] = a
+    for e in entries:
+        r = roots[e]
+        if r is None or spec_of(r) is None:
+            continue
+        group_root = find(r)
+        if e == group_root:
+            continue
+        shared = SharedQuantizationSpec(group_root)
+        if isinstance(e, tuple):
+            e[1].meta["quantization_annotation"].input_qspec_map[e[0]] = shared
+        else:
+            e.meta["quantization_annotation"].output_qspec = shared
 
 
 def _observe_outputs_unclipped(model: GraphModule) -> None:

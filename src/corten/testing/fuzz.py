@@ -13,7 +13,9 @@ Most models are a chain of 1-4 *steps* on a 4-D NCHW activation, optionally ende
 adding one function.  Other model kinds are entries of :data:`KINDS` (``[1, C, L]`` sequences with
 the :data:`SEQ_FAMILIES` conv1d/pool1d/mean over time, LSTMs, two-input models, and chains of
 :data:`ANY_FAMILIES` - matmul, LayerNorm, div, reductions, comparisons + where, softmax, movement,
-pool variants - on tensors of rank 1-4 with batch 1, 2 or 4 and up to three outputs).
+pool variants, one tensor fed to several inputs of one op (``cat([x, x])``, ``x * x``, ``x @ x``) -
+on tensors of rank 1-4 with batch 1, 2 or 4 and up to three outputs; a kind that forces such a
+step; and ``precision="int16"`` programs built from the 2-D and any-rank chains).
 Everything derives from the seed (``random.Random(seed)``), so a failing seed reproduces exactly.
 """
 from __future__ import annotations
@@ -267,6 +269,7 @@ class Case:
     model: nn.Module
     inputs: tuple[torch.Tensor, ...]
     families: list[str] = field(default_factory=list)
+    precision: str = "int8"  # corten.compile(precision=...): "int16" runs the 16x8 ops where they exist
 
 
 # ----------------------------------------------------------------------------- other model kinds
@@ -768,12 +771,40 @@ def fam_reshape(rng: random.Random, shape: AnyShape):
     return Lambda(f"unflatten(-1,{f})", lambda x: x.unflatten(-1, (f, last // f))), (*shape[:-1], f, last // f)
 
 
+def fam_self_input(rng: random.Random, shape: AnyShape):
+    """One tensor fed to several inputs of one op: ``cat([x, x])``, a tensor concatenated with itself
+    at several levels, ``x + x``, ``x * x``, ``maximum(x, x)``, ``x @ x`` (square) / ``x @ x.mT``."""
+    r = len(shape)
+    kinds = ["cat", "cat_nested", "add", "mul", "max"] + (["matmul"] if r >= 2 else [])
+    kind = rng.choice(kinds)
+    if kind in ("cat", "cat_nested"):
+        d = _dim(rng, r)
+        if kind == "cat":
+            fn, times = (lambda x: torch.cat([x, x], d)), 2
+        else:
+            def fn(x):  # t0 = [x, x]; t1 = [t0, x]; [t1, t0]: five copies of x along d
+                t0 = torch.cat([x, x], d)
+                t1 = torch.cat([t0, x], d)
+                return torch.cat([t1, t0], d)
+            times = 5
+        new = tuple(v * times if i == d % r else v for i, v in enumerate(shape))
+        return Lambda(f"{kind}(x,x;{d})", fn), new
+    if kind == "matmul":
+        *lead, rows, k = shape
+        if rows == k and rng.random() < 0.5:
+            return Lambda("x@x", lambda x: torch.matmul(x, x)), shape
+        return Lambda("x@x.mT", lambda x: x @ x.transpose(-2, -1)), (*lead, rows, rows)
+    fn = {"add": lambda x: x + x, "mul": lambda x: torch.mul(x, x), "max": lambda x: torch.maximum(x, x)}[kind]
+    return Lambda(f"{kind}(x,x)", fn), shape
+
+
 ANY_FAMILIES: dict[str, Callable] = {
     "matmul": fam_matmul, "layer_norm": fam_layer_norm, "div": fam_div, "reduce": fam_reduce,
     "compare_where": fam_compare_where, "softmax": fam_softmax, "slice": fam_slice, "split": fam_split,
     "stack_cat": fam_stack, "expand_repeat": fam_expand, "flip_permute": fam_flip_permute,
     "index_select": fam_index_select, "pixel_shuffle": fam_pixel_shuffle, "pool_variants": fam_pool_variants,
     "elementwise": fam_elementwise, "linear_any": fam_linear, "reshape": fam_reshape,
+    "self_input": fam_self_input,
 }
 
 
@@ -795,9 +826,10 @@ class AnyChain(nn.Module):
         return (x, *[seen[i] for i in self.outputs])
 
 
-def make_any_case(seed: int, rng: random.Random) -> Case:
+def make_any_case(seed: int, rng: random.Random, force: str | None = None) -> Case:
     """A chain of 1-4 :data:`ANY_FAMILIES` steps (and the 4-D :data:`FAMILIES` at rank 4) on a rank 1-4
-    input with batch 1, 2 or 4; one to three outputs."""
+    input with batch 1, 2 or 4; one to three outputs.  ``force``: one step (at a random place, after
+    a first step) is of that family when it fits."""
     r = rng.choice([1, 2, 3, 3, 4, 4])
     n = rng.choice([1, 1, 2, 4])
     dims = [rng.randint(1, 8) for _ in range(r)]
@@ -805,10 +837,12 @@ def make_any_case(seed: int, rng: random.Random) -> Case:
     in_shape = shape
     steps, fams = [], [f"rank{r}", f"batch{shape[0] if r > 1 else 1}"]
     names = list(ANY_FAMILIES)
-    for _ in range(rng.randint(1, 4)):
-        for _ in range(10):
+    n_steps = rng.randint(1, 4) if force is None else rng.randint(2, 4)
+    forced_at = rng.randint(1, n_steps - 1) if force is not None else -1
+    for i in range(n_steps):
+        for attempt in range(10):
             pool = names + (list(FAMILIES) if len(shape) == 4 else [])
-            name = rng.choice(pool)
+            name = force if (i == forced_at and attempt < 5) else rng.choice(pool)
             fam = ANY_FAMILIES.get(name) or FAMILIES[name]
             made = fam(rng, shape)
             if made is not None and 1 <= len(made[1]) <= 4 and min(made[1]) >= 1 and max(made[1]) <= 32 \
@@ -832,9 +866,24 @@ def make_any_case(seed: int, rng: random.Random) -> Case:
 
 # Model kinds beyond the 2-D chains (drawn from their own stream, so a 2-D seed's model never
 # changes when a kind is added): name -> (weight, builder(seed, rng) -> Case).
+def make_self_input_case(seed: int, rng: random.Random) -> Case:
+    """An any-rank chain with one :func:`fam_self_input` step (one tensor fed to several inputs of
+    one op) after a first step, so that the repeated tensor is a computed one."""
+    return make_any_case(seed, rng, force="self_input")
+
+
+def make_int16_case(seed: int, rng: random.Random) -> Case:
+    """A 2-D chain or an any-rank chain compiled with ``precision="int16"``: 16x8 where an op has it,
+    int8 elsewhere, so the int8 <-> int16 boundaries are exercised too."""
+    case = make_chain_case(seed) if rng.random() < 0.5 else make_any_case(seed, rng)
+    case.precision = "int16"
+    case.families.append("int16")
+    return case
+
+
 KINDS: dict[str, tuple[float, Callable]] = {
     "seq": (0.12, make_seq_case), "lstm": (0.05, make_lstm_case), "two_inputs": (0.05, make_two_input_case),
-    "any": (0.40, make_any_case),
+    "any": (0.40, make_any_case), "self_input": (0.06, make_self_input_case), "int16": (0.10, make_int16_case),
 }
 
 
@@ -906,7 +955,7 @@ def _compile_case(seed: int, builder: Callable[[int], Case] | None = None):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            prog = corten_compile(case.model, case.inputs, seed=seed, name=f"fuzz{seed}")
+            prog = corten_compile(case.model, case.inputs, seed=seed, name=f"fuzz{seed}", precision=case.precision)
     except refusal_types() as e:
         first = str(e).strip().splitlines()[0][:160]
         return case, None, Outcome(seed, "refused", case.families, f"{type(e).__name__}: {first}",
