@@ -276,3 +276,51 @@ def test_a_saturated_group_norm_table_warns():
     calib = [(torch.randn(1, 3, 6, 6, generator=g) * (3.0 if k % 4 == 0 else 0.05),) for k in range(32)]
     with pytest.warns(QuantizationWarning, match="lookup table .* saturates on [0-9]+ of 32 calibration batches"):
         corten.compile(SingleGroupNorm().eval(), calib[0], calibration=calib)
+
+
+# ----------------------------------------------------------------------------- declared input ranges
+class RecurrentStep(nn.Module):
+    """One step of a small recurrent model (Silero-VAD-like): a feature input and a state input the
+    test data holds at zero (``torch.zeros`` state), both of which the caller knows the ranges of."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 12)
+        self.rec = nn.Linear(12, 12)
+        self.out = nn.Linear(12, 3)
+
+    def forward(self, x, state):
+        h = torch.tanh(self.inp(x) + self.rec(state))
+        return self.out(h), h
+
+
+@needs_gcc
+@pytest.mark.parametrize("key", [1, "state"])
+def test_declared_input_range_takes_a_constant_calibration_input(key):
+    torch.manual_seed(0)
+    model = RecurrentStep().eval()
+    g = torch.Generator().manual_seed(5)
+    calib = [(torch.randn(2, 8, generator=g), torch.zeros(2, 12)) for _ in range(6)]
+    with pytest.raises(corten.CortenError, match=r"input_ranges=\{1: \(lo, hi\)\}"):
+        corten.compile(model, calib[0], calibration=calib)  # refused: and the message says how to declare
+    prog = corten.compile(model, calib[0], calibration=calib, input_ranges={key: (-1.0, 1.0)})
+    assert prog.unlowered_ops() == []
+    q = prog.inputs[1]
+    assert abs(q.scale - 2.0 / 255) < 1e-7  # the range [-1, 1] as a min/max observer quantizes it
+    # real states (the tanh outputs of a previous step) run byte-exact in C
+    x, state = torch.randn(2, 8, generator=g), torch.tanh(torch.randn(2, 12, generator=g))
+    want = prog.run_int8(x, state)
+    assert all(torch.equal(a, b) for a, b in zip(want, prog.c_run(x, state, kernels="portable").outputs))
+    # (the layers after the state were calibrated on a zero state: compare floats there)
+    out, h = prog.run(x, torch.zeros(2, 12))
+    ref_out, ref_h = model(x, torch.zeros(2, 12))
+    assert (h - ref_h).abs().max() < 0.05 and (out - ref_out).abs().max() < 0.1
+
+
+def test_input_ranges_are_checked():
+    model = RecurrentStep().eval()
+    ex = (torch.randn(2, 8), torch.randn(2, 12))
+    for bad, words in [({"h": (0, 1)}, "forward's inputs are x, state"), ({2: (0, 1)}, "takes 2 input"),
+                       ({0: (1, 1)}, "finite lo < hi"), ({0: 3}, "pair (lo, hi)"), ([(0, 1)], "must be a dict")]:
+        with pytest.raises(corten.UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            corten.compile(model, ex, input_ranges=bad)

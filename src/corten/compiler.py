@@ -305,6 +305,18 @@ def _unknown_ops(gm: torch.fx.GraphModule) -> list:
         if annotation_for(n.target) is None and lowering_rule(n.target) is None:
             out.append(UnloweredNode(n.name, op_display_name(n.target), source_location(n), ""))
     return out
+def _input_names(model, n: int) -> list[str]:
+    """The names of forward's first ``n`` positional inputs (``input<i>`` where it has none)."""
+    import inspect
+
+    try:
+        params = [p.name for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"input{i}" for i in range(n)]
+
+
 def _output_saturation_warnings(prepared: torch.fx.GraphModule, tree: OutputTree | None = None) -> None:
     """Warn when the qparams chosen for a program output clip values seen in calibration."""
     for i, arg in enumerate(a for a in prepared.graph.output_node().args[0] if isinstance(a, torch.fx.Node)):
@@ -346,7 +358,8 @@ class Pipeline:
     def __init__(self, model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
                  target: str = "cortex-m55", calibration: Any = None, seed: int = 0, *,
                  name: str = "model", progress: bool | Callable[[str], None] = False,
-                 observer: str = "histogram", precision="int8") -> None:
+                 observer: str = "histogram", precision="int8", input_ranges=None) -> None:
+        from corten.quantizer.observers import check_input_ranges
         from corten.quantizer.quantizer import check_precision
         from corten.validation import as_input_tuple, check_example_inputs, check_samples
 
@@ -357,11 +370,13 @@ class Pipeline:
         self.example_inputs = as_input_tuple(example_inputs)
         check_example_inputs(self.example_inputs)
         self.target = get_target(target)
+        # input index -> (lo, hi) the user declared: that input is quantized to it, not calibrated
+        self.input_ranges = check_input_ranges(input_ranges, _input_names(model, len(self.example_inputs)))
         # calibration in the forms users have it (tensor, DataLoader, tuples, callable); every sample
         # checked against the example inputs before anything runs
         self.calibration = None if calibration is None else calibration_batches(calibration, self.example_inputs)
         if self.calibration is not None and not callable(self.calibration):
-            self.calibration = check_samples(self.calibration, self.example_inputs)
+            self.calibration = check_samples(self.calibration, self.example_inputs, declared=self.input_ranges)
             input_range_warnings(self.calibration, [f"input {i}" for i in range(len(self.example_inputs))])
         observer_class(observer)  # an unknown name is refused before anything runs
         self.observer = observer
@@ -411,7 +426,8 @@ class Pipeline:
         if self.exported is None:
             self.capture()
         t0 = _clock()
-        self.quantizer = CortenQuantizer(observer=self.observer, precision=self.precision)
+        self.quantizer = CortenQuantizer(observer=self.observer, precision=self.precision,
+                                         input_ranges=self.input_ranges)
         self.float_module = unguarded_module(self.exported)
         flatten_outputs(self.float_module, self.model_name)  # the program computes a flat tuple of tensors
         with _torchao_warnings():
@@ -430,7 +446,7 @@ class Pipeline:
             self.prepare()
         t0 = _clock()
         if samples is not None:
-            samples = check_samples(samples, self.example_inputs)
+            samples = check_samples(samples, self.example_inputs, declared=self.input_ranges)
         elif self.calibration is not None:
             samples = self.calibration
         else:
@@ -694,6 +710,7 @@ def compile(
     kernels: str = "cmsis-nn",
     precision: Any = "int8",
     precision_target_db: float = AUTO_TARGET_DB,
+    input_ranges: dict | None = None,
 ) -> Program:
     """Compile ``model`` to a Corten int8 program for ``target`` (runs every :class:`Pipeline` stage).
 
@@ -728,26 +745,34 @@ def compile(
     ``max_arena`` bounds.
     ``max_flash`` (bytes of constant data): :class:`BudgetError` when the weights do not fit.
     Without either, the plan is today's (no extra compute).
+    ``input_ranges``: ``{input index or forward argument name: (lo, hi)}`` fixes those inputs'
+    quantization ranges (the qparams a min/max observer gives for ``[lo, hi]``) instead of
+    calibrating them - for an input the calibration data holds constant (a zero recurrent state,
+    ``torch.ones`` in a test) or whose real range the user knows; such an input may be constant in
+    the calibration samples.
     """
+    if input_ranges is not None and (is_qat_module(model) or precision == "auto"):
+        raise UsageError("input_ranges applies to post-training int8/int16 compiles (not a QAT module or "
+                         "precision='auto')")
     if isinstance(precision, str) and precision == "auto":
         prog = _compile_auto(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
                              progress, max_arena, max_flash, kernels, precision_target_db)
     else:
         prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
-                        precision)
+                        precision, input_ranges)
     if (max_arena is None and max_flash is None) or prog.unlowered_ops():
         return prog
     return prog.fit_budget(max_arena, max_flash, kernels)
 
 
 def _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
-             precision="int8") -> Program:
+             precision="int8", input_ranges=None) -> Program:
     if is_qat_module(model):
         if precision != "int8":
             raise UsageError("precision= applies to post-training quantization; a prepare_qat module is int8")
         return _compile_qat(model, example_inputs, target, calibration, seed, name, allow_unlowered, progress)
     pipeline = Pipeline(model, example_inputs, target, calibration, seed, name=name, progress=progress,
-                        observer=observer, precision=precision)
+                        observer=observer, precision=precision, input_ranges=input_ranges)
     try:
         return pipeline.run(allow_unlowered)
     except Exception as e:  # a torch-internal failure on an op Corten does not know: name the op

@@ -87,11 +87,14 @@ def _non_finite_count(t: torch.Tensor) -> str:
     return " and ".join(parts) + f" value(s) (of {t.numel()})"
 
 
-def check_samples(samples: Iterable, example_inputs: tuple, what: str = "calibration") -> list[tuple]:
+def check_samples(samples: Iterable, example_inputs: tuple, what: str = "calibration",
+                  declared: Iterable[int] = ()) -> list[tuple]:
     """Every sample checked against the example inputs' signature: a tuple (or one tensor for a
     one-input model) of float32 tensors of the example shapes with finite values.  Returns the
     samples as tuples.  Calibration whose values are constant for an input (all zeros, all ones...)
-    is refused: every range derived from it collapses."""
+    is refused: every range derived from it collapses (unless its range is ``declared``: the
+    indices of ``input_ranges``)."""
+    declared = set(declared)
     if isinstance(samples, torch.Tensor):
         raise UsageError(f"{what} is one tensor; pass a list of input tuples, e.g. [(x1,), (x2,)] "
                          "(or None for random samples)")
@@ -128,13 +131,15 @@ def check_samples(samples: Iterable, example_inputs: tuple, what: str = "calibra
         out.append(s)
     for i in range(n_in):
         xs = [s[i] for s in out]
-        if all(bool((x == x.flatten()[0]).all()) for x in xs):
+        if i not in declared and all(bool((x == x.flatten()[0]).all()) for x in xs):
             vals = sorted({float(x.flatten()[0]) for x in xs})
             shown = ", ".join(f"{v:g}" for v in vals[:3]) + (" ..." if len(vals) > 3 else "")
             raise QuantizationError(
                 f"{what} data for input {i} is constant in every sample (value(s) {shown}): the int8 ranges "
                 "calibrated on it collapse and real inputs would be clipped; pass representative samples "
-                "(real data, or calibration=None for random normal samples)")
+                "(real data, or calibration=None for random normal samples), or, if you know the values the "
+                f"input really takes, declare its range: corten.compile(..., input_ranges={{{i}: (lo, hi)}}) "
+                "(an index or the forward argument's name)")
     return out
 
 

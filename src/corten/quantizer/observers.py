@@ -123,3 +123,54 @@ def range_search_once(gm: torch.nn.Module) -> Iterator[None]:
     finally:
         for obs in observers:
             del obs._non_linear_param_search
+
+
+class DeclaredRangeObserver(MinMaxObserver):
+    """The range the user declared for a program input (``corten.compile(..., input_ranges=)``):
+    fixed at construction, not moved by calibration; the qparams are those a min/max observer gives
+    for that range (int8 affine, int16 symmetric), so a declared input quantizes exactly as one
+    calibrated on data spanning ``[lo, hi]``."""
+
+    def __init__(self, lo: float = 0.0, hi: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.min_val.copy_(torch.tensor(float(lo)))
+        self.max_val.copy_(torch.tensor(float(hi)))
+
+    def forward(self, x_orig):
+        return x_orig  # calibration data does not move a declared range
+
+
+def check_input_ranges(input_ranges, names: list[str]) -> dict[int, tuple[float, float]]:
+    """``{input index | forward argument name: (lo, hi)}`` -> ``{index: (lo, hi)}``; anything else
+    is a :class:`UsageError` saying what is expected (``names``: the forward's input names)."""
+    import math
+
+    if input_ranges is None:
+        return {}
+    if not isinstance(input_ranges, dict):
+        raise UsageError(f"input_ranges must be a dict {{input index or name: (lo, hi)}}, got "
+                         f"{type(input_ranges).__name__}")
+    out: dict[int, tuple[float, float]] = {}
+    for key, rng in input_ranges.items():
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise UsageError(f"input_ranges key {key!r}: use an input index (0..{len(names) - 1}) or a name of "
+                             f"forward's inputs ({', '.join(names)})")
+        if isinstance(key, str):
+            if key not in names:
+                raise UsageError(f"input_ranges names input {key!r}, but forward's inputs are {', '.join(names)}")
+            idx = names.index(key)
+        else:
+            idx = key + len(names) if key < 0 else key
+            if not 0 <= idx < len(names):
+                raise UsageError(f"input_ranges names input {key}, but the model takes {len(names)} input(s)")
+        try:
+            lo, hi = (float(v) for v in rng)
+        except (TypeError, ValueError):
+            raise UsageError(f"input_ranges[{key!r}] must be a pair (lo, hi) of numbers, got {rng!r}") from None
+        if not (math.isfinite(lo) and math.isfinite(hi)) or not lo < hi:
+            raise UsageError(f"input_ranges[{key!r}] = ({lo:g}, {hi:g}): need finite lo < hi (the real values "
+                             "the input takes; int8 spreads 256 levels over the range, 0 included)")
+        if idx in out:
+            raise UsageError(f"input_ranges declares input {idx} ({names[idx]}) twice")
+        out[idx] = (lo, hi)
+    return out

@@ -165,8 +165,9 @@ class CortenQuantizer(Quantizer):
     ``observer`` says: a clipped logit can no longer win the argmax."""
 
     def __init__(self, is_qat: bool = False, aten_passes: bool | None = None, observer: str = "histogram",
-                 precision="int8"):
+                 precision="int8", input_ranges: dict[int, tuple[float, float]] | None = None):
         super().__init__()
+        self.input_ranges = dict(input_ranges or {})  # program input index -> declared (lo, hi)
         self.is_qat = is_qat
         observer_class(observer)  # validates the name
         self.observer = observer
@@ -234,6 +235,7 @@ class CortenQuantizer(Quantizer):
         self._annotate_float_outputs(model, act)
         if not self.is_qat:
             _observe_outputs_unclipped(model)
+        _declare_input_ranges(model, self.input_ranges)
         _share_with_roots(model)
         return model
 
@@ -362,6 +364,30 @@ def _fixed_output_spec(node: Node, follow_shared: bool) -> FixedQParamsQuantizat
         else:
             return None
     return None
+
+
+def _declare_input_ranges(model: GraphModule, ranges: dict[int, tuple[float, float]]) -> None:
+    """The edges out of a program input whose range the user declared read it through a
+    :class:`~corten.quantizer.observers.DeclaredRangeObserver` of that range (one spec per input
+    and width, so the input is quantized once per width); calibration does not move it."""
+    from corten.quantizer.observers import DeclaredRangeObserver
+
+    if not ranges:
+        return
+    inputs = [n for n in model.graph.nodes if n.op == "placeholder"]
+    for idx, (lo, hi) in ranges.items():
+        specs: dict = {}
+        for user in inputs[idx].users:
+            ann = user.meta.get("quantization_annotation")
+            spec = None if ann is None else ann.input_qspec_map.get(inputs[idx])
+            if type(spec) is not QuantizationSpec:  # shared / fixed edges follow their group
+                continue
+            if spec.dtype not in specs:
+                eps = 2**-12 if spec.dtype == torch.int8 else INT16_EPS
+                specs[spec.dtype] = QuantizationSpec(
+                    dtype=spec.dtype, quant_min=spec.quant_min, quant_max=spec.quant_max, qscheme=spec.qscheme,
+                    observer_or_fake_quant_ctr=DeclaredRangeObserver.with_args(lo=lo, hi=hi, eps=eps))
+            ann.input_qspec_map[inputs[idx]] = specs[spec.dtype]
 
 
 def _share_with_roots(model: GraphModule) -> None:
