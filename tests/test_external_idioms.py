@@ -324,3 +324,57 @@ def test_input_ranges_are_checked():
                        ({0: (1, 1)}, "finite lo < hi"), ({0: 3}, "pair (lo, hi)"), ([(0, 1)], "must be a dict")]:
         with pytest.raises(corten.UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
             corten.compile(model, ex, input_ranges=bad)
+
+
+# ----------------------------------------------------------------------------- ExecuTorch-suite leftovers
+class CopySpellings(nn.Module):
+    """The edge dialect's ``*_copy`` spellings of view ops, as ExecuTorch's tests call them."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        aten = torch.ops.aten
+        y = self.c(x)
+        a = aten.view_copy.default(y, [1, 4, 16])
+        b = aten.permute_copy.default(a, [0, 2, 1])
+        c = aten.t_copy.default(aten.select_copy.int(b, 0, 0))
+        d = aten.expand_copy.default(aten.unsqueeze_copy.default(c, 0), [2, 4, 16])
+        e = aten.alias_copy.default(aten.transpose_copy.int(d, 1, 2))
+        f = aten.slice_copy.Tensor(aten.squeeze_copy.dim(aten.unsqueeze_copy.default(e, 1), 1), 1, 2, 10)
+        return aten.detach_copy.default(f) * 2
+
+
+@needs_gcc
+def test_copy_spellings_of_view_ops_lower_byte_exact():
+    torch.manual_seed(0)
+    model = CopySpellings()
+    prog, x = _compile_quietly(model, (1, 3, 4, 4))
+    _assert_lowered_and_byte_exact(prog, x, model)
+
+
+class FrameConv3d(nn.Module):
+    """``nn.Conv3d`` with temporal kernel 1 (spatial 3x3 with a temporal stride, then pointwise)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv3d(3, 5, (1, 3, 3), stride=(2, 1, 1), padding=(0, 1, 1))
+        self.d = nn.Conv3d(5, 4, 1)
+
+    def forward(self, x):
+        return self.d(torch.relu(self.c(x)))
+
+
+@needs_gcc
+def test_conv3d_with_a_temporal_kernel_of_1_runs_as_2d_per_frame():
+    torch.manual_seed(0)
+    model = FrameConv3d()
+    prog, x = _compile_quietly(model, (2, 3, 5, 6, 6))
+    assert prog.op_counts()["quantized_conv2d"] == 2
+    _assert_lowered_and_byte_exact(prog, x, model, tol=0.3)  # (4 calibration samples: a clipped outlier)
+
+
+def test_conv3d_with_a_temporal_kernel_is_refused_by_name():
+    with pytest.raises(UnsupportedOpsError, match="temporal kernel of 1"):
+        corten.compile(nn.Conv3d(2, 3, 3).eval(), (torch.randn(1, 2, 4, 5, 5),), calibration=_calib((1, 2, 4, 5, 5)))

@@ -757,3 +757,32 @@ class DecomposeCompositesPass(RewriteTablePass):
 
     def __init__(self) -> None:
         super().__init__(COMPOSITES, prepare=(fold_constants, scalar_wheres, logical_wheres))
+
+
+@rewrites(aten.conv3d.default)
+def _conv3d_frames(node: Node) -> Rewrite | Refusal:
+    """``nn.Conv3d`` with a temporal kernel of 1 (ExecuTorch's suite, (2+1)-D video models): a 2-D
+    convolution of every frame - ``[N, C, T, H, W]`` as ``N * T`` images, the temporal stride
+    picking frames - then back to ``[N, O, T', H', W']``."""
+    x, w = node.args[0], node.args[1]
+    b = node_arg(node, "bias", None)
+    stride, padding, dilation = (list(node_arg(node, k, d)) for k, d in
+                                 (("stride", [1, 1, 1]), ("padding", [0, 0, 0]), ("dilation", [1, 1, 1])))
+    stride, padding, dilation = ([v[0]] * 3 if len(v) == 1 else v for v in (stride, padding, dilation))
+    groups = int(node_arg(node, "groups", 1))
+    if w.meta["val"].shape[2] != 1 or padding[0] != 0:
+        why = ("a conv3d with a temporal kernel or temporal padding: only a temporal kernel of 1 without temporal "
+               "padding runs (as a 2-D convolution of each frame); split it into a spatial conv3d (1, kH, kW) and "
+               "a temporal one written as a sum of shifted frames, or use Conv2d on [N * T, C, H, W]")
+        node.meta["corten_refusal"] = why  # (no lowering rule takes conv3d: reported with this reason)
+        return Refusal(why)
+    st = int(stride[0])
+
+    def frames(xv, wv, *bv):
+        n, c, t, h, wd = xv.shape
+        xs = xv[:, :, ::st] if st > 1 else xv
+        t2 = xs.shape[2]
+        y = F.conv2d(xs.permute(0, 2, 1, 3, 4).reshape(n * t2, c, h, wd), wv[:, :, 0], bv[0] if bv else None,
+                     stride[1:], padding[1:], dilation[1:], groups)
+        return y.reshape(n, t2, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+    return Rewrite(frames, [x, w] + ([b] if b is not None else []), pre_dispatch=True)  # (conv2d stays whole)

@@ -1,5 +1,7 @@
 """Put data movement in the forms the quantizer and the lowering take: one tensor in, one out.
 
+* the edge dialect's ``*_copy`` spellings of view ops (``view_copy``, ``permute_copy``, ``t_copy``,
+  ``expand_copy``, ``alias_copy``, ...) become the view ops (:data:`COPY_SPELLINGS`);
 * ``split`` / ``split_with_sizes`` / ``chunk`` / ``tensor_split`` / ``unbind`` read through
   ``getitem`` become one ``slice`` (``select`` for ``unbind``) per piece that is used;
 * ``stack`` / ``hstack`` / ``vstack`` / ``dstack`` become reshapes (``unsqueeze``) and one ``cat``;
@@ -48,6 +50,23 @@ FOLDABLE = _ops(
     "atleast_2d.default", "atleast_3d.default", "channel_shuffle.default", "ravel.default", "movedim.intlist")
 
 
+# The edge dialect's copying spellings of view ops (ExecuTorch programs call them: ``view_copy``,
+# ``permute_copy``, ...): the same values as the view, which is what Corten lowers (its data
+# movement is a copy anyway); same arguments.  ``alias_copy`` / ``detach_copy`` are identities.
+COPY_SPELLINGS = {getattr(getattr(aten, c), o): getattr(getattr(aten, v), o2) for c, o, v, o2 in (
+    ("view_copy", "default", "reshape", "default"), ("_reshape_copy", "default", "reshape", "default"),
+    ("t_copy", "default", "t", "default"), ("expand_copy", "default", "expand", "default"),
+    ("permute_copy", "default", "permute", "default"), ("transpose_copy", "int", "transpose", "int"),
+    ("unsqueeze_copy", "default", "unsqueeze", "default"), ("squeeze_copy", "default", "squeeze", "default"),
+    ("squeeze_copy", "dim", "squeeze", "dim"), ("squeeze_copy", "dims", "squeeze", "dims"),
+    ("slice_copy", "Tensor", "slice", "Tensor"), ("select_copy", "int", "select", "int"),
+    ("split_copy", "Tensor", "split", "Tensor"), ("split_with_sizes_copy", "default", "split_with_sizes", "default"),
+    ("unbind_copy", "int", "unbind", "int"), ("diagonal_copy", "default", "diagonal", "default"),
+    ("alias_copy", "default", "alias", "default"), ("detach_copy", "default", "detach", "default"),
+    ("unfold_copy", "default", "unfold", "default"))
+    if hasattr(getattr(aten, c, None), o) and hasattr(getattr(aten, v, None), o2)}
+
+
 def _shape(node: Node) -> list[int]:
     return [int(d) for d in node.meta["val"].shape]
 
@@ -74,6 +93,9 @@ class DecomposeMovementPass(PassBase):
             for node in list(gm.graph.nodes):
                 if node.op != "call_function":
                     continue
+                if node.target in COPY_SPELLINGS:  # view_copy -> reshape, permute_copy -> permute, ...
+                    node.target = COPY_SPELLINGS[node.target]
+                    changed = True
                 if node.target in SPLITS or node.target in UNBINDS:
                     changed |= self._split(gm, node)
                 elif node.target in STACKS:
