@@ -378,3 +378,25 @@ def test_conv3d_with_a_temporal_kernel_of_1_runs_as_2d_per_frame():
 def test_conv3d_with_a_temporal_kernel_is_refused_by_name():
     with pytest.raises(UnsupportedOpsError, match="temporal kernel of 1"):
         corten.compile(nn.Conv3d(2, 3, 3).eval(), (torch.randn(1, 2, 4, 5, 5),), calibration=_calib((1, 2, 4, 5, 5)))
+
+
+class TensorClamp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x):
+        lo = self.b(x)
+        hi = lo + torch.sigmoid(self.c(x))
+        return torch.clamp(self.a(x), min=lo, max=hi), torch.clamp(x, min=lo), torch.clamp(x, max=hi)
+
+
+@needs_gcc
+def test_clamp_with_tensor_bounds_byte_exact():
+    torch.manual_seed(0)
+    model = TensorClamp().eval()
+    x = torch.randn(2, 6)
+    with warnings.catch_warnings():  # (the min(max(.)) output shares a clipped input range: warned, not tested here)
+        warnings.simplefilter("ignore", QuantizationWarning)
+        prog = corten.compile(model, (x,), calibration=_calib((2, 6)))
+    _assert_lowered_and_byte_exact(prog, x, model)
