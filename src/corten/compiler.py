@@ -310,9 +310,9 @@ def _input_names(model, n: int) -> list[str]:
     import inspect
 
     try:
-        params = [p.name for p in inspect.signature(model.forward).parameters.values()
+        params = [p.name for p in inspect.signature(getattr(model, "forward")).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError):  # (not a module: refused by the capture, by name)
         params = []
     return [params[i] if i < len(params) else f"input{i}" for i in range(n)]
 
