@@ -29,8 +29,9 @@ ALLOWED: dict[str, set[str]] = {
     "fx_nodes": set(),
     "fixed_point": {"errors"},
     "targets": {"errors"},
-    "ops.infra": {"errors", "fixed_point", "targets"},
-    "ops.family": {"errors", "fixed_point", "targets", "ops.infra"},
+    "providers": {"errors", "targets"},  # the kernel-provider API: below the families that register kernels
+    "ops.infra": {"errors", "fixed_point", "targets", "providers"},
+    "ops.family": {"errors", "fixed_point", "targets", "ops.infra", "providers"},
     "ops": {"errors", "ops.infra", "ops.family"},  # the package: imports every family
     "capture": {"errors"},
     "validation": {"errors", "fixed_point", "ops.infra"},
@@ -38,12 +39,12 @@ ALLOWED: dict[str, set[str]] = {
     "aten_passes": {"errors", "capture"},
     "quantizer": {"errors", "fixed_point", "targets", "ops", "ops.infra", "capture", "aten_passes"},
     "lowering": {"errors", "fixed_point", "ops", "ops.infra", "validation"},
-    "memory": {"errors", "targets", "ops", "ops.infra"},
-    "codegen": {"errors", "targets", "fixed_point", "ops", "ops.infra", "memory"},
-    "runners": {"errors", "targets", "codegen", "memory"},
+    "memory": {"errors", "targets", "ops", "ops.infra", "providers"},
+    "codegen": {"errors", "targets", "fixed_point", "ops", "ops.infra", "memory", "providers"},
+    "runners": {"errors", "targets", "codegen", "memory", "providers"},
     "compare": {"errors", "ops", "ops.infra", "capture", "aten_passes"},
     "program": {"errors", "targets", "ops", "ops.infra", "capture", "lowering", "memory", "codegen", "runners",
-                "outdir", "compare"},
+                "outdir", "compare", "providers"},
     "zoo": {"errors"},
     # model files: TFLite -> a Program of Corten ops (a family's TFLite preparation math, e.g. softmax_params);
     # ONNX -> a torch module for the compiler (called from corten/__init__ and the CLI)
@@ -51,7 +52,7 @@ ALLOWED: dict[str, set[str]] = {
     "compiler": {"errors", "targets", "ops", "ops.infra", "capture", "aten_passes", "quantizer", "lowering",
                  "program", "validation", "compare"},
     "testing": {"errors", "targets", "ops", "ops.infra", "capture", "aten_passes", "quantizer", "lowering",
-                "program", "compiler", "memory", "codegen", "runners", "validation"},
+                "program", "compiler", "memory", "codegen", "runners", "validation", "providers"},
 }
 # The front ends may import anything but the test helpers.
 TOP = {"corten", "cli", "demo"}
@@ -174,11 +175,12 @@ def test_hooks_are_typed_and_every_family_uses_known_kinds():
 
     fam = OpFamily("probe", ("a", "b"))
     with pytest.raises(ValueError, match="has no op 'c'"):
-        fam.provides(Hook.EMIT_C, "c")
-    fam.provides("emit_c", "a")(len)
-    assert fam.hook(Hook.EMIT_C, "a") is len and fam.hook("emit_c", "a") is len and fam.hook("emit_c", "b") is None
-    with pytest.raises(ValueError, match="two 'emit_c' hooks"):
-        fam.provides(Hook.EMIT_C, "a")(len)
+        fam.provides(Hook.IN_PLACE_INPUTS, "c")
+    fam.provides("in_place_inputs", "a")(len)
+    assert (fam.hook(Hook.IN_PLACE_INPUTS, "a") is len and fam.hook("in_place_inputs", "a") is len
+            and fam.hook("in_place_inputs", "b") is None)
+    with pytest.raises(ValueError, match="two 'in_place_inputs' hooks"):
+        fam.provides(Hook.IN_PLACE_INPUTS, "a")(len)
     for f in families().values():
         assert all(isinstance(kind, Hook) and name in f.ops for kind, name in f.hooks)
 

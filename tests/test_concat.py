@@ -304,7 +304,7 @@ def test_cmsis_concat_calls_pick_the_axis_variant():
     assert [c.axis for c in cmsis_concat_calls([[2, 3, 4, 5]] * 2, 2)] == ["z", "z"]
     assert [c.axis for c in cmsis_concat_calls([[2, 3, 4, 5]] * 2, 3)] == ["y", "y"]
     assert [c.axis for c in cmsis_concat_calls([[3, 7], [3, 2]], 1)] == ["x", "x"]
-    assert cmsis_concat_calls([[2, 7]] * 2, 0)[1].args("in", "out") == "in, 7, 2, 1, 1, out, 4, 2u"
+    assert cmsis_concat_calls([[2, 7]] * 2, 0)[1].args("in", "out") == ["in", "7", "2", "1", "1", "out", "4", "2u"]
     with pytest.raises(ValueError, match="uint16_t"):
         cmsis_concat_calls([[1, 40000], [1, 30000]], 1)
     with pytest.raises(ValueError, match="at most 4"):

@@ -76,12 +76,12 @@ def test_zoo_library_builds_with_strict_warnings(name, tmp_path):
 def test_arena_is_planned_for_the_kernel_flavour(name):
     """Portable kernels take no CMSIS-NN scratch (only an LSTM's own state buffers): the portable plan reserves none for zoo models.  The CMSIS-NN plan
     reserves, per step, exactly the bytes of CMSIS-NN's *_get_buffer_size* formula for that call on
-    the target's ISA (the families' scratch_bytes hooks), and the emitted library hands each call
+    the target's ISA (the providers' scratch_bytes), and the emitted library hands each call
     exactly its planned buffer."""
     import re
 
     from corten.memory.tensors import analyse
-    from corten.ops.registry import hook_for
+    from corten.providers import CMSIS_NN, PORTABLE
 
     prog, _ = compiled(name)
     portable, cmsis = prog.memory_for("portable"), prog.memory_for("cmsis-nn")
@@ -91,11 +91,14 @@ def test_arena_is_planned_for_the_kernel_flavour(name):
     steps = analyse(prog.ep)
     want = {"scratch_bytes": {}, "portable_scratch_bytes": {}}
     for node, op in zip(steps.steps, steps.op_names):
-        for kind, sizes in want.items():
-            hook = hook_for(op, kind) if op != "reshape_copy" else None
-            n = int(hook(node, prog.target)) if hook is not None else 0
+        if op == "reshape_copy":
+            continue
+        cmsis_runs = CMSIS_NN.supports(node, prog.target) is None
+        for kind, provider in (("scratch_bytes", CMSIS_NN if cmsis_runs else PORTABLE),
+                               ("portable_scratch_bytes", PORTABLE)):
+            n = int(provider.scratch_bytes(node, prog.target))
             if n:
-                sizes[node.name] = n
+                want[kind][node.name] = n
     # portable: only a portable kernel's own buffers (an LSTM's state), never CMSIS-NN scratch
     assert {k: a.nbytes for k, a in portable.scratch.items()} == want["portable_scratch_bytes"]
     assert all(op == "quantized_lstm" for op in (steps.op_names[[n.name for n in steps.steps].index(k)]

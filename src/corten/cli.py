@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from corten.errors import CortenError
+from corten.providers import provider_names
 
 STAGE_FILES = {"exported": "01_exported.txt", "bn_fused": "02_bn_fused.txt",
                "quantized": "03_quantized.txt", "lowered": "04_lowered.txt"}
@@ -346,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--name", default=None, help="C identifier for the program (default: from MODEL)")
     c.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     c.add_argument("--emit-c", action="store_true", help="also write the C model library to DIR/c")
-    c.add_argument("--kernels", default="portable", choices=["portable", "cmsis-nn"])
+    c.add_argument("--kernels", default="portable", choices=provider_names())
     c.add_argument("--max-arena", type=int, default=None, metavar="BYTES",
                    help="arena budget: search a banded schedule (row tiles, recomputed halos) that fits; "
                         "fail naming the smallest arena found")
@@ -360,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a compiled program's C library on the host or QEMU and compare bytes")
     r.add_argument("dir", help="directory written by `corten compile --out DIR`")
     r.add_argument("--on", default="host", choices=["host", "qemu"])
-    r.add_argument("--kernels", default="portable", choices=["portable", "cmsis-nn"])
+    r.add_argument("--kernels", default="portable", choices=provider_names())
     r.add_argument("--target", default=None, help="QEMU target (default: the program's)")
     r.add_argument("--input", default=None, metavar="FILE.npy", help="float32 input (default: seeded random)")
     r.add_argument("--seed", type=int, default=0)
@@ -372,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "time on the host)")
     pr.add_argument("dir", help="directory written by `corten compile --out DIR`")
     pr.add_argument("--on", default="qemu", choices=["host", "qemu"])
-    pr.add_argument("--kernels", default="portable", choices=["portable", "cmsis-nn"],
+    pr.add_argument("--kernels", default="portable", choices=provider_names(),
                     help="cmsis-nn needs CMSIS_NN_PATH (a CMSIS-NN source tree)")
     pr.add_argument("--target", default=None, help="QEMU target (default: the program's)")
     pr.add_argument("--input", default=None, metavar="FILE.npy", help="float32 input (default: seeded random)")

@@ -274,7 +274,7 @@ class Program:
         tgt = self.target if target is None else get_target(target)
         if not isinstance(self._memory, dict):
             self._memory = {}
-        key = (kernels, tgt.name)
+        key = (_providers_key(kernels), tgt.name)
         if key not in self._memory:
             schedule = self.schedule
             banded = schedule is not None and bool(schedule.segments)
@@ -318,7 +318,7 @@ class Program:
         prog = Program(ep, self.target, name=self.name, stages=dict(self.stages), unlowered=[], info=info,
                        output_tree=self.output_tree)
         plan.schedule = prog.schedule
-        prog._memory = {(kernels, self.target.name): plan}  # the plan the search checked
+        prog._memory = {(_providers_key(kernels), self.target.name): plan}  # the plan the search checked
         return prog
 
     def memory_report(self, kernels: str = "cmsis-nn") -> str:
@@ -418,7 +418,7 @@ class Program:
             per_tick, unit = 1.0, "ns"
         costs, hook = parse_profile(run.result.log, steps, per_tick, run.result.where)
         match = all(torch.equal(e, o) for e, o in zip(expected, outs))
-        prof = Profile(self.name, on, tgt.name if on == "qemu" else None, kernels, unit, profile_rows(steps, costs),
+        prof = Profile(self.name, on, tgt.name if on == "qemu" else None, run.kernels, unit, profile_rows(steps, costs),
                        hook_cost=hook)
         if baseline:
             base_outs, base = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress)
@@ -500,6 +500,13 @@ class Program:
 
 
 LOADABLE_NAMESPACES = frozenset({"aten", "corten", "quantized_decomposed"})
+
+
+def _providers_key(kernels) -> tuple:
+    """The memory-plan cache key of a ``kernels`` argument (a provider name, provider or sequence)."""
+    from corten.providers import resolve_providers
+
+    return tuple(p.name for p in resolve_providers(kernels))
 
 
 def save_exported(ep: torch.export.ExportedProgram, path: Path) -> None:

@@ -1,7 +1,8 @@
 """What an op family's ``emit_c`` hook gets: :class:`EmitContext`, one per graph node.
 
-A hook ``fn(ctx: EmitContext) -> str`` returns the C statement(s) running one node inside the
-generated ``<name>_run`` function.  The context hides the memory plan and the constant tables:
+A kernel's ``emit(ctx: EmitContext) -> str`` (registered with a provider, see
+:mod:`corten.providers`) returns the C statement(s) running one node inside the generated
+``<name>_run`` function.  The context hides the memory plan and the constant tables:
 
 * :meth:`EmitContext.arg` - the node's arguments by schema name (tensors are ``fx.Node``);
 * :meth:`EmitContext.buffer` / :meth:`EmitContext.out` - C expressions of the int8 buffers
@@ -13,7 +14,12 @@ generated ``<name>_run`` function.  The context hides the memory plan and the co
   designated initialiser (``{.stride_h = 1, .activation = {.min = -128, .max = 127}}``): the
   only way hooks write parameter structs, so the generated C names every field;
 * :meth:`EmitContext.call` - a kernel call wrapped in the generated error check (a failing call
-  makes ``<name>_run`` return this step's number).
+  makes ``<name>_run`` return this step's number); :meth:`EmitContext.invoke` - a call expression
+  without the check (a ``void`` kernel, a call inside a loop the hook writes).
+
+The structs and calls made through these helpers are recorded (``ctx.calls``): a provider's
+:class:`corten.providers.KernelStep` carries them, and the memory plan, the reports and the profiler
+read them instead of the C text.
 
 Constant arrays are named after the PyTorch module that produced the node and the argument
 (``<model>_features_3_conv_1_weight``), see :meth:`EmitContext.const`.
@@ -21,13 +27,13 @@ Constant arrays are named after the PyTorch module that produced the node and th
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import torch
 
 from corten.errors import CodegenError  # noqa: F401  (re-exported)
-from corten.fx_nodes import node_arg
+from corten.providers import KernelCall, NodeView, ParamStruct, nhwc  # noqa: F401  (nhwc re-exported)
 
 class ProgramEmitter(Protocol):
     """What an :class:`EmitContext` asks of the program-level emitter (``codegen.emitter``): the one
@@ -52,13 +58,7 @@ class ProgramEmitter(Protocol):
     def scratch_expr(self, node: torch.fx.Node) -> tuple[str, int]:
         """``(void * expression, bytes)`` of a node's planned scratch buffer."""
 
-    def use_portable_family(self, family: str) -> None:
-        """The library calls ``family``'s portable kernel whatever the kernel flavour."""
 
-    def explain_portable(self, step: int, reason: str) -> None:
-        """Why step ``step`` runs a portable kernel in a CMSIS-NN build (report, kernel_choices)."""
-
-KERNEL_FLAVOURS = ("portable", "cmsis-nn")
 
 
 C_KEYWORDS = frozenset(
@@ -136,47 +136,24 @@ def designated(fields: dict[str, Any]) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
-def nhwc(shape: Sequence[int]) -> tuple[int, int, int, int]:
-    """Logical NCHW shape of a 4-D activation -> its memory-order dims (n, h, w, c)."""
-    shape = tuple(int(d) for d in shape)
-    if len(shape) == 4:
-        n, c, h, w = shape
-        return n, h, w, c
-    raise CodegenError(f"expected a 4-D activation, got shape {shape}")
-
-
 @dataclass
-class EmitContext:
+class EmitContext(NodeView):
     """Emission context of one node (see the module docstring)."""
 
     node: torch.fx.Node
     op_name: str
-    kernels: str  # "portable" | "cmsis-nn"
+    provider: str  # the name of the provider emitting this node
     target: Any  # corten.targets.Target
     emitter: ProgramEmitter
     step: int = 0  # this node's step number in <name>_run (1-based), returned when a kernel call fails
+    calls: list = field(default_factory=list)  # KernelCall, in the order the hook made them
+    uses_portable: bool = False  # a non-portable kernel calls helpers of the family's portable kernel file
+    _structs: list = field(default_factory=list)  # ParamStructs declared since the last call
 
-    # ------------------------------------------------------------------ arguments
-    def arg(self, name: str) -> Any:
-        """The node's argument ``name`` (schema order), positional or keyword."""
-        try:
-            return node_arg(self.node, name)
-        except KeyError:
-            raise CodegenError(f"node {self.node.name!r} ({self.op_name}) has no argument {name!r}") from None
-
-    def shape(self, node: torch.fx.Node | None = None) -> tuple[int, ...]:
-        """Logical (torch) shape of ``node`` (default: this node's output)."""
-        return tuple(int(d) for d in (node or self.node).meta["val"].shape)
-
-    def nhwc(self, node: torch.fx.Node | None = None) -> tuple[int, int, int, int]:
-        return nhwc(self.shape(node))
-
+    # ------------------------------------------------------------------ arguments (NodeView: arg, shape, nhwc, fail)
     def tensor(self, name: str) -> torch.Tensor:
         """Value of the constant tensor argument ``name``."""
         return self.emitter.constant_value(self.arg(name))
-
-    def fail(self, msg: str) -> None:
-        raise CodegenError(f"{self.op_name} node {self.node.name!r}: {msg}")
 
     # ------------------------------------------------------------------ buffers
     def buffer(self, node: torch.fx.Node) -> str:
@@ -193,15 +170,10 @@ class EmitContext:
             self.fail("the memory plan puts this op's output in the caller's input buffer")
         return expr
 
-    def portable_kernel(self, reason: str | None = None) -> None:
-        """Declare that this node calls Corten's portable kernel in every flavour (an op CMSIS-NN has
-        no kernel for): the "cmsis-nn" library then also gets the family's ``<family>.c`` and the
-        Corten headers.  ``reason`` says why CMSIS-NN cannot run this node (the compile report and
-        ``Program.kernel_choices`` show it for every portable step of a CMSIS-NN build)."""
-        from corten.ops.registry import family_of
-
-        self.emitter.use_portable_family(family_of(self.op_name).name)
-        self.emitter.explain_portable(self.step, reason or f"CMSIS-NN has no kernel for {self.op_name}")
+    def use_portable_helpers(self) -> None:
+        """Declare that this (non-portable) kernel also calls functions of the op family's portable
+        kernel file (``corten_kernels/<family>.c`` is then part of the library)."""
+        self.uses_portable = True
 
     def scratch(self) -> tuple[str, int]:
         """``(void * expression, bytes)`` of the planned scratch buffer; ``("NULL", 0)`` if none."""
@@ -227,14 +199,28 @@ class EmitContext:
                                        self.emitter.node_prefix(self.node) + "_" + suffix)
 
     # ------------------------------------------------------------------ statements
-    def call(self, expr: str) -> str:
-        """A kernel call returning 0 on success, wrapped in the generated error check: on failure
-        ``<name>_run`` returns this step's number (documented in the header)."""
+    def _record(self, function: str, args: Sequence[Any], checked: bool) -> KernelCall:
+        call = KernelCall(function, tuple(a if isinstance(a, str) else c_int(a) for a in args),
+                          tuple(self._structs), checked)
+        self._structs.clear()
+        self.calls.append(call)
+        return call
+
+    def call(self, function: str, *args: Any) -> str:
+        """``function(args...)`` (C expressions; ints as literals), a kernel returning 0 on success,
+        wrapped in the generated error check: on failure ``<name>_run`` returns this step's number
+        (documented in the header).  Recorded as one of the step's :class:`KernelCall` s."""
+        expr = self._record(function, args, True).expr
         return f"if ({expr} != 0) {{\n    return {self.step}; /* step {self.step} failed */\n}}"
+
+    def invoke(self, function: str, *args: Any) -> str:
+        """The expression ``function(args...)`` without the error check (recorded as a call)."""
+        return self._record(function, args, False).expr
 
     def params(self, ctype: str, name: str, fields: dict[str, Any]) -> str:
         """``const <ctype> <name> = {.field = value, ...};`` with nested dicts for nested structs
-        (values: ints, C expressions as strings, dicts)."""
+        (values: ints, C expressions as strings, dicts); recorded for the next call."""
+        self._structs.append(ParamStruct(ctype, name, dict(fields)))
         return f"const {ctype} {name} = {designated(fields)};"
 
     def block(self, *statements: str) -> str:
@@ -242,10 +228,9 @@ class EmitContext:
         body = "\n".join(statements)
         return "{\n" + "\n".join(("    " + line) if line else line for line in body.split("\n")) + "\n}"
 
-    @staticmethod
-    def dims(name: str, ctype: str, n: int, h: int, w: int, c: int) -> str:
+    def dims(self, name: str, ctype: str, n: int, h: int, w: int, c: int) -> str:
         """A ``corten_dims`` / ``cmsis_nn_dims`` (fields n, h, w, c) with a designated initialiser."""
-        return f"const {ctype} {name} = {designated(dict(n=n, h=h, w=w, c=c))};"
+        return self.params(ctype, name, dict(n=n, h=h, w=w, c=c))
 
     @staticmethod
     def int_(v: int) -> str:

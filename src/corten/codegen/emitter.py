@@ -1,7 +1,8 @@
 """``emit_c``: a lowered int8 program + its memory plan -> a C library that links beside others.
 
-The generator walks the graph in order and asks each node's op family for its C statements
-(``corten.ops.hook_for(op_name, "emit_c")``, see :mod:`corten.codegen.context`).  Reshapes are
+The generator walks the graph in order and asks the build's kernel providers
+(:mod:`corten.providers`) for each node's C statements: the first provider that supports the node
+emits it (:mod:`corten.codegen.context`), the others' reasons go to the step's record.  Reshapes are
 handled here: nothing when they alias their input's bytes, an NHWC <-> NCHW copy otherwise; views
 (:func:`corten.memory.views.alias_offset`) emit nothing.
 
@@ -34,10 +35,10 @@ import numpy as np
 import torch
 
 from corten.codegen import build_files
-from corten.codegen.context import (
-    KERNEL_FLAVOURS, CodegenError, EmitContext, c_identifier, c_int, library_name_problem, nhwc,
-)
-from corten.ops.registry import family_of, hook_for, is_lowered_node, op_cost, op_name_of
+from corten.codegen.context import CodegenError, EmitContext, c_identifier, c_int, library_name_problem, nhwc
+from corten.errors import UsageError
+from corten.ops.registry import family_of, is_lowered_node, op_cost, op_name_of
+from corten.providers import FALLBACK, KernelCall, KernelStep, Provider, chain_label, choose_provider, resolve_providers
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 KERNEL_HEADERS = ("corten_fixed_point.h", "corten_internal.h", "corten_kernels.h")
@@ -109,7 +110,7 @@ class EmittedLibrary:
     kernel_files: tuple[Path, ...]  # the copied portable kernel sources and headers (only those used)
     cmake: Path
     makefile: Path
-    kernels: str
+    kernels: str  # the build's provider chain, as reports name it ("portable", "cmsis-nn", "generated+cmsis-nn+portable")
     input_shape: tuple[int, ...]  # logical torch shape (NCHW for 4-D); bytes are NHWC
     input_scale: float
     input_zero_point: int
@@ -125,11 +126,20 @@ class EmittedLibrary:
     constant_bytes: int
     program_hash: str
     steps: tuple["StepInfo", ...] = ()  # one per step of <name>_run (module, op, kernel, MACs)
+    providers: tuple[str, ...] = ()  # the provider chain's names, in order
+    extra_sources: tuple[Path, ...] = ()  # C files of providers other than portable's shared kernels
+
+    @property
+    def links_cmsis_nn(self) -> bool:
+        """Whether the build needs CMSIS-NN's sources (CMSIS_NN_PATH)."""
+        from corten.providers import get_provider
+
+        return any(get_provider(p).links_cmsis_nn for p in self.providers)
 
     @property
     def model_sources(self) -> list[Path]:
         """The model's own C files (every symbol prefixed ``<name>_``)."""
-        return [self.source, self.constants]
+        return [self.source, self.constants, *self.extra_sources]
 
     @property
     def kernel_sources(self) -> list[Path]:
@@ -164,22 +174,16 @@ class StepInfo:
     module: str  # PyTorch module path ("" for the root module's forward)
     op: str  # Corten op (or "reshape (layout copy)", "output_copy")
     source: str  # file.py:line in fn
-    kernel: str  # the C function called: arm_* (CMSIS-NN) or corten_* (portable)
+    kernel: str  # the (first) C function called: arm_* (CMSIS-NN), corten_* (portable), ...; "copy", "inline"
     macs: int  # multiply-accumulates (0 for data movement)
-    reason: str = ""  # why a portable kernel runs in a CMSIS-NN build ("" otherwise)
+    reason: str = ""  # why the build's leading provider does not run this step ("" when it does)
+    provider: str = FALLBACK  # the provider whose kernel runs the step ("" for the generator's own byte copy)
+    calls: tuple = ()  # the step's KernelCalls (function, arguments, parameter structs)
 
     @property
     def portable(self) -> bool:
-        return not self.kernel.startswith("arm_")
-
-
-_CALL_RE = re.compile(r"\b((?:arm|corten)_[A-Za-z0-9_]+)\s*\(")
-
-
-def kernel_called(body: str) -> str:
-    """The (first) kernel function a step's C statements call."""
-    m = _CALL_RE.search(body)
-    return m.group(1) if m else "inline"
+        """Corten's portable kernels (or the generator's own code) run this step."""
+        return self.provider in (FALLBACK, "")
 
 
 @dataclass
@@ -199,18 +203,19 @@ class _Generator:
     plan: Any
     name: str
     target: Any
-    kernels: str
+    providers: tuple  # the build's Provider chain (corten.providers.resolve_providers)
     arrays: dict[str, _Array] = field(default_factory=dict)  # key -> array, in first-use order
-    families: set[str] = field(default_factory=set)
     uses_layout: bool = False
-    portable_families: set[str] = field(default_factory=set)  # families run portably in every flavour
+    portable_families: set[str] = field(default_factory=set)  # families whose portable kernel file is called
     node_sources: dict = field(default_factory=dict)  # node name -> {"module": path, "source": file:line}
     step_info: list = field(default_factory=list)  # per step: StepInfo
-    fallback_reasons: dict = field(default_factory=dict)  # step -> why it runs a portable kernel (EmitContext)
+    emitted: dict = field(default_factory=dict)  # provider name -> [KernelStep] it emitted
     output_names: tuple = ()  # C names of the outputs (context.output_field_names); () = output0, output1, ...
 
     def __post_init__(self):
         self.macro = self.name.upper()
+        self.kernels = chain_label(self.providers)
+        self.lead = self.providers[0]
         self._prefixes: dict[str, str] = {}
         self._arena_names: dict[str, str] = {}
         self._scratch_names: dict[str, str] = {}
@@ -274,11 +279,13 @@ class _Generator:
             return ""
         return src.rsplit("/", 1)[-1]
 
-    def use_portable_family(self, family: str) -> None:
-        self.portable_families.add(family)
-
-    def explain_portable(self, step: int, reason: str) -> None:
-        self.fallback_reasons[step] = reason
+    def uses(self, provider: Provider) -> bool:
+        """Whether the library's ``.c`` calls ``provider`` (the leading provider always counts)."""
+        if provider is self.lead:
+            return True
+        if provider.name == FALLBACK:
+            return bool(self.portable_families) or self.uses_layout
+        return bool(self.emitted.get(provider.name))
 
     def _named(self, names: dict[str, str], node: torch.fx.Node, prefix: str = "") -> str:
         """``prefix`` + the node's module path (``features_3_conv_1``), or, for code in the root
@@ -400,8 +407,12 @@ class _Generator:
                     ops.append(f"reshape_alias {self._shape(node.args[0])} -> {self._shape(node)}")
                     continue
                 index += 1
-                body = self._reshape_copy(node, index)
-                stmts.append(self._comment(index, "reshape (layout copy)", node, [node.args[0]], body) + "\n" + body)
+                call, body = self._reshape_copy(node, index)
+                step = KernelStep(FALLBACK, (call,), body)
+                reason = "" if self.lead.name == FALLBACK else \
+                    f"NHWC <-> NCHW layout copy ({self.lead.title} has no such kernel)"
+                stmts.append(self._comment(index, "reshape (layout copy)", node, [node.args[0]], step, reason)
+                             + "\n" + body)
                 ops.append(f"reshape_copy {self._shape(node.args[0])} -> {self._shape(node)}")
                 continue
             if node.name in getattr(self.plan, "placed_cats", ()):  # bands wrote straight into its rows
@@ -413,15 +424,21 @@ class _Generator:
             if name is None:
                 raise CodegenError(f"node {node.name!r} ({node.target}) is not a Corten op; only lowered programs "
                                    "(Corten ops and aten.reshape) can be emitted as C")
-            hook = hook_for(name, "emit_c")
-            if hook is None:
-                raise CodegenError(f"op {name} (node {node.name!r}) has no C emission hook")
+            try:
+                provider, reason = choose_provider(self.providers, node, self.target)
+            except UsageError as e:
+                raise CodegenError(str(e)) from None
             index += 1
-            ctx = EmitContext(node, name, self.kernels, self.target, self, step=index)
+            ctx = EmitContext(node, name, provider.name, self.target, self, step=index)
             inputs = [a for a in node.args if isinstance(a, torch.fx.Node) and a.op != "placeholder"]
-            body = hook(ctx)
-            stmts.append(self._comment(index, name, node, inputs, body) + "\n" + body)
-            self.families.add(family_of(name).name)
+            step = provider.emit(ctx)
+            if not isinstance(step, KernelStep):
+                raise CodegenError(f"provider {provider.name!r} returned {type(step).__name__} for node {node.name!r}; "
+                                   "emit must return a corten.providers.KernelStep")
+            self.emitted.setdefault(provider.name, []).append(step)
+            if provider.name == FALLBACK or step.uses_portable:
+                self.portable_families.add(family_of(name).name)
+            stmts.append(self._comment(index, name, node, inputs, step, reason) + "\n" + step.code)
             ops.append(self._describe(node, name))
         for tensor_name, out_index in getattr(self.plan, "copies", []):
             index += 1
@@ -437,7 +454,7 @@ class _Generator:
         nbytes = self._nbytes(node)
         self.step_info.append(StepInfo(index, tensor_name, "", "output_copy", "", "copy", 0,
                                        "the memory plan keeps the output's bytes elsewhere (a byte copy)"
-                                       if self.kernels == "cmsis-nn" else ""))
+                                       if self.lead.name != FALLBACK else "", provider=""))
         return (f"/* Step {index}: output copy of tensor '{tensor_name}' ({nbytes} bytes) -> output {out_index} */\n"
                 "{\n"
                 f"    const int8_t *src = {self.buffer_expr(node)};\n"
@@ -456,19 +473,14 @@ class _Generator:
     def _shape(self, node) -> list[int]:
         return [int(d) for d in node.meta["val"].shape]
 
-    def _comment(self, index: int, what: str, node, inputs, body: str) -> str:
+    def _comment(self, index: int, what: str, node, inputs, step: KernelStep, reason: str) -> str:
         """``/* Step 5: features.3.conv.1 - quantized_conv2d (model.py:12 in forward) ... */`` and the
-        step's record (module, op, kernel called, MACs) for the profile."""
+        step's record (module, op, provider, kernel calls, MACs) for the report and the profile."""
         module = self.module_path(node)
         source = self.source_line(node)
-        kernel = kernel_called(body)
-        reason = ""
-        if self.kernels == "cmsis-nn" and not kernel.startswith("arm_"):
-            reason = self.fallback_reasons.get(index) or (
-                "NHWC <-> NCHW layout copy (CMSIS-NN has no such kernel)" if what.startswith("reshape")
-                else "no CMSIS-NN kernel")
+        kernel = step.kernel
         self.step_info.append(StepInfo(index, node.name, module, what, source, kernel, op_cost(node).macs,
-                                       reason))
+                                       reason, step.provider, step.calls))
         ins = ", ".join(self._layout(i) for i in inputs)
         where = f" ({source})" if source else ""
         return (f"/* Step {index}: {module or '(forward)'} - {what}{where}\n"
@@ -514,7 +526,7 @@ class _Generator:
         if src.meta["val"].dtype == torch.int16:  # 16x8: 2-byte elements
             fn = fn.replace("_s8", "_s16")
             out, inp = f"(int16_t *)(void *){out}", f"(const int16_t *)(const void *){inp}"
-        return ("{\n"
+        return KernelCall(fn, ("&dims", inp, out)), ("{\n"
                 f"    const corten_dims dims = {{.n = {dims[0]}, .h = {dims[1]}, .w = {dims[2]}, .c = {dims[3]}}};\n"
                 f"    if ({fn}(&dims, {inp}, {out}) != 0) {{\n"
                 f"        return {index}; /* step {index} failed */\n"
@@ -823,9 +835,10 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
     arena_bytes = lib["arena_bytes"]
     ins, outs = lib["inputs"], lib["outputs"]
     includes = [f'#include "{n}.h"', f'#include "{n}_constants.h"']
-    if g.kernels == "cmsis-nn":
-        includes.append('#include "arm_nnfunctions.h"')
-    if g.kernels == "portable" or g.uses_layout or g.portable_families:
+    for p in g.providers:
+        if p.name != FALLBACK and g.uses(p):
+            includes.extend(p.includes(n))
+    if g.uses(next(p for p in g.providers if p.name == FALLBACK)):
         includes.append(f'#include "{KERNELS_SUBDIR}/corten_kernels.h"')
         includes.append(f'#include "{KERNELS_SUBDIR}/{KERNELS_VERSION_HEADER}"\n'
                         f"#if CORTEN_KERNELS_VERSION != 0x{kernels_version()}UL\n"
@@ -909,22 +922,23 @@ def _constants_source(g: _Generator) -> str:
 
 # ----------------------------------------------------------------------------- public entry point
 def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, name: str, target: Any,
-           kernels: str = "portable", node_sources: dict | None = None,
+           kernels: Any = "portable", node_sources: dict | None = None,
            output_names: Sequence[str] = ()) -> EmittedLibrary:
     """Write the C library of the lowered program ``ep`` planned by ``plan`` into ``out_dir``.
 
     ``name`` becomes the file names and the ``<name>_run`` symbol (a C identifier); ``target`` is a
-    :class:`corten.targets.Target` (or its name); ``kernels`` is ``"portable"`` (Corten's C99
-    kernels, copied next to the model) or ``"cmsis-nn"`` (calls into a CMSIS-NN tree found at
-    build time through ``CMSIS_NN_PATH``).  ``node_sources`` (``Program.info["node_sources"]``)
+    :class:`corten.targets.Target` (or its name); ``kernels`` names the kernel providers
+    (:func:`corten.providers.resolve_providers`): ``"portable"`` (Corten's C99 kernels, copied next
+    to the model), ``"cmsis-nn"`` (calls into a CMSIS-NN tree found at build time through
+    ``CMSIS_NN_PATH``; portable kernels for what it does not run), another registered provider's
+    name, or a sequence of providers tried in order for each node.  ``node_sources`` (``Program.info["node_sources"]``)
     gives each node's PyTorch module path and source line: constant names and step comments use
     them.  ``output_names`` (``Program.output_names``): the C names of the outputs (fields of
     ``<name>_outputs``), by default ``output0``, ``output1``, ...  Output is deterministic byte for byte.
     """
     from corten.targets import get_target
 
-    if kernels not in KERNEL_FLAVOURS:
-        raise CodegenError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
+    providers = _providers(kernels)
     problem = library_name_problem(name)
     if problem is not None:
         raise CodegenError(problem)
@@ -939,7 +953,7 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         raise CodegenError(f"{out_dir}: cannot write the C library there ({e.strerror or e}); "
                            "choose a writable directory") from None
 
-    g = _Generator(ep, plan, name, target, kernels, node_sources=dict(node_sources or {}),
+    g = _Generator(ep, plan, name, target, providers, node_sources=dict(node_sources or {}),
                    output_names=tuple(output_names or ()))
     quants, dequants = g.io_nodes()
     quant, dequant = next(q for q in quants if q is not None), dequants[0]
@@ -978,20 +992,27 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         f"{name}_constants.c": _constants_source(g),
     }
     kernel_names: list[str] = []
-    if kernels == "portable" or g.uses_layout or g.portable_families:
+    if g.uses(next(p for p in providers if p.name == FALLBACK)):
         kernel_names += list(KERNEL_HEADERS)
-    if kernels == "portable":
-        kernel_names += [f"{fam}.c" for fam in sorted(g.families)]
-    else:  # ops without a CMSIS-NN kernel run Corten's portable one (EmitContext.portable_kernel)
-        kernel_names += [f"{fam}.c" for fam in sorted(g.portable_families)]
+    kernel_names += [f"{fam}.c" for fam in sorted(g.portable_families)]
     if g.uses_layout:
         kernel_names.append("layout.c")
     for kname in kernel_names:
         if not (KERNELS_DIR / kname).exists():
             raise CodegenError(f"no portable kernel file {kname} in {KERNELS_DIR} (op family without C kernels)")
     model_sources = [f"{name}.c", f"{name}_constants.c"]
-    files[f"{name}.mk"] = build_files.model_makefile(name, model_sources, kernels, target)
-    files[f"{name}.cmake"] = build_files.model_cmake(name, model_sources, kernels, target)
+    extra: list[str] = []
+    for p in providers:  # a provider's own C files (e.g. generated kernels), compiled with the model
+        for fname, text in p.sources(name, tuple(g.emitted.get(p.name, ()))).items():
+            if fname in files or not fname.startswith(f"{name}_"):
+                raise CodegenError(f"provider {p.name!r}: source file {fname!r} must be new and start with {name}_")
+            files[fname] = text
+            if fname.endswith(".c"):
+                extra.append(fname)
+    model_sources += extra
+    cmsis = any(p.links_cmsis_nn for p in providers)
+    files[f"{name}.mk"] = build_files.model_makefile(name, model_sources, g.kernels, target, cmsis)
+    files[f"{name}.cmake"] = build_files.model_cmake(name, model_sources, g.kernels, target, cmsis)
     files["Makefile"] = build_files.makefile()
     files["CMakeLists.txt"] = build_files.cmakelists()
     for rel, text in kernel_library_files().items():
@@ -1020,30 +1041,37 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         name=name, out_dir=out_dir, header=out_dir / f"{name}.h", source=out_dir / f"{name}.c",
         constants=out_dir / f"{name}_constants.c", constants_header=out_dir / f"{name}_constants.h",
         kernel_files=tuple(kdir / k for k in kernel_names),
-        cmake=out_dir / f"{name}.cmake", makefile=out_dir / "Makefile", kernels=kernels,
-        steps=tuple(g.step_info), **lib)
+        cmake=out_dir / f"{name}.cmake", makefile=out_dir / "Makefile", kernels=g.kernels,
+        steps=tuple(g.step_info), providers=tuple(p.name for p in providers),
+        extra_sources=tuple(out_dir / f for f in extra), **lib)
 
 
-def kernel_steps(ep: torch.export.ExportedProgram, plan: Any, name: str, target: Any, kernels: str = "cmsis-nn",
+def _providers(kernels: Any) -> tuple[Provider, ...]:
+    try:
+        return resolve_providers(kernels)
+    except UsageError as e:
+        raise CodegenError(str(e)) from None
+
+
+def kernel_steps(ep: torch.export.ExportedProgram, plan: Any, name: str, target: Any, kernels: Any = "cmsis-nn",
                  node_sources: dict | None = None) -> tuple[StepInfo, ...]:
-    """The steps :func:`emit_c` would write for ``kernels`` (module, op, kernel called, MACs, and for
-    a portable kernel in a CMSIS-NN build the reason), without writing anything: the same op
-    families' emission hooks choose the kernels."""
+    """The steps :func:`emit_c` would write for ``kernels`` (module, op, provider, kernel calls, MACs,
+    and for a step the leading provider does not run the reason), without writing anything: the
+    same providers choose and emit the kernels."""
     from corten.targets import get_target
 
-    if kernels not in KERNEL_FLAVOURS:
-        raise CodegenError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
-    g = _Generator(ep, plan, name, get_target(target) if isinstance(target, str) else target, kernels,
+    g = _Generator(ep, plan, name, get_target(target) if isinstance(target, str) else target, _providers(kernels),
                    node_sources=dict(node_sources or {}))
     g.io_nodes()
     g.statements()
     return tuple(g.step_info)
 
 
-def fallback_report(steps: Sequence[StepInfo]) -> str:
-    """The portable steps of a CMSIS-NN build, one line each with the reason (report.txt, CLI)."""
+def fallback_report(steps: Sequence[StepInfo], title: str = "CMSIS-NN") -> str:
+    """The steps of a build its leading provider (``title``: CMSIS-NN) does not run, one line each
+    with the reason (report.txt, CLI)."""
     portable = [s for s in steps if s.reason]
-    head = f"Kernels of a CMSIS-NN build: {len(steps) - len(portable)} of {len(steps)} steps call CMSIS-NN"
+    head = f"Kernels of a {title} build: {len(steps) - len(portable)} of {len(steps)} steps call {title}"
     if not portable:
         return head + "; none falls back to a portable kernel."
     lines = [head + f"; {len(portable)} run Corten's portable kernels:"]

@@ -41,7 +41,8 @@ from torch.export import ExportedProgram
 
 from corten.memory.placement import Buffer, align_up, pack
 from corten.memory.tensors import MemoryPlanError, ProgramTensors, analyse
-from corten.ops.registry import hook_for
+from corten.errors import UsageError
+from corten.providers import chain_label, choose_provider, resolve_providers
 from corten.targets import Target, get_target
 
 ALIGNMENT = 16
@@ -75,7 +76,8 @@ class MemoryPlan:
     target: str = ""
     isa: str = ""
     strategy: str = ""  # the packing order that won (see corten.memory.placement)
-    kernels: str = "cmsis-nn"  # the kernel flavour planned for: "portable" reserves no scratch
+    kernels: str = "cmsis-nn"  # the provider chain planned for (corten.providers.chain_label)
+    step_providers: list[str] = field(default_factory=list)  # the provider running each step
     placed_cats: tuple[str, ...] = ()  # quantized_cat nodes placed in place (no C code; see tensors.analyse)
     schedule: object = None  # the banded schedule (corten.memory.banding.Schedule) the program runs, if any
 
@@ -203,33 +205,28 @@ def _resolve_target(target: Target | str) -> Target:
     return get_target(target) if isinstance(target, str) else target
 
 
-def step_scratch_bytes(prog: ProgramTensors, target: Target) -> list[int]:
-    """Scratch bytes of each step, from the op families' ``scratch_bytes`` hooks."""
-    sizes = []
+def step_scratch_bytes(prog: ProgramTensors, target: Target, providers) -> tuple[list[int], list[str]]:
+    """(scratch bytes of each step, the provider running it): each node's first supporting provider
+    of the chain (:func:`corten.providers.choose_provider`, the emitter's choice) and its
+    ``scratch_bytes`` (CMSIS-NN's ``*_get_buffer_size`` formulas for the target's ISA, ...).
+    Layout copies run Corten's portable kernels, which take no scratch."""
+    sizes, names = [], []
     for node, op_name in zip(prog.steps, prog.op_names):
         if op_name == "reshape_copy":
             sizes.append(0)
+            names.append("portable")
             continue
-        hook = hook_for(op_name, "scratch_bytes")
-        if hook is None:
-            raise MemoryPlanError(f"memory plan: op {op_name!r} (node {node.name!r}) has no 'scratch_bytes' "
-                                  "hook; its family must register one with @family.provides('scratch_bytes', "
-                                  f"{op_name!r}) (return 0 when the CMSIS-NN kernel takes no buffer)")
-        n = int(hook(node, target))
+        try:
+            provider, _ = choose_provider(providers, node, target)
+        except UsageError as e:
+            raise MemoryPlanError(f"memory plan: {e}") from None
+        n = int(provider.scratch_bytes(node, target))
         if n < 0:
-            raise MemoryPlanError(f"memory plan: scratch_bytes of {node.name!r} ({op_name}) is negative: {n}")
+            raise MemoryPlanError(f"memory plan: scratch_bytes of {node.name!r} ({op_name}) by provider "
+                                  f"{provider.name!r} is negative: {n}")
         sizes.append(n)
-    return sizes
-
-
-def portable_scratch_bytes(prog: ProgramTensors, target: Target) -> list[int]:
-    """Scratch bytes of each step with Corten's portable kernels (hook ``portable_scratch_bytes``;
-    0 for the families that do not provide it: their portable kernels take no buffer)."""
-    sizes = []
-    for node, op_name in zip(prog.steps, prog.op_names):
-        hook = hook_for(op_name, "portable_scratch_bytes") if op_name != "reshape_copy" else None
-        sizes.append(int(hook(node, target)) if hook is not None else 0)
-    return sizes
+        names.append(provider.name)
+    return sizes, names
 
 
 def live_bytes_per_step(prog: ProgramTensors, scratch: list[int]) -> list[int]:
@@ -272,22 +269,24 @@ def in_place_merges(prog: ProgramTensors) -> dict[str, str]:
 
 
 def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = True,
-                alignment: int = ALIGNMENT, kernels: str = "cmsis-nn", in_place_cats: bool = False) -> MemoryPlan:
+                alignment: int = ALIGNMENT, kernels="cmsis-nn", in_place_cats: bool = False) -> MemoryPlan:
     """Plan every int8 activation and scratch buffer of the lowered program ``ep`` for ``target``.
 
     ``ep`` may also be a :class:`corten.program.Program` (its ``.ep`` is planned).  ``target`` is a
     :class:`~corten.targets.Target` or a target name.  ``in_place=False`` turns off in-place adds
-    (for measurements).  ``kernels`` is the flavour the C library is emitted for: "cmsis-nn"
-    reserves each step's CMSIS-NN scratch (the families' ``scratch_bytes`` hooks, CMSIS-NN's
-    ``*_get_buffer_size*`` formulas for the target's ISA), "portable" none (Corten's portable
-    kernels take no scratch buffer).  ``in_place_cats``: place the band outputs of a banded schedule
+    (for measurements).  ``kernels`` names the kernel providers the C library is emitted for
+    (:func:`corten.providers.resolve_providers`: "cmsis-nn", "portable", a provider chain): each
+    step gets the scratch of the provider that runs it (CMSIS-NN's ``*_get_buffer_size*`` formulas
+    for the target's ISA; Corten's portable kernels take none but the LSTM's).  ``in_place_cats``: place the band outputs of a banded schedule
     straight into their ``quantized_cat`` (:func:`corten.memory.tensors.analyse`)."""
-    if kernels not in ("portable", "cmsis-nn"):
-        raise MemoryPlanError(f"memory plan: kernels must be 'portable' or 'cmsis-nn', got {kernels!r}")
+    try:
+        providers = resolve_providers(kernels)
+    except UsageError as e:
+        raise MemoryPlanError(f"memory plan: {e}") from None
     ep = getattr(ep, "ep", ep)
     target = _resolve_target(target)
     prog = analyse(ep, in_place_cats=in_place_cats)
-    scratch_sizes = step_scratch_bytes(prog, target) if kernels == "cmsis-nn" else portable_scratch_bytes(prog, target)
+    scratch_sizes, step_providers = step_scratch_bytes(prog, target, providers)
     live = live_bytes_per_step(prog, scratch_sizes)
 
     merges = in_place_merges(prog) if in_place else {}
@@ -338,7 +337,8 @@ def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = T
         copies=list(prog.copies),
         target=target.name,
         isa=target.isa,
-        kernels=kernels,
+        kernels=chain_label(providers),
+        step_providers=step_providers,
         strategy=strategy,
         placed_cats=tuple(prog.placed_cats),
     )

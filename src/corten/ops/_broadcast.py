@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
+from corten.providers import NodeView
 from corten.ops import checks
 from corten.ops._common import (  # noqa: F401  (storage_strides re-exported)
     MAX_ELEMENTWISE_RANK,
@@ -187,14 +188,38 @@ PARAM_NAMES = ("input1_offset", "input1_multiplier", "input1_shift", "input2_off
                "activation_min", "activation_max")
 
 
+def rescaled_operands(ctx) -> tuple[dict, str, str, str]:
+    """(the add arithmetic's parameters by name, input1, input2 and output C expressions) of an add/sub node."""
+    return ({k: int(ctx.arg(k)) for k in PARAM_NAMES}, operand_expr(ctx, "input1"), operand_expr(ctx, "input2"),
+            ctx.out())
+
+
+def s16_pointers(x1: str, x2: str, out: str) -> tuple[str, str, str]:
+    """The int8 buffer expressions of two operands and an output as int16 pointers (16x8 kernels)."""
+    return f"(const int16_t *)(const void *){x1}", f"(const int16_t *)(const void *){x2}", f"(int16_t *)(void *){out}"
+
+
 def cmsis_add_call(ctx, x1: str, x2: str, out: str, v: dict, size, negate2: bool = False) -> str:
     """One ``arm_elementwise_add_s8`` call (``negate2``: input2's multiplier negated, for sub)."""
     m2 = -v["input2_multiplier"] if negate2 else v["input2_multiplier"]
     args = [x1, x2, v["input1_offset"], v["input1_multiplier"], v["input1_shift"], v["input2_offset"], m2,
             v["input2_shift"], v["left_shift"], out, v["output_offset"], v["output_multiplier"], v["output_shift"],
             v["activation_min"], v["activation_max"], size]
-    return ctx.call("arm_elementwise_add_s8(" + ", ".join(a if isinstance(a, str) else ctx.int_(a) for a in args)
-                    + ")")
+    return ctx.call("arm_elementwise_add_s8", *args)
+
+
+# CMSIS-NN's DSP path masks (x + offset) to 16 bits before the left shift: only exact for left
+# shifts >= 16 (the lowering uses 20); smaller shifts run Corten's portable kernels instead.
+def cmsis_add_supports(node, target) -> str | None:
+    """Whether ``arm_elementwise_add_s8`` computes this int8 add (sub: with input2's multiplier negated)."""
+    v = NodeView(node, target)
+    left_shift = int(v.arg("left_shift"))
+    if left_shift < 16:
+        return f"left shift {left_shift} < 16: arm_elementwise_add_s8 masks (x + offset) to 16 bits before shifting"
+    if same_dense_shape(v) or row_broadcast(v) is not None:
+        return None
+    return ("broadcast that is not one operand repeated in dense blocks (arm_elementwise_add_s8 takes "
+            "equal-length vectors)")
 
 
 def cmsis_add_rows(ctx, x1: str, x2: str, out: str, v: dict, negate2: bool = False) -> str | None:

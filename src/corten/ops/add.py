@@ -30,15 +30,18 @@ from corten.ops._broadcast import (
     broadcast_struct,
     cmsis_add_call,
     cmsis_add_rows,
+    cmsis_add_supports,
     dense_full_operands,
     numel,
-    operand_expr,
     rescaled_binary_op,
+    rescaled_operands,
+    s16_pointers,
     same_dense_shape,
 )
 from corten.ops._common import lower_rescaled_binary
 from corten.ops._rules import Match
 from corten.ops.registry import ROW_WISE, Hook, OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE, NodeView
 
 FAMILY = "add"
 
@@ -61,67 +64,55 @@ def lower_add(m: Match):
     return lower_rescaled_binary(m, "add", "quantized_add", " (scale the operand with a mul instead)")
 
 
-# ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_add")
-def _add_scratch(node, target) -> int:
-    """Neither ``arm_elementwise_add_s8`` nor the portable kernels take a buffer."""
-    return 0
+# ----------------------------------------------------------------------------- kernels
+def _cmsis_s16_supports(node, target) -> str | None:
+    if same_dense_shape(NodeView(node, target)):
+        return None
+    return "int16 broadcast (arm_elementwise_add_s16 takes equal-length vectors)"
 
 
-# ----------------------------------------------------------------------------- C emission
-@family.provides("emit_c", "quantized_add")
-def _emit_add_c(ctx) -> str:
-    """Same shape: one ``corten_add_s8`` (portable) or ``arm_elementwise_add_s8`` (CMSIS-NN) call,
-    both safe when the planner puts the output over an input.  Broadcasting: ``corten_add_broadcast_s8``,
-    or with CMSIS-NN one ``arm_elementwise_add_s8`` per repeated block (:func:`corten.ops._broadcast.cmsis_add_rows`)."""
-    v = {k: int(ctx.arg(k)) for k in PARAM_NAMES}
-    x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
-    if ctx.arg("input1").meta["val"].dtype == torch.int16:
-        return _emit_add_s16(ctx, v, x1, x2, out)
-    # CMSIS-NN's DSP path masks (x + offset) to 16 bits before the left shift: only exact for left
-    # shifts >= 16 (the lowering uses 20). Smaller shifts run Corten's portable kernels instead.
-    cmsis = ctx.kernels == "cmsis-nn" and v["left_shift"] >= 16
+@PORTABLE.kernel("quantized_add", act=(torch.int8,))
+def _add_s8(ctx) -> str:
+    """Same shape: one ``corten_add_s8`` call (safe when the planner puts the output over an input);
+    broadcasting: ``corten_add_broadcast_s8``."""
+    v, x1, x2, out = rescaled_operands(ctx)
+    params = ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES})
     if same_dense_shape(ctx):
-        if cmsis:
-            return cmsis_add_call(ctx, x1, x2, out, v, str(numel(ctx.shape())))
-        if ctx.kernels != "portable":
-            ctx.portable_kernel(f"left shift {v['left_shift']} < 16: arm_elementwise_add_s8 masks (x + offset) "
-                                "to 16 bits before shifting")
-        return ctx.block(
-            ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
-            ctx.call(f"corten_add_s8(&params, {x1}, {x2}, {out}, {numel(ctx.shape())})"))
-    rows = cmsis_add_rows(ctx, x1, x2, out, v) if cmsis else None
-    if rows is not None:
-        return rows
-    ctx.portable_kernel("broadcast that is not one operand repeated in dense blocks (arm_elementwise_add_s8 "
-                        "takes equal-length vectors)" if cmsis else
-                        f"left shift {v['left_shift']} < 16: arm_elementwise_add_s8 masks (x + offset) to 16 bits")
-    return ctx.block(
-        ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
-        broadcast_struct(ctx),
-        ctx.call(f"corten_add_broadcast_s8(&params, &shape, {x1}, {x2}, {out})"))
+        return ctx.block(params, ctx.call("corten_add_s8", "&params", x1, x2, out, numel(ctx.shape())))
+    return ctx.block(params, broadcast_struct(ctx),
+                     ctx.call("corten_add_broadcast_s8", "&params", "&shape", x1, x2, out))
 
 
-def _emit_add_s16(ctx, v: dict, x1: str, x2: str, out: str) -> str:
-    """16x8 add: same shape, ``corten_add_s16`` or ``arm_elementwise_add_s16`` (CMSIS-NN); broadcasting,
-    ``corten_add_broadcast_s16`` (arm_elementwise_add_s16 takes equal-length vectors)."""
-    x1, x2 = f"(const int16_t *)(const void *){x1}", f"(const int16_t *)(const void *){x2}"
-    out = f"(int16_t *)(void *){out}"
+@PORTABLE.kernel("quantized_add", act=(torch.int16,))
+def _add_s16(ctx) -> str:
+    """16x8 add: ``corten_add_s16`` (same shape) or ``corten_add_broadcast_s16``."""
+    v, x1, x2, out = rescaled_operands(ctx)
+    x1, x2, out = s16_pointers(x1, x2, out)
+    params = ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES})
     if same_dense_shape(ctx):
-        n = str(numel(ctx.shape()))
-        if ctx.kernels == "cmsis-nn":
-            args = [x1, x2, 0, v["input1_multiplier"], v["input1_shift"], 0, v["input2_multiplier"],
-                    v["input2_shift"], v["left_shift"], out, 0, v["output_multiplier"], v["output_shift"],
-                    v["activation_min"], v["activation_max"], n]
-            return ctx.call("arm_elementwise_add_s16(" + ", ".join(a if isinstance(a, str) else ctx.int_(a)
-                                                                  for a in args) + ")")
-        return ctx.block(ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
-                         ctx.call(f"corten_add_s16(&params, {x1}, {x2}, {out}, {n})"))
-    if ctx.kernels != "portable":
-        ctx.portable_kernel("int16 broadcast (arm_elementwise_add_s16 takes equal-length vectors)")
-    return ctx.block(ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES}),
-                     broadcast_struct(ctx),
-                     ctx.call(f"corten_add_broadcast_s16(&params, &shape, {x1}, {x2}, {out})"))
+        return ctx.block(params, ctx.call("corten_add_s16", "&params", x1, x2, out, numel(ctx.shape())))
+    return ctx.block(params, broadcast_struct(ctx),
+                     ctx.call("corten_add_broadcast_s16", "&params", "&shape", x1, x2, out))
+
+
+@CMSIS_NN.kernel("quantized_add", act=(torch.int8,), supports=cmsis_add_supports)
+def _cmsis_add_s8(ctx) -> str:
+    """``arm_elementwise_add_s8`` once (same shape) or once per repeated block
+    (:func:`corten.ops._broadcast.cmsis_add_rows`)."""
+    v, x1, x2, out = rescaled_operands(ctx)
+    if same_dense_shape(ctx):
+        return cmsis_add_call(ctx, x1, x2, out, v, str(numel(ctx.shape())))
+    return cmsis_add_rows(ctx, x1, x2, out, v)
+
+
+@CMSIS_NN.kernel("quantized_add", act=(torch.int16,), supports=_cmsis_s16_supports)
+def _cmsis_add_s16(ctx) -> str:
+    """``arm_elementwise_add_s16`` (same shape only)."""
+    v, x1, x2, out = rescaled_operands(ctx)
+    x1, x2, out = s16_pointers(x1, x2, out)
+    return ctx.call("arm_elementwise_add_s16", x1, x2, 0, v["input1_multiplier"], v["input1_shift"], 0,
+                    v["input2_multiplier"], v["input2_shift"], v["left_shift"], out, 0, v["output_multiplier"],
+                    v["output_shift"], v["activation_min"], v["activation_max"], str(numel(ctx.shape())))
 
 
 @family.provides("in_place_inputs", "quantized_add")

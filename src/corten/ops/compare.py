@@ -33,6 +33,7 @@ from corten.ops._common import MAX_ELEMENTWISE_RANK, binary_operands, broadcast_
 from corten.ops._qparams import quantize_value
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "compare"
 MODES = ("eq", "ne", "lt", "le", "gt", "ge")
@@ -201,29 +202,22 @@ def lower_clamp_tensor(m: Match):
 
 
 # ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_compare", "quantized_where")
-def _no_scratch(node, target) -> int:
-    return 0
-
-
 # ----------------------------------------------------------------------------- C emission
 def _fmt(v) -> str:
     return "{" + ", ".join(str(int(x)) for x in v) + "}"
 
 
-@family.provides("emit_c", "quantized_compare")
+@PORTABLE.kernel("quantized_compare")
 def _emit_compare_c(ctx) -> str:
     """``corten_compare_s8`` (portable in both flavours)."""
-    ctx.portable_kernel("CMSIS-NN has no comparison kernel")
     x1, x2 = operand_expr(ctx, "input1"), operand_expr(ctx, "input2")
     return ctx.block(broadcast_struct(ctx),
-                     ctx.call(f"corten_compare_s8({int(ctx.arg('mode'))}, &shape, {x1}, {x2}, {ctx.out()})"))
+                     ctx.call("corten_compare_s8", int(ctx.arg('mode')), "&shape", x1, x2, ctx.out()))
 
 
-@family.provides("emit_c", "quantized_where")
+@PORTABLE.kernel("quantized_where")
 def _emit_where_c(ctx) -> str:
     """``corten_where_s8`` (portable in both flavours): the output dims and the three operands' strides."""
-    ctx.portable_kernel("CMSIS-NN has no select (where) kernel")
     geo = operands_geometry(ctx, ("condition", "input1", "input2"))
     dims = geo["condition"][0]
     strides = [geo[name][2] for name in ("condition", "input1", "input2")]
@@ -233,5 +227,11 @@ def _emit_where_c(ctx) -> str:
         f"const corten_dims cond_strides = {_fmt(strides[0])};",
         f"const corten_dims a_strides = {_fmt(strides[1])};",
         f"const corten_dims b_strides = {_fmt(strides[2])};",
-        ctx.call(f"corten_where_s8(&out_dims, &cond_strides, (const int8_t *){exprs[0]}, &a_strides, {exprs[1]}, "
-                 f"&b_strides, {exprs[2]}, {ctx.out()})"))
+        ctx.call("corten_where_s8", "&out_dims", "&cond_strides", f"(const int8_t *){exprs[0]}", "&a_strides", exprs[1],
+                 "&b_strides", exprs[2], ctx.out()))
+
+
+CMSIS_NN.declines("quantized_compare", reason="CMSIS-NN has no comparison kernel")
+
+
+CMSIS_NN.declines("quantized_where", reason="CMSIS-NN has no select (where) kernel")

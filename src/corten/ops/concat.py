@@ -24,6 +24,7 @@ from corten.ops._broadcast import is_constant
 from corten.ops._common import is_activation_operand, output_format, storage_dim_order, storage_shape
 from corten.ops._rules import DQ_PER_TENSOR, Match, qparams_of
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE, NodeView
 
 FAMILY = "concat"
 CMSIS_MAX_DIMS = 4  # arm_concatenation_s8_* see a tensor as [w][z][y][x]
@@ -153,13 +154,6 @@ def _constant_in(m: Match, arg, index: int) -> torch.Tensor:
     return (torch.round(real / out.scale) + out.zero_point).clamp(out.qmin, out.qmax).to(torch.int8)
 
 
-# ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_cat")
-def _cat_scratch(node, target) -> int:
-    """No buffer: each input is copied straight into its place in the output."""
-    return 0
-
-
 # ----------------------------------------------------------------------------- C emission
 _CMSIS_VARIANT = "wzyx"  # storage position (right-aligned to 4 dims) -> arm_concatenation_s8_<axis>
 
@@ -176,11 +170,11 @@ class CmsisConcatCall:
     output_size: int | None  # output size along the axis (not taken by the w variant)
     offset: int
 
-    def args(self, src: str, out: str) -> str:
-        sizes = f"{self.x}, {self.y}, {self.z}, {self.w}, {out}"
+    def args(self, src: str, out: str) -> list[str]:
+        sizes = [src, str(self.x), str(self.y), str(self.z), str(self.w), out]
         if self.output_size is None:
-            return f"{src}, {sizes}, {self.offset}u"
-        return f"{src}, {sizes}, {self.output_size}, {self.offset}u"
+            return sizes + [f"{self.offset}u"]
+        return sizes + [str(self.output_size), f"{self.offset}u"]
 
 
 def cmsis_concat_calls(shapes: Sequence[Sequence[int]], dim: int) -> list[CmsisConcatCall]:
@@ -207,23 +201,37 @@ def cmsis_concat_calls(shapes: Sequence[Sequence[int]], dim: int) -> list[CmsisC
     return calls
 
 
-@family.provides("emit_c", "quantized_cat")
-def _emit_cat_c(ctx) -> str:
-    """One copy per input: ``corten_concat_s8`` (portable) or the ``arm_concatenation_s8_*``
-    variant of the concatenated storage axis (CMSIS-NN, tensors of up to 4 dimensions)."""
+def _operands(ctx) -> tuple[list, int, list[str], str]:
     nodes = list(ctx.arg("inputs"))
-    dim = int(ctx.arg("dim"))
     shapes = [ctx.shape(n) for n in nodes]
     out = ctx.out()
     srcs = [ctx.constant(n, f"input{i}", torch.int8) if is_constant(n) else ctx.buffer(n) for i, n in enumerate(nodes)]
     if out in srcs:
         ctx.fail("the memory plan puts an input in the output buffer; a cat cannot run in place")
-    if ctx.kernels == "portable":
-        calls = [ctx.call(f"corten_concat_s8({src}, {c.outer}, {c.inner}, {c.output_inner}, {c.offset}, {out})")
-                 for src, c in zip(srcs, concat_geometry(shapes, dim))]
-        return "\n".join(calls)
+    return shapes, int(ctx.arg("dim")), srcs, out
+
+
+def _cmsis_supports(node, target) -> str | None:
+    v = NodeView(node, target)
     try:
-        calls = cmsis_concat_calls(shapes, dim)
+        cmsis_concat_calls([v.shape(n) for n in v.arg("inputs")], int(v.arg("dim")))
     except ValueError as e:
-        ctx.fail(f"{e}; emit with kernels='portable'")
-    return "\n".join(f"arm_concatenation_s8_{c.axis}({c.args(src, out)});" for src, c in zip(srcs, calls))
+        return str(e)
+    return None
+
+
+@PORTABLE.kernel("quantized_cat")
+def _cat_portable(ctx) -> str:
+    """One ``corten_concat_s8`` copy per input."""
+    shapes, dim, srcs, out = _operands(ctx)
+    return "\n".join(ctx.call("corten_concat_s8", src, c.outer, c.inner, c.output_inner, c.offset, out)
+                     for src, c in zip(srcs, concat_geometry(shapes, dim)))
+
+
+@CMSIS_NN.kernel("quantized_cat", supports=_cmsis_supports)
+def _cat_cmsis(ctx) -> str:
+    """One ``arm_concatenation_s8_*`` call per input, the variant of the concatenated storage axis
+    (tensors of up to 4 dimensions, sizes within ``uint16_t``)."""
+    shapes, dim, srcs, out = _operands(ctx)
+    return "\n".join(ctx.invoke(f"arm_concatenation_s8_{c.axis}", *c.args(src, out)) + ";"
+                     for src, c in zip(srcs, cmsis_concat_calls(shapes, dim)))

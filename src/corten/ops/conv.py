@@ -35,6 +35,16 @@ from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
 from corten.ops.registry import (Cost, Hook, OpFamily, Window, annotates, lowers, node_shape, op_name_of,
                                  register_family, weighted_cost)
+from corten.providers import CMSIS_NN, PORTABLE
+from corten.providers.cmsis_nn import (  # noqa: F401  (re-exported: the formulas moved to the provider)
+    conv2d_kernel_variant,
+    conv2d_s16_scratch_bytes,
+    conv2d_scratch_bytes,
+    depthwise_kernel_variant,
+    depthwise_s16_scratch_bytes,
+    depthwise_scratch_bytes,
+    im2col_bytes,
+)
 
 FAMILY = "conv"
 # The window arguments of the three ops' schemas (:data:`corten.ops._common.CONV_SCHEMA`); the
@@ -346,162 +356,11 @@ def lower_conv1d(m: Match):
 
 
 # ----------------------------------------------------------------------------- scratch memory
-# The ``ctx.buf`` scratch CMSIS-NN needs, computed from its ``*_get_buffer_size`` formulas for the
-# kernel the wrappers (``arm_convolve_wrapper_s8``, ``arm_depthwise_conv_wrapper_s8``) dispatch to
-# on each ISA.  Two of those formulas depend on the compiler that builds CMSIS-NN (armclang's
-# ``__ARMCC_VERSION`` switches on a DSP 1x1 buffer and moves the MVE depthwise->conv threshold);
-# ``compiler="any"`` (what the memory planner uses) reserves the larger of the two, so a plan is
-# valid whichever compiler builds the C code.
-COMPILERS = ("gcc", "armclang", "any")
-MVE_DW_CH_IN_BLOCK = 124  # CH_IN_BLOCK_MVE: channels per block of the MVE depthwise kernel
-
-
-def _c_div(a: int, b: int) -> int:
-    """C integer division (truncates towards zero)."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b > 0) else -q
-
-
-def _c_mod(a: int, b: int) -> int:
-    """C ``%`` (the remainder takes the dividend's sign)."""
-    return a - _c_div(a, b) * b
-
-
-def _check_compiler(compiler: str) -> None:
-    if compiler not in COMPILERS:
-        raise ValueError(f"compiler must be one of {COMPILERS}, got {compiler!r}")
-
-
-def _check_isa(isa: str) -> None:
-    if isa not in ("plain", "dsp", "mve"):
-        raise ValueError(f"isa must be 'plain', 'dsp' or 'mve', got {isa!r}")
-
-
-def conv2d_kernel_variant(input_nhwc, kernel_hw, stride, padding, dilation) -> str:
-    """Which kernel ``arm_convolve_wrapper_s8`` runs: ``"1x1_fast"`` (``arm_convolve_1x1_s8_fast``),
-    ``"1x1"`` (strided, ``arm_convolve_1x1_s8``), ``"1xn"`` (``arm_convolve_1_x_n_s8``) or
-    ``"im2col"`` (``arm_convolve_s8``).  Corten convolutions have ``C_in == filter C`` always."""
-    _, h, _, c = input_nhwc
-    kh, kw = kernel_hw
-    if tuple(padding) == (0, 0) and (kh, kw) == (1, 1) and tuple(dilation) == (1, 1):
-        return "1x1_fast" if tuple(stride) == (1, 1) else "1x1"
-    if h == 1 and dilation[1] == 1 and kh == 1 and (stride[1] * c) % 4 == 0:
-        return "1xn"
-    return "im2col"
-
-
-def _im2col_bytes(isa: str, c_in: int, kh: int, kw: int) -> int:
-    """``arm_convolve_s8_get_buffer_size``: two int16 im2col columns (plain/DSP, columns rounded up
-    to 4) or four int8 columns rounded up to 16-byte lanes (MVE)."""
-    cols = kh * kw * c_in
-    if isa == "mve":
-        return 4 * 16 * -(-cols // 16)
-    return 2 * 2 * (-(-cols // 4) * 4)
-
-
-def _conv_1xn_mve_bytes(c_in: int, w_in: int, kw: int, w_out: int, stride_w: int, pad_w: int, kh: int) -> int:
-    """``arm_convolve_1_x_n_s8_get_buffer_size_mve`` (C integer arithmetic)."""
-    total_pad = (w_out - 1) * stride_w + kw - w_in
-    asym_pad = _c_mod(total_pad, 2)
-    right = max(1, _c_div(pad_w + asym_pad + stride_w - 1, stride_w)) if pad_w + asym_pad != 0 else 0
-    left = max(1, _c_div(pad_w + stride_w - 1, stride_w)) if pad_w != 0 else 0
-    middle = max(w_out - (right + left), 0)
-    if right + middle + left != w_out:
-        return _im2col_bytes("mve", c_in, kh, kw)
-    pad_left = pad_w * c_in
-    pad_right = right * c_in if asym_pad else pad_left
-    elems_left = kw * c_in
-    return max(elems_left + pad_left, elems_left - c_in + pad_right)
-
-
-def conv2d_scratch_bytes(isa: str, input_nhwc, kernel_hw, output_hw, stride, padding, dilation,
-                         compiler: str = "any") -> int:
-    """``arm_convolve_wrapper_s8_get_buffer_size`` for ``isa`` ("plain", "dsp" or "mve")."""
-    _check_isa(isa)
-    _check_compiler(compiler)
-    _, _, w_in, c_in = input_nhwc
-    kh, kw = kernel_hw
-    variant = conv2d_kernel_variant(input_nhwc, kernel_hw, stride, padding, dilation)
-    if variant == "1x1_fast":
-        # arm_convolve_1x1_s8_fast_get_buffer_size: an int16 copy of two input pixels, DSP builds
-        # by armclang only; gcc builds and MVE need none.
-        return 2 * c_in * 2 if isa == "dsp" and compiler in ("armclang", "any") else 0
-    if variant == "1x1":
-        return 0
-    if variant == "1xn" and isa == "mve":
-        return _conv_1xn_mve_bytes(c_in, w_in, kw, output_hw[1], stride[1], padding[1], kh)
-    return _im2col_bytes(isa, c_in, kh, kw)
-
-
-def depthwise_kernel_variant(isa: str, input_nhwc, kernel_hw, c_out, padding, dilation,
-                             compiler: str = "gcc") -> str:
-    """Which kernel ``arm_depthwise_conv_wrapper_s8`` runs: ``"to_conv"`` (MVE, one input channel:
-    transposed weights + ``arm_convolve_wrapper_s8``), ``"3x3"`` (``arm_depthwise_conv_3x3_s8``,
-    not MVE), ``"opt"`` (``arm_depthwise_conv_s8_opt``) or ``"generic"`` (``arm_depthwise_conv_s8``)."""
-    _check_isa(isa)
-    if compiler not in ("gcc", "armclang"):
-        raise ValueError(f"the kernel choice needs one compiler ('gcc' or 'armclang'), got {compiler!r}")
-    n, _, _, c_in = input_nhwc
-    kh, kw = kernel_hw
-    threshold = 8 if compiler == "armclang" else 1  # CONVERT_DW_CONV_WITH_ONE_INPUT_CH_AND_OUTPUT_CH_ABOVE_THRESHOLD
-    if isa == "mve" and c_in == 1 and c_out > threshold:
-        return "to_conv"
-    if c_in == c_out and n == 1 and tuple(dilation) == (1, 1):
-        if isa != "mve" and (kh, kw) == (3, 3) and padding[0] <= 1 and padding[1] <= 1:
-            return "3x3"
-        return "opt"
-    return "generic"
-
-
-def _depthwise_bytes_for(isa, input_nhwc, kernel_hw, output_hw, c_out, stride, padding, dilation, compiler):
-    variant = depthwise_kernel_variant(isa, input_nhwc, kernel_hw, c_out, padding, dilation, compiler)
-    kh, kw = kernel_hw
-    if variant == "to_conv":
-        # conv scratch of the equivalent [C_out, kH, kW, 1] convolution, then the transposed weights
-        conv = conv2d_scratch_bytes("mve", input_nhwc, kernel_hw, output_hw, stride, padding, dilation, compiler)
-        return conv + c_out * kh * kw
-    if variant == "opt":
-        if isa == "mve":
-            return 4 * MVE_DW_CH_IN_BLOCK * kh * kw
-        if isa == "dsp":
-            return input_nhwc[3] * kh * kw * 2
-    return 0
-
-
-def depthwise_scratch_bytes(isa: str, input_nhwc, kernel_hw, output_hw, c_out, stride, padding, dilation,
-                            compiler: str = "any") -> int:
-    """``arm_depthwise_conv_wrapper_s8_get_buffer_size`` for ``isa`` ("plain", "dsp" or "mve")."""
-    _check_isa(isa)
-    _check_compiler(compiler)
-    chosen = ("gcc", "armclang") if compiler == "any" else (compiler,)
-    return max(_depthwise_bytes_for(isa, input_nhwc, kernel_hw, output_hw, c_out, stride, padding, dilation, cc)
-               for cc in chosen)
-
-
 def _nhwc(node) -> tuple[int, int, int, int]:
     n, c, h, w = node.meta["val"].shape
     return int(n), int(h), int(w), int(c)
 
 
-def conv2d_s16_scratch_bytes(isa: str, c_in: int, kh: int, kw: int) -> int:
-    """``arm_convolve_wrapper_s16_get_buffer_size``: two int16 im2col columns (plain/DSP) or four
-    columns rounded up to 8-lane int16 vectors (MVE).  ``arm_convolve_s16`` needs it on every ISA."""
-    _check_isa(isa)
-    cols = c_in * kh * kw
-    return 4 * (-(-cols // 8) * 8) * 2 if isa == "mve" else 2 * cols * 2
-
-
-def depthwise_s16_scratch_bytes(isa: str, c_in: int, kh: int, kw: int, ch_mult: int, dilation) -> int:
-    """``arm_depthwise_conv_wrapper_s16_get_buffer_size``: the fast kernel's buffer (depth multiplier
-    1, no dilation, fewer than 512 taps) on DSP (one int16 column) and MVE (four, + 8 bytes of
-    over-read), nothing otherwise."""
-    _check_isa(isa)
-    if not (ch_mult == 1 and tuple(dilation) == (1, 1) and kh * kw < 512) or isa == "plain":
-        return 0
-    return 4 * c_in * kh * kw * 2 + 8 if isa == "mve" else c_in * kh * kw * 2
-
-
-@family.provides("scratch_bytes", "quantized_conv2d")
 def _conv2d_scratch(node, target) -> int:
     # args: input, weight [C_out, kH, kW, C_in], bias, stride, padding, dilation, ...
     inp, weight, _, stride, padding, dilation = node.args[:6]
@@ -513,7 +372,6 @@ def _conv2d_scratch(node, target) -> int:
                                 dilation)
 
 
-@family.provides("scratch_bytes", "quantized_depthwise_conv2d")
 def _depthwise_scratch(node, target) -> int:
     # args: input, weight [1, kH, kW, C_out], bias, stride, padding, dilation, depth_multiplier, ...
     inp, weight, _, stride, padding, dilation = node.args[:6]
@@ -525,12 +383,11 @@ def _depthwise_scratch(node, target) -> int:
                                    stride, pads4(padding)[:2], dilation)
 
 
-@family.provides("scratch_bytes", "quantized_grouped_conv2d")
 def _grouped_scratch(node, target) -> int:
     """``arm_convolve_s8_get_buffer_size`` (CMSIS-NN sizes the im2col columns by the full C_in)."""
     inp, weight = node.args[:2]
     _, kh, kw, _ = weight.meta["val"].shape
-    return _im2col_bytes(target.isa, _nhwc(inp)[3], int(kh), int(kw))
+    return im2col_bytes(target.isa, _nhwc(inp)[3], int(kh), int(kw))
 
 
 # ----------------------------------------------------------------------------- C emission
@@ -542,10 +399,13 @@ def _per_channel_const(ctx, arg: str, c_out: int) -> str:
     return ctx.derived_const(f"{arg}_per_channel", t.expand(c_out).contiguous())
 
 
-@family.provides("emit_c", "quantized_conv2d", "quantized_depthwise_conv2d")
-def _emit_conv_c(ctx) -> str:
-    """One ``corten_conv2d_s8`` / ``corten_depthwise_conv2d_s8`` call (portable) or one
-    ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8`` call (CMSIS-NN)."""
+def _check_taps(ctx, taps: int) -> None:
+    if taps > MAX_ACCUMULATOR_TAPS:
+        ctx.fail(f"a window of {taps} products may overflow the int32 accumulator")
+
+
+def _conv_geometry(ctx) -> dict:
+    """The window and quantization arguments of a conv / depthwise node (both providers' view)."""
     depthwise = ctx.op_name == "quantized_depthwise_conv2d"
     n, h, w, c_in = ctx.nhwc(ctx.arg("input"))
     _, ho, wo, c_out = ctx.nhwc()
@@ -553,128 +413,119 @@ def _emit_conv_c(ctx) -> str:
     kh, kw = int(weight.shape[1]), int(weight.shape[2])
     # the kernels take the leading padding (top, left); a band's trailing padding is in its output size
     (sh, sw), (ph, pw), (dh, dw) = ctx.arg("stride"), pads4(ctx.arg("padding"))[:2], ctx.arg("dilation")
-    mult = int(ctx.arg("depth_multiplier")) if depthwise else 1
-    in_off, out_off = int(ctx.arg("input_offset")), int(ctx.arg("output_offset"))
-    act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
-    filt = (1, kh, kw, c_out) if depthwise else (c_out, kh, kw, c_in)
-    taps = kh * kw * (1 if depthwise else c_in)
-    if taps > MAX_ACCUMULATOR_TAPS:
-        ctx.fail(f"a window of {taps} products may overflow the int32 accumulator")
+    _check_taps(ctx, kh * kw * (1 if depthwise else c_in))
     x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight")
-    s16 = ctx.arg("input").meta["val"].dtype == torch.int16
-    if s16:
+    if ctx.arg("input").meta["val"].dtype == torch.int16:
         x, out = f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}"
-    if ctx.kernels == "portable":
-        per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
-        fn = "corten_depthwise_conv2d_s8" if depthwise else "corten_conv2d_s8"
-        if s16:
-            fn = fn.replace("_s8", "_s16")
-        return ctx.block(
-            ctx.params("corten_conv_params", "params", dict(
-                stride_h=sh, stride_w=sw, pad_h=ph, pad_w=pw, dilation_h=dh, dilation_w=dw, depth_multiplier=mult,
-                input_offset=in_off, output_offset=out_off, activation_min=act_min, activation_max=act_max)),
-            ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
-                                                     shift=ctx.const("output_shift"), per_channel=per_channel)),
-            ctx.dims("input_dims", "corten_dims", n, h, w, c_in),
-            ctx.dims("filter_dims", "corten_dims", *filt),
-            ctx.dims("output_dims", "corten_dims", n, ho, wo, c_out),
-            ctx.call(f"{fn}(&params, &quant, &input_dims, {x}, &filter_dims, {wname}, {ctx.const('bias')}, "
-                     f"&output_dims, {out})"))
+    return dict(depthwise=depthwise, n=n, h=h, w=w, c_in=c_in, ho=ho, wo=wo, c_out=c_out, kh=kh, kw=kw, sh=sh, sw=sw,
+                ph=ph, pw=pw, dh=dh, dw=dw, mult=int(ctx.arg("depth_multiplier")) if depthwise else 1,
+                in_off=int(ctx.arg("input_offset")), out_off=int(ctx.arg("output_offset")),
+                act_min=int(ctx.arg("activation_min")), act_max=int(ctx.arg("activation_max")),
+                filt=(1, kh, kw, c_out) if depthwise else (c_out, kh, kw, c_in), x=x, out=out, wname=wname)
+
+
+@PORTABLE.kernel("quantized_conv2d", "quantized_depthwise_conv2d")
+def _conv_portable(ctx) -> str:
+    """One ``corten_conv2d_s8`` / ``corten_depthwise_conv2d_s8`` call (``_s16`` on int16 activations)."""
+    g = _conv_geometry(ctx)
+    per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
+    fn = "corten_depthwise_conv2d_s8" if g["depthwise"] else "corten_conv2d_s8"
+    if ctx.arg("input").meta["val"].dtype == torch.int16:
+        fn = fn.replace("_s8", "_s16")
+    return ctx.block(
+        ctx.params("corten_conv_params", "params", dict(
+            stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], dilation_h=g["dh"], dilation_w=g["dw"],
+            depth_multiplier=g["mult"], input_offset=g["in_off"], output_offset=g["out_off"],
+            activation_min=g["act_min"], activation_max=g["act_max"])),
+        ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
+                                                 shift=ctx.const("output_shift"), per_channel=per_channel)),
+        ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c_in"]),
+        ctx.dims("filter_dims", "corten_dims", *g["filt"]),
+        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c_out"]),
+        ctx.call(fn, "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"], ctx.const("bias"),
+                 "&output_dims", g["out"]))
+
+
+@CMSIS_NN.kernel("quantized_conv2d", scratch=_conv2d_scratch)
+@CMSIS_NN.kernel("quantized_depthwise_conv2d", scratch=_depthwise_scratch)
+def _conv_cmsis(ctx) -> str:
+    """One ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8`` call (``_s16``: int64 biases)."""
+    g = _conv_geometry(ctx)
+    s16 = ctx.arg("input").meta["val"].dtype == torch.int16
+    c_out = g["c_out"]
     # CMSIS-NN: tiles are {w, h}; quantization is always per channel; bias always present.
     mults = _per_channel_const(ctx, "output_multiplier", c_out)
     shifts = _per_channel_const(ctx, "output_shift", c_out)
     bias = ctx.const("bias") if ctx.arg("bias") is not None else \
         ctx.derived_const("zero_bias", torch.zeros(c_out, dtype=torch.int64 if s16 else torch.int32))
     buf, size = ctx.scratch()
-    if s16:
-        return _emit_conv_s16_cmsis(ctx, depthwise, (n, h, w, c_in), (ho, wo, c_out), filt, (sh, sw, ph, pw, dh, dw),
-                                    mult, (act_min, act_max), x, out, wname, mults, shifts, bias, buf, size)
-    if depthwise:
-        params = ctx.params("cmsis_nn_dw_conv_params", "params", dict(
-            input_offset=in_off, output_offset=out_off, ch_mult=mult, stride=dict(w=sw, h=sh),
-            padding=dict(w=pw, h=ph), dilation=dict(w=dw, h=dh), activation=dict(min=act_min, max=act_max)))
-        fn = "arm_depthwise_conv_wrapper_s8"
+    window = dict(stride=dict(w=g["sw"], h=g["sh"]), padding=dict(w=g["pw"], h=g["ph"]),
+                  dilation=dict(w=g["dw"], h=g["dh"]), activation=dict(min=g["act_min"], max=g["act_max"]))
+    offsets = dict(input_offset=0, output_offset=0) if s16 else dict(input_offset=g["in_off"],
+                                                                     output_offset=g["out_off"])
+    if g["depthwise"]:
+        params = ctx.params("cmsis_nn_dw_conv_params", "params", dict(**offsets, ch_mult=g["mult"], **window))
     else:
-        params = ctx.params("cmsis_nn_conv_params", "params", dict(
-            input_offset=in_off, output_offset=out_off, stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph),
-            dilation=dict(w=dw, h=dh), activation=dict(min=act_min, max=act_max)))
-        fn = "arm_convolve_wrapper_s8"
-    return ctx.block(
-        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
-        params,
-        ctx.params("cmsis_nn_per_channel_quant_params", "quant",
-                   dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
-        ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c_in),
-        ctx.dims("filter_dims", "cmsis_nn_dims", *filt),
-        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
-        ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c_out),
-        ctx.call(f"{fn}(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {wname}, &bias_dims, {bias}, "
-                 f"&output_dims, {out})"))
-
-
-def _emit_conv_s16_cmsis(ctx, depthwise, in_nhwc, out_hwc, filt, geometry, mult, act, x, out, wname, mults, shifts,
-                         bias, buf, size) -> str:
-    """``arm_convolve_wrapper_s16`` (int64 bias through ``cmsis_nn_bias_data``) or
-    ``arm_depthwise_conv_wrapper_s16`` (int64 bias pointer)."""
-    n, h, w, c_in = in_nhwc
-    ho, wo, c_out = out_hwc
-    sh, sw, ph, pw, dh, dw = geometry
-    act_min, act_max = act
-    common = dict(input_offset=0, output_offset=0)
-    if depthwise:
-        params = ctx.params("cmsis_nn_dw_conv_params", "params", dict(
-            **common, ch_mult=mult, stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph), dilation=dict(w=dw, h=dh),
-            activation=dict(min=act_min, max=act_max)))
-        call = (f"arm_depthwise_conv_wrapper_s16(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {wname}, "
-                f"&bias_dims, {bias}, &output_dims, {out})")
-        extra = []
-    else:
-        params = ctx.params("cmsis_nn_conv_params", "params", dict(
-            **common, stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph), dilation=dict(w=dw, h=dh),
-            activation=dict(min=act_min, max=act_max)))
+        params = ctx.params("cmsis_nn_conv_params", "params", dict(**offsets, **window))
+    # arm_convolve_wrapper_s16 takes its int64 bias through cmsis_nn_bias_data
+    bias_arg = bias
+    extra = []
+    if s16 and not g["depthwise"]:
         extra = [ctx.params("cmsis_nn_bias_data", "bias_data", dict(data=f"(const void *){bias}", is_int32_bias=0))]
-        call = (f"arm_convolve_wrapper_s16(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {wname}, "
-                f"&bias_dims, &bias_data, &output_dims, {out})")
+        bias_arg = "&bias_data"
+    fn = ("arm_depthwise_conv_wrapper" if g["depthwise"] else "arm_convolve_wrapper") + ("_s16" if s16 else "_s8")
     return ctx.block(
         ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
         params,
         ctx.params("cmsis_nn_per_channel_quant_params", "quant",
                    dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
         *extra,
-        ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c_in),
-        ctx.dims("filter_dims", "cmsis_nn_dims", *filt),
+        ctx.dims("input_dims", "cmsis_nn_dims", g["n"], g["h"], g["w"], g["c_in"]),
+        ctx.dims("filter_dims", "cmsis_nn_dims", *g["filt"]),
         ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
-        ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c_out),
-        ctx.call(call))
+        ctx.dims("output_dims", "cmsis_nn_dims", g["n"], g["ho"], g["wo"], c_out),
+        ctx.call(fn, "&nn_ctx", "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"], "&bias_dims",
+                 bias_arg, "&output_dims", g["out"]))
 
 
-@family.provides("emit_c", "quantized_grouped_conv2d")
-def _emit_grouped_conv_c(ctx) -> str:
-    """One ``corten_grouped_conv2d_s8`` call (portable) or one ``arm_convolve_s8`` call (CMSIS-NN:
-    groups = C_in / filter C there; not the wrapper, whose 1x1 and 1xN kernels take no groups)."""
+def _grouped_geometry(ctx) -> dict:
     n, h, w, c_in = ctx.nhwc(ctx.arg("input"))
     _, ho, wo, c_out = ctx.nhwc()
     weight = ctx.tensor("weight")
     kh, kw, ck = int(weight.shape[1]), int(weight.shape[2]), int(weight.shape[3])
     (sh, sw), (ph, pw), (dh, dw) = ctx.arg("stride"), ctx.arg("padding"), ctx.arg("dilation")
-    in_off, out_off = int(ctx.arg("input_offset")), int(ctx.arg("output_offset"))
-    act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
-    if kh * kw * ck > MAX_ACCUMULATOR_TAPS:
-        ctx.fail(f"a window of {kh * kw * ck} products may overflow the int32 accumulator")
-    x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight")
-    if ctx.kernels == "portable":
-        per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
-        return ctx.block(
-            ctx.params("corten_conv_params", "params", dict(
-                stride_h=sh, stride_w=sw, pad_h=ph, pad_w=pw, dilation_h=dh, dilation_w=dw, depth_multiplier=1,
-                input_offset=in_off, output_offset=out_off, activation_min=act_min, activation_max=act_max)),
-            ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
-                                                     shift=ctx.const("output_shift"), per_channel=per_channel)),
-            ctx.dims("input_dims", "corten_dims", n, h, w, c_in),
-            ctx.dims("filter_dims", "corten_dims", c_out, kh, kw, ck),
-            ctx.dims("output_dims", "corten_dims", n, ho, wo, c_out),
-            ctx.call(f"corten_grouped_conv2d_s8(&params, &quant, &input_dims, {x}, &filter_dims, {wname}, "
-                     f"{ctx.const('bias')}, &output_dims, {out})"))
+    _check_taps(ctx, kh * kw * ck)
+    return dict(n=n, h=h, w=w, c_in=c_in, ho=ho, wo=wo, c_out=c_out, kh=kh, kw=kw, ck=ck, sh=sh, sw=sw, ph=ph, pw=pw,
+                dh=dh, dw=dw, in_off=int(ctx.arg("input_offset")), out_off=int(ctx.arg("output_offset")),
+                act_min=int(ctx.arg("activation_min")), act_max=int(ctx.arg("activation_max")),
+                x=ctx.input("input"), out=ctx.out(), wname=ctx.const("weight"))
+
+
+@PORTABLE.kernel("quantized_grouped_conv2d")
+def _grouped_portable(ctx) -> str:
+    """One ``corten_grouped_conv2d_s8`` call."""
+    g = _grouped_geometry(ctx)
+    per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
+    return ctx.block(
+        ctx.params("corten_conv_params", "params", dict(
+            stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], dilation_h=g["dh"], dilation_w=g["dw"],
+            depth_multiplier=1, input_offset=g["in_off"], output_offset=g["out_off"], activation_min=g["act_min"],
+            activation_max=g["act_max"])),
+        ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
+                                                 shift=ctx.const("output_shift"), per_channel=per_channel)),
+        ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c_in"]),
+        ctx.dims("filter_dims", "corten_dims", g["c_out"], g["kh"], g["kw"], g["ck"]),
+        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c_out"]),
+        ctx.call("corten_grouped_conv2d_s8", "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"],
+                 ctx.const("bias"), "&output_dims", g["out"]))
+
+
+@CMSIS_NN.kernel("quantized_grouped_conv2d", act=(torch.int8,), scratch=_grouped_scratch)
+def _grouped_cmsis(ctx) -> str:
+    """One ``arm_convolve_s8`` call (groups = C_in / filter C there; not the wrapper, whose 1x1 and
+    1xN kernels take no groups)."""
+    g = _grouped_geometry(ctx)
+    c_out = g["c_out"]
     mults = _per_channel_const(ctx, "output_multiplier", c_out)
     shifts = _per_channel_const(ctx, "output_shift", c_out)
     bias = ctx.const("bias") if ctx.arg("bias") is not None else \
@@ -683,13 +534,14 @@ def _emit_grouped_conv_c(ctx) -> str:
     return ctx.block(
         ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
         ctx.params("cmsis_nn_conv_params", "params", dict(
-            input_offset=in_off, output_offset=out_off, stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph),
-            dilation=dict(w=dw, h=dh), activation=dict(min=act_min, max=act_max))),
+            input_offset=g["in_off"], output_offset=g["out_off"], stride=dict(w=g["sw"], h=g["sh"]),
+            padding=dict(w=g["pw"], h=g["ph"]), dilation=dict(w=g["dw"], h=g["dh"]),
+            activation=dict(min=g["act_min"], max=g["act_max"]))),
         ctx.params("cmsis_nn_per_channel_quant_params", "quant",
                    dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
-        ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c_in),
-        ctx.dims("filter_dims", "cmsis_nn_dims", c_out, kh, kw, ck),
+        ctx.dims("input_dims", "cmsis_nn_dims", g["n"], g["h"], g["w"], g["c_in"]),
+        ctx.dims("filter_dims", "cmsis_nn_dims", c_out, g["kh"], g["kw"], g["ck"]),
         ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
-        ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c_out),
-        ctx.call(f"arm_convolve_s8(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {wname}, "
-                 f"&bias_dims, {bias}, NULL, &output_dims, {out})"))
+        ctx.dims("output_dims", "cmsis_nn_dims", g["n"], g["ho"], g["wo"], c_out),
+        ctx.call("arm_convolve_s8", "&nn_ctx", "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"],
+                 "&bias_dims", bias, "NULL", "&output_dims", g["out"]))

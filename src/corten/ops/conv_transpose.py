@@ -29,6 +29,7 @@ from corten.ops._common import as_4d_view, back_to_3d, check_conv_common, conv_o
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
 from corten.ops.registry import Cost, Hook, OpFamily, annotates, lowers, node_shape, register_family, weighted_cost
+from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "conv_transpose"
 OP = "quantized_conv_transpose2d"
@@ -204,52 +205,64 @@ def transpose_conv_scratch_bytes(input_nhwc, kernel_hw, stride, c_out: int) -> i
     return 4 * max(kh, sh) * row
 
 
-@family.provides("scratch_bytes", OP)
-def _scratch(node, target) -> int:
-    inp, weight, _, stride, padding, output_padding, dilation = node.args[:7]
+def _window(node):
+    weight = node.args[1]
     c_out, kh, kw, _ = (int(d) for d in weight.meta["val"].shape)
-    n, c, h, w = (int(d) for d in inp.meta["val"].shape)
-    if not cmsis_semantics_match((kh, kw), stride, padding, output_padding, dilation):
-        return 0  # runs the portable kernel in every flavour
-    return transpose_conv_scratch_bytes((n, h, w, c), (kh, kw), stride, c_out)
+    stride, padding, output_padding, dilation = node.args[3:7]
+    return c_out, (kh, kw), stride, padding, output_padding, dilation
+
+
+def _cmsis_supports(node, target) -> str | None:
+    _, kernel_hw, stride, padding, output_padding, dilation = _window(node)
+    if cmsis_semantics_match(kernel_hw, stride, padding, output_padding, dilation):
+        return None
+    return "arm_transpose_conv_s8 ignores dilation and needs output_padding <= padding and kernel >= stride"
+
+
+def _cmsis_scratch(node, target) -> int:
+    c_out, kernel_hw, stride = _window(node)[:3]
+    n, c, h, w = (int(d) for d in node.args[0].meta["val"].shape)
+    return transpose_conv_scratch_bytes((n, h, w, c), kernel_hw, stride, c_out)
 
 
 # ----------------------------------------------------------------------------- C emission
-@family.provides("emit_c", OP)
-def _emit_c(ctx) -> str:
-    """One ``corten_conv_transpose2d_s8`` (portable) or ``arm_transpose_conv_s8`` (CMSIS-NN) call.
-
-    The CMSIS-NN flavour runs the portable kernel too when CMSIS-NN's semantics differ
-    (see :func:`cmsis_semantics_match`)."""
+def _geometry(ctx) -> dict:
     n, h, w, c_in = ctx.nhwc(ctx.arg("input"))
     _, ho, wo, c_out = ctx.nhwc()
     weight = ctx.tensor("weight")
-    kh, kw = int(weight.shape[1]), int(weight.shape[2])
-    stride, padding = ctx.arg("stride"), ctx.arg("padding")
-    output_padding, dilation = ctx.arg("output_padding"), ctx.arg("dilation")
-    (sh, sw), (ph, pw), (oph, opw), (dh, dw) = stride, padding, output_padding, dilation
-    in_off, out_off = int(ctx.arg("input_offset")), int(ctx.arg("output_offset"))
-    act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
-    x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight")
-    use_cmsis = ctx.kernels == "cmsis-nn" and cmsis_semantics_match((kh, kw), stride, padding, output_padding,
-                                                                     dilation)
-    if not use_cmsis:
-        if ctx.kernels != "portable":  # arm_transpose_conv_s8 cannot: Corten's kernel in this flavour too
-            ctx.portable_kernel("arm_transpose_conv_s8 ignores dilation and needs output_padding <= padding "
-                                "and kernel >= stride")
-        per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
-        return ctx.block(
-            ctx.params("corten_conv_transpose_params", "params", dict(
-                stride_h=sh, stride_w=sw, pad_h=ph, pad_w=pw, output_pad_h=oph, output_pad_w=opw, dilation_h=dh,
-                dilation_w=dw, input_offset=in_off, output_offset=out_off, activation_min=act_min,
-                activation_max=act_max)),
-            ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
-                                                     shift=ctx.const("output_shift"), per_channel=per_channel)),
-            ctx.dims("input_dims", "corten_dims", n, h, w, c_in),
-            ctx.dims("filter_dims", "corten_dims", c_out, kh, kw, c_in),
-            ctx.dims("output_dims", "corten_dims", n, ho, wo, c_out),
-            ctx.call(f"corten_conv_transpose2d_s8(&params, &quant, &input_dims, {x}, &filter_dims, {wname}, "
-                     f"{ctx.const('bias')}, &output_dims, {out})"))
+    (sh, sw), (ph, pw) = ctx.arg("stride"), ctx.arg("padding")
+    (oph, opw), (dh, dw) = ctx.arg("output_padding"), ctx.arg("dilation")
+    return dict(n=n, h=h, w=w, c_in=c_in, ho=ho, wo=wo, c_out=c_out, kh=int(weight.shape[1]), kw=int(weight.shape[2]),
+                sh=sh, sw=sw, ph=ph, pw=pw, oph=oph, opw=opw, dh=dh, dw=dw,
+                in_off=int(ctx.arg("input_offset")), out_off=int(ctx.arg("output_offset")),
+                act_min=int(ctx.arg("activation_min")), act_max=int(ctx.arg("activation_max")),
+                x=ctx.input("input"), out=ctx.out(), wname=ctx.const("weight"))
+
+
+@PORTABLE.kernel(OP)
+def _emit_portable(ctx) -> str:
+    """One ``corten_conv_transpose2d_s8`` call."""
+    g = _geometry(ctx)
+    per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
+    return ctx.block(
+        ctx.params("corten_conv_transpose_params", "params", dict(
+            stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], output_pad_h=g["oph"],
+            output_pad_w=g["opw"], dilation_h=g["dh"], dilation_w=g["dw"], input_offset=g["in_off"],
+            output_offset=g["out_off"], activation_min=g["act_min"], activation_max=g["act_max"])),
+        ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
+                                                 shift=ctx.const("output_shift"), per_channel=per_channel)),
+        ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c_in"]),
+        ctx.dims("filter_dims", "corten_dims", g["c_out"], g["kh"], g["kw"], g["c_in"]),
+        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c_out"]),
+        ctx.call("corten_conv_transpose2d_s8", "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"],
+                 ctx.const("bias"), "&output_dims", g["out"]))
+
+
+@CMSIS_NN.kernel(OP, act=(torch.int8,), supports=_cmsis_supports, scratch=_cmsis_scratch)
+def _emit_cmsis(ctx) -> str:
+    """One ``arm_transpose_conv_s8`` call (when :func:`cmsis_semantics_match`)."""
+    g = _geometry(ctx)
+    c_out = g["c_out"]
     t = ctx.tensor("output_multiplier")
     mults = ctx.const("output_multiplier") if t.numel() == c_out else \
         ctx.derived_const("output_multiplier_per_channel", t.expand(c_out).contiguous())
@@ -263,13 +276,14 @@ def _emit_c(ctx) -> str:
         ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
         ctx.params("cmsis_nn_context", "out_ctx", dict(buf="NULL", size=0)),
         ctx.params("cmsis_nn_transpose_conv_params", "params", dict(
-            input_offset=in_off, output_offset=out_off, stride=dict(w=sw, h=sh), padding=dict(w=pw, h=ph),
-            padding_offsets=dict(w=0, h=0), dilation=dict(w=1, h=1), activation=dict(min=act_min, max=act_max))),
+            input_offset=g["in_off"], output_offset=g["out_off"], stride=dict(w=g["sw"], h=g["sh"]),
+            padding=dict(w=g["pw"], h=g["ph"]), padding_offsets=dict(w=0, h=0), dilation=dict(w=1, h=1),
+            activation=dict(min=g["act_min"], max=g["act_max"]))),
         ctx.params("cmsis_nn_per_channel_quant_params", "quant",
                    dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
-        ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c_in),
-        ctx.dims("filter_dims", "cmsis_nn_dims", c_out, kh, kw, c_in),
+        ctx.dims("input_dims", "cmsis_nn_dims", g["n"], g["h"], g["w"], g["c_in"]),
+        ctx.dims("filter_dims", "cmsis_nn_dims", c_out, g["kh"], g["kw"], g["c_in"]),
         ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
-        ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c_out),
-        ctx.call(f"arm_transpose_conv_s8(&nn_ctx, &out_ctx, &params, &quant, &input_dims, {x}, &filter_dims, "
-                 f"{wname}, &bias_dims, {ctx.const('bias')}, &output_dims, {out})"))
+        ctx.dims("output_dims", "cmsis_nn_dims", g["n"], g["ho"], g["wo"], c_out),
+        ctx.call("arm_transpose_conv_s8", "&nn_ctx", "&out_ctx", "&params", "&quant", "&input_dims", g["x"],
+                 "&filter_dims", g["wname"], "&bias_dims", ctx.const("bias"), "&output_dims", g["out"]))

@@ -40,6 +40,7 @@ from corten.ops._broadcast import (
 from corten.ops._common import binary_operands, check_ranks
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "div"
 QUOTIENT_BITS = 16
@@ -144,12 +145,6 @@ def lower_reciprocal(m: Match):
 
 
 # ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_div")
-def _div_scratch(node, target) -> int:
-    """The portable kernel takes no buffer."""
-    return 0
-
-
 @family.provides("in_place_inputs", "quantized_div")
 def _quantized_div_in_place_inputs(node) -> tuple[int, ...]:
     """``corten_div_s8`` writes each output byte after reading the operands at its index: an
@@ -158,10 +153,9 @@ def _quantized_div_in_place_inputs(node) -> tuple[int, ...]:
 
 
 # ----------------------------------------------------------------------------- C emission
-@family.provides("emit_c", "quantized_div")
+@PORTABLE.kernel("quantized_div")
 def _emit_div_c(ctx) -> str:
     """``corten_div_s8`` (portable, in both flavours: CMSIS-NN has no int8 division)."""
-    ctx.portable_kernel("CMSIS-NN has no int8 division")
     names = ("input1_offset", "input2_offset", "output_offset", "output_multiplier", "output_shift",
              "activation_min", "activation_max")
     v = {k: ctx.int_(int(ctx.arg(k))) for k in names}
@@ -169,4 +163,7 @@ def _emit_div_c(ctx) -> str:
     return ctx.block(
         ctx.params("corten_mul_params", "params", {k: v[k] for k in names}),
         broadcast_struct(ctx),
-        ctx.call(f"corten_div_s8(&params, &shape, {x1}, {x2}, {out})"))
+        ctx.call("corten_div_s8", "&params", "&shape", x1, x2, out))
+
+
+CMSIS_NN.declines("quantized_div", reason="CMSIS-NN has no int8 division")

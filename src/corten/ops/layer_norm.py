@@ -42,6 +42,7 @@ from corten.ops import checks
 from corten.ops._common import output_format
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "layer_norm"
 Z_BITS = 16  # fractional bits of the normalized value z
@@ -193,17 +194,10 @@ def lower_layer_norm(m: Match):
 
 
 # ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_layer_norm")
-def _layer_norm_scratch(node, target) -> int:
-    """The portable kernel needs no buffer (CMSIS-NN has no layer norm)."""
-    return 0
-
-
 # ----------------------------------------------------------------------------- C emission
-@family.provides("emit_c", "quantized_layer_norm")
+@PORTABLE.kernel("quantized_layer_norm")
 def _emit_layer_norm_c(ctx) -> str:
     """One ``corten_layer_norm_s8`` call in both flavours."""
-    ctx.portable_kernel("CMSIS-NN has no int8 LayerNorm")
     shape = ctx.shape(ctx.arg("input"))
     num_dims = int(ctx.arg("num_dims"))
     if len(shape) == 4:
@@ -217,5 +211,8 @@ def _emit_layer_norm_c(ctx) -> str:
         f"const corten_layer_norm_params params = {{.eps_q = {eps_q}LL, .output_offset = "
         f"{int(ctx.arg('output_offset'))}, .activation_min = {int(ctx.arg('activation_min'))}, "
         f".activation_max = {int(ctx.arg('activation_max'))}}};",
-        ctx.call(f"corten_layer_norm_s8(&params, {outer}, {n}, {inner}, {ctx.const('multiplier')}, "
-                 f"{ctx.const('shift')}, {ctx.const('bias')}, {ctx.input('input')}, {ctx.out()})"))
+        ctx.call("corten_layer_norm_s8", "&params", outer, n, inner, ctx.const("multiplier"), ctx.const("shift"),
+                 ctx.const("bias"), ctx.input("input"), ctx.out()))
+
+
+CMSIS_NN.declines("quantized_layer_norm", reason="CMSIS-NN has no int8 LayerNorm")

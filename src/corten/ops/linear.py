@@ -27,6 +27,7 @@ from corten.ops import checks
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
 from corten.ops.registry import Cost, Hook, OpFamily, annotates, lowers, node_shape, register_family, weighted_cost
+from corten.providers import CMSIS_NN, PORTABLE, NodeView
 
 FAMILY = "linear"
 
@@ -171,25 +172,15 @@ def cmsis_fully_connected_s16_buffer_bytes(isa: str, out_features: int) -> int:
     return 0
 
 
-@family.provides("scratch_bytes", "quantized_linear")
-def _linear_scratch(node, target) -> int:
-    """No arena scratch on any ISA: the only buffer CMSIS-NN asks for
-    (:func:`cmsis_fully_connected_buffer_bytes`, MVE) is the kernel-sum vector, which Corten
-    precomputes as the constant ``kernel_sum`` argument; the C code points ``ctx.buf`` at that
-    flash array (counted in the plan's constant bytes) instead of filling RAM at run time."""
-    return 0
+# No arena scratch on any ISA: the only buffer CMSIS-NN asks for (:func:`cmsis_fully_connected_buffer_bytes`,
+# MVE) is the kernel-sum vector, which Corten precomputes as the constant ``kernel_sum`` argument;
+# the C code points ``ctx.buf`` at that flash array (counted in the plan's constant bytes) instead
+# of filling RAM at run time.
 
 
-# ----------------------------------------------------------------------------- C emission
-@family.provides("emit_c", "quantized_linear")
-def _emit_linear_c(ctx) -> str:
-    """One ``corten_linear_s8`` call (portable) or ``arm_fully_connected[_per_channel]_s8`` (CMSIS-NN).
-
-    CMSIS-NN computes ``kernel_sum[o] + sum x*w`` on Helium (kernel sums read from ``ctx.buf``,
-    bias and input offset ignored) but ``bias[o] + sum (x + input_offset) * w`` on the other ISAs.
-    Passing the precomputed kernel sums as *both* ``ctx.buf`` and the bias, with input offset 0,
-    makes every ISA compute the same accumulator.
-    """
+# ----------------------------------------------------------------------------- kernels
+def _operands(ctx) -> dict:
+    """Sizes and C operands of a linear node (both providers' view)."""
     shape = ctx.shape(ctx.arg("input"))
     weight = ctx.tensor("weight")
     out_f, in_f = int(weight.shape[0]), int(weight.shape[1])
@@ -200,63 +191,83 @@ def _emit_linear_c(ctx) -> str:
     if val.dim() == 4 and not val.is_contiguous():
         ctx.fail("the input is a channels-last 4-D tensor; a linear layer needs its features contiguous "
                  "(flatten the input first)")
-    out_off = int(ctx.arg("output_offset"))
-    act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
     mult_t, shift_t = ctx.tensor("output_multiplier"), ctx.tensor("output_shift")
-    per_channel = mult_t.numel() > 1
-    x, out = ctx.input("input"), ctx.out()
-    w, ks = ctx.const("weight"), ctx.const("kernel_sum")
+    g = dict(batches=batches, in_f=in_f, out_f=out_f, out_off=int(ctx.arg("output_offset")),
+             act_min=int(ctx.arg("activation_min")), act_max=int(ctx.arg("activation_max")), mult_t=mult_t,
+             shift_t=shift_t, per_channel=mult_t.numel() > 1, x=ctx.input("input"), out=ctx.out())
+    g.update(w=ctx.const("weight"), ks=ctx.const("kernel_sum"))
     if val.dtype == torch.int16:
-        return _emit_linear_s16(ctx, batches, in_f, out_f, x, out, w, ks, act_min, act_max, per_channel)
-    single = bool(ctx.arg("single_rounding"))
-    if single and ctx.kernels != "portable":
-        ctx.portable_kernel("CMSIS-NN's fully connected layer rounds twice (arm_nn_requantize); this layer rounds "
-                            "once, as TFLite's reference FULLY_CONNECTED does")
-    if ctx.kernels == "portable" or single:
-        quant = dict(multiplier=ctx.const("output_multiplier"), shift=ctx.const("output_shift"),
-                     per_channel=int(per_channel))
-        if single:
-            quant["single_rounding"] = 1
-        return ctx.block(
-            ctx.params("corten_linear_params", "params",
-                       dict(output_offset=out_off, activation_min=act_min, activation_max=act_max)),
-            ctx.params("corten_quant", "quant", quant),
-            ctx.call(f"corten_linear_s8(&params, &quant, {batches}, {in_f}, {out_f}, {x}, {w}, {ks}, {out})"))
-    if per_channel:
+        g.update(x=f"(const int16_t *)(const void *){g['x']}", out=f"(int16_t *)(void *){g['out']}")
+    return g
+
+
+@PORTABLE.kernel("quantized_linear")
+def _linear_portable(ctx) -> str:
+    """One ``corten_linear_s8`` call (``corten_linear_s16`` on int16 activations, int64 bias)."""
+    g = _operands(ctx)
+    s16 = ctx.arg("input").meta["val"].dtype == torch.int16
+    quant = dict(multiplier=ctx.const("output_multiplier"), shift=ctx.const("output_shift"),
+                 per_channel=int(g["per_channel"]))
+    if not s16 and bool(ctx.arg("single_rounding")):  # TFLite's reference FULLY_CONNECTED rounds once
+        quant["single_rounding"] = 1
+    return ctx.block(
+        ctx.params("corten_linear_params", "params",
+                   dict(output_offset=0 if s16 else g["out_off"], activation_min=g["act_min"],
+                        activation_max=g["act_max"])),
+        ctx.params("corten_quant", "quant", quant),
+        ctx.call("corten_linear_s16" if s16 else "corten_linear_s8", "&params", "&quant", g["batches"], g["in_f"],
+                 g["out_f"], g["x"], g["w"], g["ks"], g["out"]))
+
+
+def _cmsis_supports(node, target) -> str | None:
+    if bool(NodeView(node, target).arg("single_rounding")):
+        return ("CMSIS-NN's fully connected layer rounds twice (arm_nn_requantize); this layer rounds once, as "
+                "TFLite's reference FULLY_CONNECTED does")
+    return None
+
+
+@CMSIS_NN.kernel("quantized_linear", act=(torch.int8,), supports=_cmsis_supports)
+def _linear_cmsis(ctx) -> str:
+    """``arm_fully_connected[_per_channel]_s8``.
+
+    CMSIS-NN computes ``kernel_sum[o] + sum x*w`` on Helium (kernel sums read from ``ctx.buf``,
+    bias and input offset ignored) but ``bias[o] + sum (x + input_offset) * w`` on the other ISAs.
+    Passing the precomputed kernel sums as *both* ``ctx.buf`` and the bias, with input offset 0,
+    makes every ISA compute the same accumulator.
+    """
+    g = _operands(ctx)
+    batches, in_f, out_f, ks = g["batches"], g["in_f"], g["out_f"], g["ks"]
+    if g["per_channel"]:
         quant = ctx.params("cmsis_nn_per_channel_quant_params", "quant",
                            dict(multiplier=f"(int32_t *){ctx.const('output_multiplier')}",
                                 shift=f"(int32_t *){ctx.const('output_shift')}"))
         fn = "arm_fully_connected_per_channel_s8"
     else:
         quant = ctx.params("cmsis_nn_per_tensor_quant_params", "quant",
-                           dict(multiplier=int(mult_t[0]), shift=int(shift_t[0])))
+                           dict(multiplier=int(g["mult_t"][0]), shift=int(g["shift_t"][0])))
         fn = "arm_fully_connected_s8"
     return ctx.block(
         ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=f"(void *){ks}", size=4 * out_f)),
-        ctx.params("cmsis_nn_fc_params", "params", dict(input_offset=0, filter_offset=0, output_offset=out_off,
-                                                        activation=dict(min=act_min, max=act_max))),
+        ctx.params("cmsis_nn_fc_params", "params", dict(input_offset=0, filter_offset=0, output_offset=g["out_off"],
+                                                        activation=dict(min=g["act_min"], max=g["act_max"]))),
         quant,
         ctx.dims("input_dims", "cmsis_nn_dims", batches, 1, 1, in_f),
         ctx.dims("filter_dims", "cmsis_nn_dims", in_f, 1, 1, out_f),
         ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, out_f),
         ctx.dims("output_dims", "cmsis_nn_dims", batches, 1, 1, out_f),
-        ctx.call(f"{fn}(&nn_ctx, &params, &quant, &input_dims, {x}, &filter_dims, {w}, &bias_dims, {ks}, "
-                 f"&output_dims, {out})"))
+        ctx.call(fn, "&nn_ctx", "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["w"], "&bias_dims", ks,
+                 "&output_dims", g["out"]))
 
 
-def _emit_linear_s16(ctx, batches, in_f, out_f, x, out, w, bias, act_min, act_max, per_channel) -> str:
-    """``corten_linear_s16`` (portable) or ``arm_fully_connected_s16`` (CMSIS-NN).  CMSIS-NN's s16
-    fully connected layer has per-tensor quantization only: per-channel weights are one call per
-    output feature (``output_dims.c = 1``, that feature's multiplier, shift, weights and bias) and
-    batch row."""
-    x16, out16 = f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}"
-    if ctx.kernels == "portable":
-        return ctx.block(
-            ctx.params("corten_linear_params", "params",
-                       dict(output_offset=0, activation_min=act_min, activation_max=act_max)),
-            ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
-                                                     shift=ctx.const("output_shift"), per_channel=int(per_channel))),
-            ctx.call(f"corten_linear_s16(&params, &quant, {batches}, {in_f}, {out_f}, {x16}, {w}, {bias}, {out16})"))
+@CMSIS_NN.kernel("quantized_linear", act=(torch.int16,))
+def _linear_cmsis_s16(ctx) -> str:
+    """``arm_fully_connected_s16``.  CMSIS-NN's s16 fully connected layer has per-tensor quantization
+    only: per-channel weights are one call per output feature (``output_dims.c = 1``, that
+    feature's multiplier, shift, weights and bias) and batch row."""
+    g = _operands(ctx)
+    batches, in_f, out_f, per_channel = g["batches"], g["in_f"], g["out_f"], g["per_channel"]
+    x16, out16, w, bias = g["x"], g["out"], g["w"], g["ks"]
+    act_min, act_max = g["act_min"], g["act_max"]
     mult, shift = ctx.const("output_multiplier"), ctx.const("output_shift")
     common = [
         ctx.params("cmsis_nn_context", "nn_ctx", dict(buf="NULL", size=0)),
@@ -271,18 +282,16 @@ def _emit_linear_s16(ctx, batches, in_f, out_f, x, out, w, bias, act_min, act_ma
                                                                                       shift=f"{shift}[0]")),
                          ctx.dims("input_dims", "cmsis_nn_dims", batches, 1, 1, in_f),
                          ctx.dims("output_dims", "cmsis_nn_dims", batches, 1, 1, out_f),
-                         ctx.call(f"arm_fully_connected_s16(&nn_ctx, &params, &quant, &input_dims, {x16}, "
-                                  f"&filter_dims, {w}, &bias_dims, {bias}, &output_dims, {out16})"))
+                         ctx.call("arm_fully_connected_s16", "&nn_ctx", "&params", "&quant", "&input_dims", x16,
+                                  "&filter_dims", w, "&bias_dims", bias, "&output_dims", out16))
+    dims = [ctx.dims("input_dims", "cmsis_nn_dims", 1, 1, 1, in_f), ctx.dims("output_dims", "cmsis_nn_dims", 1, 1, 1, 1)]
     loop = ("int32_t b, o;\n"
             f"for (b = 0; b < {batches}; b++) {{\n"
             f"    for (o = 0; o < {out_f}; o++) {{\n"
             f"        const cmsis_nn_per_tensor_quant_params quant = {{.multiplier = {mult}[o], .shift = {shift}[o]}};\n"
-            "        " + ctx.call(f"arm_fully_connected_s16(&nn_ctx, &params, &quant, &input_dims, "
-                                  f"{x16} + (ptrdiff_t)b * {in_f}, &filter_dims, {w} + (ptrdiff_t)o * {in_f}, "
-                                  f"&bias_dims, {bias} + o, &output_dims, {out16} + (ptrdiff_t)b * {out_f} + o)"
+            "        " + ctx.call("arm_fully_connected_s16", "&nn_ctx", "&params", "&quant", "&input_dims",
+                                  f"{x16} + (ptrdiff_t)b * {in_f}", "&filter_dims", f"{w} + (ptrdiff_t)o * {in_f}",
+                                  "&bias_dims", f"{bias} + o", "&output_dims", f"{out16} + (ptrdiff_t)b * {out_f} + o"
                                   ).replace("\n", "\n        ") + "\n"
             "    }\n}")
-    return ctx.block(*common,
-                     ctx.dims("input_dims", "cmsis_nn_dims", 1, 1, 1, in_f),
-                     ctx.dims("output_dims", "cmsis_nn_dims", 1, 1, 1, 1),
-                     loop)
+    return ctx.block(*common, *dims, loop)

@@ -63,7 +63,8 @@ from corten.errors import LoweringError
 from corten.fixed_point import quantize_multiplier, requantize, round_half_away_t, wrap_int32_t
 from corten.ops import checks
 from corten.ops._rules import Match
-from corten.ops.registry import Hook, OpFamily, annotates, lowers, register_family, rewrites_aten
+from corten.ops.registry import OpFamily, annotates, lowers, register_family, rewrites_aten
+from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "lstm"
 GATES = ("input", "forget", "cell", "output")  # PyTorch's gate order (i, f, g, o) in weight_ih/hh
@@ -506,8 +507,6 @@ def _batches(node) -> int:
     return int(val.shape[1] if time_major else val.shape[0])
 
 
-@family.provides(Hook.PORTABLE_SCRATCH_BYTES, "quantized_lstm")
-@family.provides(Hook.SCRATCH_BYTES, "quantized_lstm")
 def _lstm_scratch(node, target) -> int:
     hidden = int(node.args[1].meta["val"].shape[1]) if "val" in node.args[1].meta else None
     if hidden is None:
@@ -516,15 +515,8 @@ def _lstm_scratch(node, target) -> int:
 
 
 # ----------------------------------------------------------------------------- C emission
-@family.provides(Hook.EMIT_C, "quantized_lstm")
-def _emit_lstm_c(ctx) -> str:
-    """Portable: one ``corten_lstm_s8`` call.  CMSIS-NN: per step and batch, the gate
-    pre-activations with CMSIS-NN's ``arm_nn_vec_mat_mul_result_acc_s8_s16`` (the MACs: Helium/DSP
-    code; the same integer arithmetic as the portable kernel) and ``corten_lstm_step_s8`` for the
-    int16 sigmoid/tanh, cell and output (Corten's table; see the module docstring for why the
-    flavour does not call ``arm_lstm_unidirectional_s8`` whole)."""
-    ctx.portable_kernel("gate MACs on CMSIS-NN; the int16 gate activations, cell and output in "
-                        "corten_lstm_step_s8 (see ops/lstm.py)")
+def _lstm_params(ctx) -> dict:
+    """The ``corten_lstm_params`` initialiser lines and the sizes and buffers of an LSTM node."""
     shape = ctx.shape(ctx.arg("input"))
     time_major = bool(ctx.arg("time_major"))
     steps, batches = (shape[0], shape[1]) if time_major else (shape[1], shape[0])
@@ -556,10 +548,38 @@ def _emit_lstm_c(ctx) -> str:
         f"    .sigmoid_table = {ctx.const('sigmoid_table', torch.int32)}",
         "};",
     ]
-    if ctx.kernels == "portable":
-        return ctx.block(*params, ctx.call(f"corten_lstm_s8(&params, {x}, {out}, {scratch})"))
+    return dict(params=params, steps=steps, batches=batches, hidden=hidden, inputs=inputs, x=x, out=out,
+                scratch=scratch)
+
+
+@PORTABLE.kernel("quantized_lstm", scratch=_lstm_scratch)
+def _lstm_portable(ctx) -> str:
+    """One ``corten_lstm_s8`` call."""
+    p = _lstm_params(ctx)
+    return ctx.block(*p["params"], ctx.call("corten_lstm_s8", "&params", p["x"], p["out"], p["scratch"]))
+
+
+@CMSIS_NN.kernel("quantized_lstm", scratch=_lstm_scratch)
+def _lstm_cmsis(ctx) -> str:
+    """Per step and batch, the gate pre-activations with CMSIS-NN's
+    ``arm_nn_vec_mat_mul_result_acc_s8_s16`` (the MACs: Helium/DSP code; the same integer arithmetic
+    as the portable kernel) and ``corten_lstm_step_s8`` for the int16 sigmoid/tanh, cell and output
+    (Corten's table; see the module docstring for why this does not call ``arm_lstm_unidirectional_s8``
+    whole): the library then also has the portable ``lstm.c``."""
+    ctx.use_portable_helpers()
+    p = _lstm_params(ctx)
+    steps, batches, hidden, inputs = p["steps"], p["batches"], p["hidden"], p["inputs"]
+    x, out, scratch = p["x"], p["out"], p["scratch"]
+    # the step's calls (recorded in order; the C below writes the MAC calls wrapped over lines)
+    mac = "arm_nn_vec_mat_mul_result_acc_s8_s16"
+    ctx.invoke(mac, "x_row", f"params.input_weights + k * {hidden * inputs}",
+               f"params.input_effective_bias + k * {hidden}", "gate", "params.gate_multipliers[2 * k]",
+               "params.gate_shifts[2 * k]", inputs, hidden, 1, 1)
+    ctx.invoke(mac, "h_row", f"params.hidden_weights + k * {hidden * hidden}",
+               f"params.hidden_effective_bias + k * {hidden}", "gate", "params.gate_multipliers[2 * k + 1]",
+               "params.gate_shifts[2 * k + 1]", hidden, hidden, 1, 1)
     return ctx.block(
-        *params,
+        *p["params"],
         "/* declared in arm_nnsupportfunctions.h, which the generated code does not include */",
         "extern arm_cmsis_nn_status arm_nn_vec_mat_mul_result_acc_s8_s16(const int8_t *lhs, const int8_t *rhs,",
         "    const int32_t *effective_bias, int16_t *dst, const int32_t dst_multiplier, const int32_t dst_shift,",
@@ -567,10 +587,10 @@ def _emit_lstm_c(ctx) -> str:
         "int32_t t, b, k;",
         f"for (t = 0; t < {steps}; t++) {{",
         f"    for (b = 0; b < {batches}; b++) {{",
-        f"        const int8_t *x_row = corten_lstm_input_row(&params, {x}, t, b);",
-        f"        const int8_t *h_row = corten_lstm_hidden_in(&params, {out}, {scratch}, t, b);",
+        f"        const int8_t *x_row = {ctx.invoke('corten_lstm_input_row', '&params', x, 't', 'b')};",
+        f"        const int8_t *h_row = {ctx.invoke('corten_lstm_hidden_in', '&params', out, scratch, 't', 'b')};",
         "        for (k = 0; k < 4; k++) {",
-        f"            int16_t *gate = corten_lstm_gate_row(&params, {scratch}, k, b);",
+        f"            int16_t *gate = {ctx.invoke('corten_lstm_gate_row', '&params', scratch, 'k', 'b')};",
         f"            (void)arm_nn_vec_mat_mul_result_acc_s8_s16(x_row, params.input_weights + k * {hidden * inputs},",
         f"                params.input_effective_bias + k * {hidden}, gate, params.gate_multipliers[2 * k],",
         f"                params.gate_shifts[2 * k], {inputs}, {hidden}, 1, 1);",
@@ -581,7 +601,7 @@ def _emit_lstm_c(ctx) -> str:
         "            }",
         "        }",
         "    }",
-        "    " + ctx.call(f"corten_lstm_step_s8(&params, t, {out}, {scratch})").replace("\n", "\n    "),
+        "    " + ctx.call("corten_lstm_step_s8", "&params", "t", out, scratch).replace("\n", "\n    "),
         "}")
 
 

@@ -69,7 +69,7 @@ that is the common case; the CMSIS-NN kernel is a plain C loop, no faster).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -79,6 +79,7 @@ from corten.ops import _lut16, checks
 from corten.ops._common import layout_of
 from corten.ops._rules import Match
 from corten.ops.registry import ROW_WISE, Hook, OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE, NodeView
 
 FAMILY = "lut"
 TABLE_SIZE = 256
@@ -384,53 +385,72 @@ def _lower_activation_s16(m: Match, x, function: int):
                   function)
 
 
-# ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_lut", "quantized_activation_s16")
-def _lut_scratch(node: Any, target: Any) -> int:
-    """``corten_lut_s8``/``_s16``, ``corten_activation_s16`` and ``arm_nn_activation_s16`` need no
-    buffer; they are elementwise, so the output may overwrite the input."""
-    return 0
+# ``corten_lut_s8``/``_s16``, ``corten_activation_s16`` and ``arm_nn_activation_s16`` need no buffer;
+# they are elementwise, so the output may overwrite the input.
 
 
 # ----------------------------------------------------------------------------- C emission
-@family.provides("emit_c", "quantized_lut")
-def _emit_lut_c(ctx) -> str:
-    """One ``corten_lut_s8`` (``corten_lut_s16`` on int16) call, in both flavours: CMSIS-NN has no
-    generic s8 table-lookup kernel (its ``arm_relu6_s8``/``arm_relu_q7`` clamp raw values without
-    quantization parameters) and its s16 one takes power-of-two scales only (see the family
-    docstring), so the "cmsis-nn" flavour runs Corten's portable kernel too."""
+def _size(ctx) -> int:
     size = 1
     for d in ctx.shape(ctx.arg("input")):
         size *= int(d)
-    if ctx.arg("input").meta["val"].dtype == torch.int16:
-        ctx.portable_kernel("CMSIS-NN has no generic int16 lookup-table kernel")
-        table = ctx.const("table", torch.int16)
-        x, out = f"(const int16_t *)(const void *){ctx.input('input')}", f"(int16_t *)(void *){ctx.out()}"
-        return ctx.call(f"corten_lut_s16({x}, {table}, {out}, {size})")
-    ctx.portable_kernel("CMSIS-NN has no generic int8 lookup-table kernel")
+    return size
+
+
+@PORTABLE.kernel("quantized_lut", act=(torch.int8,))
+def _lut_s8(ctx) -> str:
+    """One ``corten_lut_s8`` call: CMSIS-NN has no generic s8 table-lookup kernel (its
+    ``arm_relu6_s8``/``arm_relu_q7`` clamp raw values without quantization parameters)."""
     table = ctx.const("table", torch.int8)
-    return ctx.call(f"corten_lut_s8({ctx.input('input')}, {table}, {ctx.out()}, {size})")
+    return ctx.call("corten_lut_s8", ctx.input("input"), table, ctx.out(), _size(ctx))
 
 
-@family.provides("emit_c", "quantized_activation_s16")
-def _emit_activation_s16_c(ctx) -> str:
-    """``arm_nn_activation_s16`` (CMSIS-NN) when the multiplier is ``3 * 2**j`` (a power-of-two input
-    scale: the only ones it takes), else ``corten_activation_s16``."""
-    size = 1
-    for d in ctx.shape(ctx.arg("input")):
-        size *= int(d)
-    mult, shift, function = (int(ctx.arg(a)) for a in ("input_multiplier", "input_shift", "function"))
-    x, out = f"(const int16_t *)(const void *){ctx.input('input')}", f"(int16_t *)(void *){ctx.out()}"
-    left_shift = cmsis_left_shift(mult, shift)
-    if ctx.kernels == "cmsis-nn" and left_shift is not None:
-        kind = "ARM_TANH" if function == TANH else "ARM_SIGMOID"
-        return ctx.call(f"arm_nn_activation_s16({x}, {out}, {size}, {left_shift}, {kind})")
-    if ctx.kernels != "portable":
-        ctx.portable_kernel(f"input multiplier {mult} >> {shift} is not 3 * 2**j (arm_nn_activation_s16 takes "
-                            "power-of-two input scales only)")
+@PORTABLE.kernel("quantized_lut", act=(torch.int16,))
+def _lut_s16(ctx) -> str:
+    """One ``corten_lut_s16`` call (TFLite's 513-entry interpolated table)."""
     table = ctx.const("table", torch.int16)
-    return ctx.call(f"corten_activation_s16({x}, (const uint16_t *)(const void *){table}, {mult}, {shift}, "
-                    f"{function}, {out}, {size})")
+    x, out = f"(const int16_t *)(const void *){ctx.input('input')}", f"(int16_t *)(void *){ctx.out()}"
+    return ctx.call("corten_lut_s16", x, table, out, _size(ctx))
+
+
+def _lut_cmsis_reason(node, target) -> str:
+    wide = NodeView(node, target).dtype() == torch.int16
+    return f"CMSIS-NN has no generic {'int16' if wide else 'int8'} lookup-table kernel"
+
+
+CMSIS_NN.declines("quantized_lut", reason=_lut_cmsis_reason)
+
+
+def _activation_args(ctx) -> tuple[int, int, int, str, str]:
+    mult, shift, function = (int(ctx.arg(a)) for a in ("input_multiplier", "input_shift", "function"))
+    return mult, shift, function, f"(const int16_t *)(const void *){ctx.input('input')}", \
+        f"(int16_t *)(void *){ctx.out()}"
+
+
+def _cmsis_activation_supports(node, target) -> str | None:
+    v = NodeView(node, target)
+    mult, shift = int(v.arg("input_multiplier")), int(v.arg("input_shift"))
+    if cmsis_left_shift(mult, shift) is None:
+        return (f"input multiplier {mult} >> {shift} is not 3 * 2**j (arm_nn_activation_s16 takes power-of-two "
+                "input scales only)")
+    return None
+
+
+@CMSIS_NN.kernel("quantized_activation_s16", supports=_cmsis_activation_supports)
+def _activation_s16_cmsis(ctx) -> str:
+    """``arm_nn_activation_s16`` (the multiplier is ``3 * 2**j``: a power-of-two input scale)."""
+    mult, shift, function, x, out = _activation_args(ctx)
+    kind = "ARM_TANH" if function == TANH else "ARM_SIGMOID"
+    return ctx.call("arm_nn_activation_s16", x, out, _size(ctx), cmsis_left_shift(mult, shift), kind)
+
+
+@PORTABLE.kernel("quantized_activation_s16")
+def _activation_s16_portable(ctx) -> str:
+    """``corten_activation_s16`` (TFLite's int16 Logistic/Tanh at any input scale)."""
+    mult, shift, function, x, out = _activation_args(ctx)
+    table = ctx.const("table", torch.int16)
+    return ctx.call("corten_activation_s16", x, f"(const uint16_t *)(const void *){table}", mult, shift, function, out,
+                    _size(ctx))
 
 
 @family.provides("in_place_inputs", "quantized_activation_s16")

@@ -42,6 +42,7 @@ from corten.ops._qparams import QParams
 from corten.ops._rules import DQ_PER_TENSOR, Match
 from corten.fx_nodes import node_arg
 from corten.ops.registry import Cost, Hook, OpFamily, annotates, lowers, node_shape, op_name_of, register_family
+from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "matmul"
 MIN_RANK, MAX_RANK = 2, 4
@@ -320,10 +321,16 @@ def node_geometry(node) -> MatmulGeometry:
     return geometry(_shape(lhs), _shape(rhs), _shape(node), rhs_t, _is_constant_arg(lhs), _is_constant_arg(rhs))
 
 
-@family.provides("scratch_bytes", "quantized_matmul")
 def _matmul_scratch(node, target) -> int:
     """:func:`cmsis_scratch_bytes` for the target's ISA (the portable kernel needs none)."""
     return cmsis_scratch_bytes(target.isa, node_geometry(node))
+
+
+def _cmsis_supports(node, target) -> str | None:
+    if cmsis_plan(node_geometry(node)) is None:
+        return ("operands not row-major [batch, rows, cols] in memory (e.g. NHWC heads): arm_batch_matmul_s8 cannot "
+                "read them")
+    return None
 
 
 # ----------------------------------------------------------------------------- C emission
@@ -331,33 +338,39 @@ def _c_list(values) -> str:
     return "{" + ", ".join(str(int(v)) for v in values) + "}"
 
 
-@family.provides("emit_c", "quantized_matmul")
-def _emit_matmul_c(ctx) -> str:
-    """``corten_matmul_s8`` (portable; strided, any layout) or ``arm_batch_matmul_s8`` (CMSIS-NN, when
-    :func:`cmsis_plan` finds row-major operands; the portable kernel otherwise)."""
+def _operands(ctx) -> dict:
     lhs_node, rhs_node = ctx.arg("lhs"), ctx.arg("rhs")
-    rhs_t = bool(ctx.arg("rhs_transposed"))
-    g = geometry(ctx.shape(lhs_node), ctx.shape(rhs_node), ctx.shape(), rhs_t, is_constant(lhs_node),
-                 is_constant(rhs_node))
+    g = geometry(ctx.shape(lhs_node), ctx.shape(rhs_node), ctx.shape(), bool(ctx.arg("rhs_transposed")),
+                 is_constant(lhs_node), is_constant(rhs_node))
     lhs = ctx.const("lhs", torch.int8) if is_constant(lhs_node) else ctx.input("lhs")
     rhs = ctx.const("rhs", torch.int8) if is_constant(rhs_node) else ctx.input("rhs")
-    out = ctx.out()
-    lo, ro = int(ctx.arg("lhs_offset")), int(ctx.arg("rhs_offset"))
-    oo = int(ctx.arg("output_offset"))
-    mult, shift = ctx.int_(int(ctx.arg("output_multiplier"))), int(ctx.arg("output_shift"))
-    amin, amax = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
-    plan = cmsis_plan(g) if ctx.kernels == "cmsis-nn" else None
-    if plan is None:
-        if ctx.kernels != "portable":
-            ctx.portable_kernel("operands not row-major [batch, rows, cols] in memory (e.g. NHWC heads): "
-                                "arm_batch_matmul_s8 cannot read them")
-        return ctx.block(
-            f"const corten_matmul_params params = {{.lhs_offset = {lo}, .rhs_offset = {ro}, .output_offset = {oo}, "
-            f".output_multiplier = {mult}, .output_shift = {shift}, .activation_min = {amin}, "
-            f".activation_max = {amax}}};",
-            f"const corten_matmul_dims dims = {{.batch = {_c_list(g.batch)}, .m = {g.m}, .n = {g.n}, .k = {g.k}, "
-            f".lhs_stride = {_c_list(g.lhs)}, .rhs_stride = {_c_list(g.rhs)}, .out_stride = {_c_list(g.out)}}};",
-            ctx.call(f"corten_matmul_s8(&params, &dims, {lhs}, {rhs}, {out})"))
+    return dict(g=g, lhs=lhs, rhs=rhs, out=ctx.out(), lo=int(ctx.arg("lhs_offset")), ro=int(ctx.arg("rhs_offset")),
+                oo=int(ctx.arg("output_offset")), mult=ctx.int_(int(ctx.arg("output_multiplier"))),
+                shift=int(ctx.arg("output_shift")), amin=int(ctx.arg("activation_min")),
+                amax=int(ctx.arg("activation_max")))
+
+
+@PORTABLE.kernel("quantized_matmul")
+def _matmul_portable(ctx) -> str:
+    """``corten_matmul_s8`` (strided operands, any layout)."""
+    o = _operands(ctx)
+    g = o["g"]
+    return ctx.block(
+        f"const corten_matmul_params params = {{.lhs_offset = {o['lo']}, .rhs_offset = {o['ro']}, "
+        f".output_offset = {o['oo']}, .output_multiplier = {o['mult']}, .output_shift = {o['shift']}, "
+        f".activation_min = {o['amin']}, .activation_max = {o['amax']}}};",
+        f"const corten_matmul_dims dims = {{.batch = {_c_list(g.batch)}, .m = {g.m}, .n = {g.n}, .k = {g.k}, "
+        f".lhs_stride = {_c_list(g.lhs)}, .rhs_stride = {_c_list(g.rhs)}, .out_stride = {_c_list(g.out)}}};",
+        ctx.call("corten_matmul_s8", "&params", "&dims", o["lhs"], o["rhs"], o["out"]))
+
+
+@CMSIS_NN.kernel("quantized_matmul", act=(torch.int8,), supports=_cmsis_supports, scratch=_matmul_scratch)
+def _matmul_cmsis(ctx) -> str:
+    """``arm_batch_matmul_s8`` (when :func:`cmsis_plan` finds row-major operands), after an
+    ``arm_transpose_s8`` of the right operand into the scratch when the plan needs one."""
+    o = _operands(ctx)
+    g, rhs = o["g"], o["rhs"]
+    plan = cmsis_plan(g)
     scratch, nbytes = ctx.scratch()
     want = cmsis_scratch_bytes(ctx.target.isa, g)
     if nbytes < want:
@@ -372,20 +385,20 @@ def _emit_matmul_c(ctx) -> str:
             ctx.dims("t_out_dims", "cmsis_nn_dims", *[dims[p] for p in perm]),
             f"const uint32_t perm[4] = {_c_list(perm)};",
             "const cmsis_nn_transpose_params t_params = {.num_dims = 4, .permutations = perm};",
-            ctx.call(f"arm_transpose_s8({rhs}, rhs_t, &t_in_dims, &t_out_dims, &t_params)"),
+            ctx.call("arm_transpose_s8", rhs, "rhs_t", "&t_in_dims", "&t_out_dims", "&t_params"),
         ]
         rhs = "rhs_t"
     buf = scratch if sums else "NULL"
     lines += [
         f"const cmsis_nn_context nn_ctx = {{.buf = {buf}, .size = {sums}}};",
-        f"const cmsis_nn_bmm_params params = {{.adj_x = false, .adj_y = false, .fc_params = {{.input_offset = {lo}, "
-        f".filter_offset = {ro}, .output_offset = {oo}, .activation = {{.min = {amin}, .max = {amax}}}}}}};",
-        f"const cmsis_nn_per_tensor_quant_params quant = {{.multiplier = {mult}, .shift = {shift}}};",
+        f"const cmsis_nn_bmm_params params = {{.adj_x = false, .adj_y = false, .fc_params = {{.input_offset = "
+        f"{o['lo']}, .filter_offset = {o['ro']}, .output_offset = {o['oo']}, .activation = {{.min = {o['amin']}, "
+        f".max = {o['amax']}}}}}}};",
+        f"const cmsis_nn_per_tensor_quant_params quant = {{.multiplier = {o['mult']}, .shift = {o['shift']}}};",
         ctx.dims("lhs_dims", "cmsis_nn_dims", *plan.lhs_dims),
         ctx.dims("rhs_dims", "cmsis_nn_dims", *plan.rhs_dims),
         ctx.dims("out_dims", "cmsis_nn_dims", *plan.out_dims),
-        ctx.call(f"arm_batch_matmul_s8(&nn_ctx, &params, &quant, &lhs_dims, {lhs}, &rhs_dims, {rhs}, &out_dims, "
-                 f"{out})"),
+        ctx.call("arm_batch_matmul_s8", "&nn_ctx", "&params", "&quant", "&lhs_dims", o["lhs"], "&rhs_dims", rhs,
+                 "&out_dims", o["out"]),
     ]
     return ctx.block(*lines)
-

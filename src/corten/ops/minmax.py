@@ -33,6 +33,7 @@ from corten.ops._broadcast import (
 from corten.ops._common import binary_operands
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE, NodeView
 
 FAMILY = "minmax"
 OPS = {"quantized_maximum": torch.maximum, "quantized_minimum": torch.minimum}
@@ -94,13 +95,6 @@ def lower_minmax(m: Match):
     return m.call(ATEN_OPS[m.node.target], a.node, b.node)
 
 
-# ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes")
-def _minmax_scratch(node, target) -> int:
-    """``arm_maximum_s8``/``arm_minimum_s8`` ignore their context buffer."""
-    return 0
-
-
 @family.provides("in_place_inputs")
 def _minmax_in_place_inputs(node) -> tuple[int, ...]:
     """``arm_maximum_s8``/``arm_minimum_s8`` and the portable kernel walk the full-shape operand
@@ -126,23 +120,38 @@ def cmsis_broadcast_supported(dims1: Sequence[int], dims2: Sequence[int]) -> boo
     return True
 
 
-@family.provides("emit_c")
-def _emit_minmax_c(ctx) -> str:
-    """``arm_maximum_s8``/``arm_minimum_s8`` (kernels="cmsis-nn") when both operands' bytes are in
-    the output's loop order and CMSIS-NN broadcasts their shapes correctly (see
-    :func:`cmsis_broadcast_supported`); otherwise ``corten_maximum_s8``/``corten_minimum_s8``
-    (portable), in both flavours."""
-    what = "maximum" if ctx.op_name == "quantized_maximum" else "minimum"
+def _what(op_name: str) -> str:
+    return "maximum" if op_name == "quantized_maximum" else "minimum"
+
+
+def _cmsis_supports(node, target) -> str | None:
+    """``arm_maximum_s8``/``arm_minimum_s8`` need both operands' bytes in the output's loop order and
+    a broadcast they compute correctly (see :func:`cmsis_broadcast_supported`)."""
+    v = NodeView(node, target)
+    _, d1, s1 = operand_geometry(v, "input1")
+    _, d2, s2 = operand_geometry(v, "input2")
+    if is_dense(d1, s1) and is_dense(d2, s2) and cmsis_broadcast_supported(d1, d2):
+        return None
+    return f"arm_{_what(v.op_name)}_s8 cannot take these operands (strided, or a broadcast it does not support)"
+
+
+@PORTABLE.kernel("quantized_maximum", "quantized_minimum")
+def _minmax_portable(ctx) -> str:
+    """``corten_maximum_s8``/``corten_minimum_s8`` (any broadcast, strided operands)."""
     x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
-    odims, d1, s1 = operand_geometry(ctx, "input1")
-    _, d2, s2 = operand_geometry(ctx, "input2")
-    if ctx.kernels == "cmsis-nn" and is_dense(d1, s1) and is_dense(d2, s2) and cmsis_broadcast_supported(d1, d2):
-        return ctx.block(
-            ctx.params("cmsis_nn_context", "nn_ctx", dict(buf="NULL", size=0)),
-            ctx.dims("input1_dims", "cmsis_nn_dims", *d1),
-            ctx.dims("input2_dims", "cmsis_nn_dims", *d2),
-            ctx.dims("output_dims", "cmsis_nn_dims", *odims),
-            ctx.call(f"arm_{what}_s8(&nn_ctx, {x1}, &input1_dims, {x2}, &input2_dims, {out}, &output_dims)"))
-    ctx.portable_kernel(f"arm_{what}_s8 cannot take these operands (strided, or a broadcast it does not "
-                        "support)")
-    return ctx.block(broadcast_struct(ctx), ctx.call(f"corten_{what}_s8(&shape, {x1}, {x2}, {out})"))
+    return ctx.block(broadcast_struct(ctx), ctx.call(f"corten_{_what(ctx.op_name)}_s8", "&shape", x1, x2, out))
+
+
+@CMSIS_NN.kernel("quantized_maximum", "quantized_minimum", act=(torch.int8,), supports=_cmsis_supports)
+def _minmax_cmsis(ctx) -> str:
+    """``arm_maximum_s8``/``arm_minimum_s8``."""
+    x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
+    odims, d1, _ = operand_geometry(ctx, "input1")
+    _, d2, _ = operand_geometry(ctx, "input2")
+    return ctx.block(
+        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf="NULL", size=0)),
+        ctx.dims("input1_dims", "cmsis_nn_dims", *d1),
+        ctx.dims("input2_dims", "cmsis_nn_dims", *d2),
+        ctx.dims("output_dims", "cmsis_nn_dims", *odims),
+        ctx.call(f"arm_{_what(ctx.op_name)}_s8", "&nn_ctx", x1, "&input1_dims", x2, "&input2_dims", out,
+                 "&output_dims"))

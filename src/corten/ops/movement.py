@@ -43,6 +43,7 @@ from corten.ops._movement import (
 )
 from corten.ops._rules import Match
 from corten.ops.registry import Hook, OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "movement"
 
@@ -152,22 +153,15 @@ def _strided_copy_alias_offset(node) -> int | None:
     return strided_copy_alias_offset(node)
 
 
-@family.provides(Hook.SCRATCH_BYTES, OP)
-def _strided_copy_scratch(node, target) -> int:
-    """The kernel copies straight from input to output: no buffer."""
-    return 0
-
-
 # ----------------------------------------------------------------------------- C emission
 def _c_list(values) -> str:
     return "{" + ", ".join(str(int(v)) for v in values) + "}"
 
 
-@family.provides(Hook.EMIT_C, OP)
+@PORTABLE.kernel(OP)
 def _emit_strided_copy_c(ctx) -> str:
     """``corten_strided_copy_s8`` (the portable kernel, in both flavours: CMSIS-NN has no general
     strided copy; permutes lower to ``quantized_transpose`` and its ``arm_transpose_s8``)."""
-    ctx.portable_kernel("CMSIS-NN has no strided/indexed byte copy")
     dims, strides = [int(d) for d in ctx.arg("dims")], [int(s) for s in ctx.arg("strides")]
     index_dim = int(ctx.arg("index_dim"))
     if not dims:  # one byte
@@ -187,4 +181,7 @@ def _emit_strided_copy_c(ctx) -> str:
         f"    .index_dim = {index_dim},",
         f"    .input_size = {in_bytes},",
         "};",
-        ctx.call(f"corten_strided_copy_s8(&params, {src}, {ctx.out()})"))
+        ctx.call("corten_strided_copy_s8", "&params", src, ctx.out()))
+
+
+CMSIS_NN.declines(OP, reason="CMSIS-NN has no strided/indexed byte copy")

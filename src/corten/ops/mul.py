@@ -40,12 +40,14 @@ from corten.ops._broadcast import (  # noqa: F401  (loop_geometry etc. re-export
     output_layout,
     requantized_binary_op,
     row_broadcast,
+    s16_pointers,
     same_dense_shape,
     storage_strides,
 )
 from corten.ops._common import MAX_RANK, check_lowerable_shapes, check_ranks, constant_operand  # noqa: F401
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE, NodeView
 
 FAMILY = "mul"
 
@@ -116,13 +118,6 @@ def lower_mul(m: Match):
                   mult, shift, act_min, act_max)
 
 
-# ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_mul")
-def _mul_scratch(node, target) -> int:
-    """Neither ``arm_elementwise_mul_s8`` nor the portable broadcast kernel takes a buffer."""
-    return 0
-
-
 @family.provides("in_place_inputs", "quantized_mul")
 def _quantized_mul_in_place_inputs(node) -> tuple[int, ...]:
     """``arm_elementwise_mul_s8`` (whole tensor or per repeated block) and ``corten_mul_s8`` write
@@ -131,53 +126,72 @@ def _quantized_mul_in_place_inputs(node) -> tuple[int, ...]:
     return dense_full_operands(node)
 
 
-# ----------------------------------------------------------------------------- C emission
-@family.provides("emit_c", "quantized_mul")
-def _emit_mul_c(ctx) -> str:
-    """Same-shape operands with kernels="cmsis-nn": one ``arm_elementwise_mul_s8`` call.
-    Otherwise ``corten_mul_s8`` (the portable kernel), also in the CMSIS-NN flavour when the
-    operands broadcast: CMSIS-NN has no broadcasting s8 multiply."""
-    names = ("input1_offset", "input2_offset", "output_offset", "output_multiplier", "output_shift",
-             "activation_min", "activation_max")
-    v = {k: ctx.int_(int(ctx.arg(k))) for k in names}
+# ----------------------------------------------------------------------------- kernels
+_NAMES = ("input1_offset", "input2_offset", "output_offset", "output_multiplier", "output_shift",
+          "activation_min", "activation_max")
+
+
+def _operands(ctx, s16: bool) -> tuple[dict, str, str, str]:
+    v = {k: ctx.int_(int(ctx.arg(k))) for k in _NAMES}
     x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
-    if ctx.arg("input1").meta["val"].dtype == torch.int16:
-        return _emit_mul_s16(ctx, v, names, x1, x2, out)
+    return (v, *s16_pointers(x1, x2, out)) if s16 else (v, x1, x2, out)
 
-    def cmsis_call(p1: str, p2: str, o: str, size: str) -> str:
-        args = [p1, p2, v["input1_offset"], v["input2_offset"], o, v["output_offset"], v["output_multiplier"],
-                v["output_shift"], v["activation_min"], v["activation_max"], size]
-        return ctx.call("arm_elementwise_mul_s8(" + ", ".join(args) + ")")
 
-    if ctx.kernels == "cmsis-nn" and same_dense_shape(ctx):
-        return cmsis_call(x1, x2, out, str(numel(ctx.shape())))
-    rows = row_broadcast(ctx) if ctx.kernels == "cmsis-nn" else None
-    if rows is not None:  # the per-channel broadcast: one call per repeated block
-        full, outer, inner = rows
-        p1 = f"{x1} + i * {inner}" if full == "input1" else x1
-        p2 = f"{x2} + i * {inner}" if full == "input2" else x2
-        body = cmsis_call(p1, p2, f"{out} + i * {inner}", str(inner))
-        return ctx.block("int32_t i;", f"for (i = 0; i < {outer}; i++) {{",
-                         "\n".join("    " + line for line in body.split("\n")), "}")
-    ctx.portable_kernel("broadcast that is not one operand repeated in dense blocks (arm_elementwise_mul_s8 "
-                        "takes equal-length vectors)")
+def _cmsis_mul_supports(node, target) -> str | None:
+    v = NodeView(node, target)
+    if same_dense_shape(v) or row_broadcast(v) is not None:
+        return None
+    return ("broadcast that is not one operand repeated in dense blocks (arm_elementwise_mul_s8 takes "
+            "equal-length vectors)")
+
+
+def _cmsis_mul_s16_supports(node, target) -> str | None:
+    if same_dense_shape(NodeView(node, target)):
+        return None
+    return "int16 broadcast (arm_elementwise_mul_s16 takes equal-length vectors)"
+
+
+@PORTABLE.kernel("quantized_mul", act=(torch.int8,))
+def _mul_s8(ctx) -> str:
+    """``corten_mul_s8`` (any broadcast)."""
+    v, x1, x2, out = _operands(ctx, False)
     return ctx.block(
-        ctx.params("corten_mul_params", "params", {k: v[k] for k in names}),
+        ctx.params("corten_mul_params", "params", {k: v[k] for k in _NAMES}),
         broadcast_struct(ctx),
-        ctx.call(f"corten_mul_s8(&params, &shape, {x1}, {x2}, {out})"))
+        ctx.call("corten_mul_s8", "&params", "&shape", x1, x2, out))
 
 
-def _emit_mul_s16(ctx, v: dict, names: tuple, x1: str, x2: str, out: str) -> str:
-    """16x8 multiply: ``arm_elementwise_mul_s16`` (CMSIS-NN, same shapes) or ``corten_elementwise_mul_s16``
-    (the portable kernel, any broadcast)."""
-    x1, x2 = f"(const int16_t *)(const void *){x1}", f"(const int16_t *)(const void *){x2}"
-    out = f"(int16_t *)(void *){out}"
-    if ctx.kernels == "cmsis-nn" and same_dense_shape(ctx):
-        args = [x1, x2, v["input1_offset"], v["input2_offset"], out, v["output_offset"], v["output_multiplier"],
-                v["output_shift"], v["activation_min"], v["activation_max"], str(numel(ctx.shape()))]
-        return ctx.call("arm_elementwise_mul_s16(" + ", ".join(args) + ")")
-    if ctx.kernels != "portable":
-        ctx.portable_kernel("int16 broadcast (arm_elementwise_mul_s16 takes equal-length vectors)")
-    return ctx.block(ctx.params("corten_mul_params", "params", {k: v[k] for k in names}),
+@PORTABLE.kernel("quantized_mul", act=(torch.int16,))
+def _mul_s16(ctx) -> str:
+    """16x8 multiply: ``corten_elementwise_mul_s16`` (any broadcast)."""
+    v, x1, x2, out = _operands(ctx, True)
+    return ctx.block(ctx.params("corten_mul_params", "params", {k: v[k] for k in _NAMES}),
                      broadcast_struct(ctx),
-                     ctx.call(f"corten_elementwise_mul_s16(&params, &shape, {x1}, {x2}, {out})"))
+                     ctx.call("corten_elementwise_mul_s16", "&params", "&shape", x1, x2, out))
+
+
+def _cmsis_args(v: dict, p1: str, p2: str, o: str, size: str) -> list[str]:
+    return [p1, p2, v["input1_offset"], v["input2_offset"], o, v["output_offset"], v["output_multiplier"],
+            v["output_shift"], v["activation_min"], v["activation_max"], size]
+
+
+@CMSIS_NN.kernel("quantized_mul", act=(torch.int8,), supports=_cmsis_mul_supports)
+def _cmsis_mul_s8(ctx) -> str:
+    """Same-shape operands: one ``arm_elementwise_mul_s8`` call; the per-channel broadcast: one call
+    per repeated block (CMSIS-NN has no broadcasting s8 multiply)."""
+    v, x1, x2, out = _operands(ctx, False)
+    if same_dense_shape(ctx):
+        return ctx.call("arm_elementwise_mul_s8", *_cmsis_args(v, x1, x2, out, str(numel(ctx.shape()))))
+    full, outer, inner = row_broadcast(ctx)
+    p1 = f"{x1} + i * {inner}" if full == "input1" else x1
+    p2 = f"{x2} + i * {inner}" if full == "input2" else x2
+    body = ctx.call("arm_elementwise_mul_s8", *_cmsis_args(v, p1, p2, f"{out} + i * {inner}", str(inner)))
+    return ctx.block("int32_t i;", f"for (i = 0; i < {outer}; i++) {{",
+                     "\n".join("    " + line for line in body.split("\n")), "}")
+
+
+@CMSIS_NN.kernel("quantized_mul", act=(torch.int16,), supports=_cmsis_mul_s16_supports)
+def _cmsis_mul_s16(ctx) -> str:
+    """16x8 multiply of same-shape operands: ``arm_elementwise_mul_s16``."""
+    v, x1, x2, out = _operands(ctx, True)
+    return ctx.call("arm_elementwise_mul_s16", *_cmsis_args(v, x1, x2, out, str(numel(ctx.shape()))))

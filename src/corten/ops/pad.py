@@ -23,6 +23,7 @@ from corten.ops._common import output_format, storage_dim_order
 from corten.ops._qparams import quantize_value
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "pad"
 MAX_DIMS = 4
@@ -133,28 +134,27 @@ def lower_pad(m: Match):
     return m.call("quantized_pad", x.node, pre, post, quantize_value(value, x.qparams))
 
 
-# ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_pad")
-def _pad_scratch(node, target) -> int:
-    """``arm_pad_s8`` takes no buffer; the output never overlaps the input."""
-    return 0
-
-
 # ----------------------------------------------------------------------------- C emission
-@family.provides("emit_c", "quantized_pad")
-def _emit_pad_c(ctx) -> str:
-    """One ``corten_pad_s8`` (portable) or ``arm_pad_s8`` (CMSIS-NN) call on storage-order dims."""
+def _pad_call(ctx, dims_type: str, function: str) -> str:
+    """One call of ``function(src, out, value, &input_dims, &pre_pad, &post_pad)`` on storage-order
+    dims (``corten_pad_s8`` and ``arm_pad_s8`` take the same arguments)."""
     dims, pre, post = pad_storage_dims(ctx.shape(ctx.arg("input")), ctx.arg("pre_pad"), ctx.arg("post_pad"))
     value = int(ctx.arg("pad_value"))
     src, out = ctx.input("input"), ctx.out()
-    if ctx.kernels == "portable":
-        return ctx.block(
-            ctx.dims("input_dims", "corten_dims", *dims),
-            ctx.dims("pre_pad", "corten_dims", *pre),
-            ctx.dims("post_pad", "corten_dims", *post),
-            ctx.call(f"corten_pad_s8({src}, {out}, {value}, &input_dims, &pre_pad, &post_pad)"))
     return ctx.block(
-        ctx.dims("input_dims", "cmsis_nn_dims", *dims),
-        ctx.dims("pre_pad", "cmsis_nn_dims", *pre),
-        ctx.dims("post_pad", "cmsis_nn_dims", *post),
-        ctx.call(f"arm_pad_s8({src}, {out}, {value}, &input_dims, &pre_pad, &post_pad)"))
+        ctx.dims("input_dims", dims_type, *dims),
+        ctx.dims("pre_pad", dims_type, *pre),
+        ctx.dims("post_pad", dims_type, *post),
+        ctx.call(function, src, out, value, "&input_dims", "&pre_pad", "&post_pad"))
+
+
+@PORTABLE.kernel("quantized_pad")
+def _pad_portable(ctx) -> str:
+    """One ``corten_pad_s8`` call."""
+    return _pad_call(ctx, "corten_dims", "corten_pad_s8")
+
+
+@CMSIS_NN.kernel("quantized_pad")
+def _pad_cmsis(ctx) -> str:
+    """One ``arm_pad_s8`` call."""
+    return _pad_call(ctx, "cmsis_nn_dims", "arm_pad_s8")

@@ -47,6 +47,7 @@ from corten.ops import checks
 from corten.ops._common import as_4d_view, back_to_3d, pads4
 from corten.ops._rules import Match
 from corten.ops.registry import Hook, OpFamily, Window, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE, NodeView
 
 FAMILY = "pool"
 
@@ -454,16 +455,8 @@ def avgpool_scratch_bytes(isa: str, channels: int) -> int:
     return 4 * channels if isa == "dsp" else 0
 
 
-@family.provides("scratch_bytes", "quantized_avg_pool2d")
 def _avgpool_scratch(node, target) -> int:
     return avgpool_scratch_bytes(target.isa, int(node.args[0].meta["val"].shape[1]))
-
-
-@family.provides("scratch_bytes", "quantized_max_pool2d", "quantized_adaptive_avg_pool2d",
-                 "quantized_adaptive_max_pool2d")
-def _no_scratch(node, target) -> int:
-    """``arm_max_pool_s8`` and the portable adaptive pools take no buffer."""
-    return 0
 
 
 # ----------------------------------------------------------------------------- C emission
@@ -492,59 +485,86 @@ def cmsis_compatible(in_hw, kernel, stride, padding, ho, wo, ceil_mode, include_
     return True
 
 
-@family.provides("emit_c", "quantized_avg_pool2d", "quantized_max_pool2d")
-def _emit_pool_c(ctx) -> str:
-    """``arm_avgpool_s8`` / ``arm_max_pool_s8`` (CMSIS-NN, scratch from the plan) when
-    :func:`cmsis_compatible`; otherwise ``corten_{avg,max}_pool2d_s8`` (portable, every variant)."""
+def _window(ctx) -> dict:
+    """The window arguments of a strided pool node (both providers' view)."""
     is_avg = ctx.op_name == "quantized_avg_pool2d"
     n, h, w, c = ctx.nhwc(ctx.arg("input"))
     _, ho, wo, _ = ctx.nhwc()
-    kernel, stride, padding = ctx.arg("kernel_size"), ctx.arg("stride"), ctx.arg("padding")
-    (kh, kw), (sh, sw) = kernel, stride
-    top, left, bottom, right = pads4(padding)
-    act_min, act_max = int(ctx.arg("activation_min")), int(ctx.arg("activation_max"))
-    ceil_mode = bool(_opt(ctx, "ceil_mode", False))
-    include_pad = bool(_opt(ctx, "count_include_pad", False)) if is_avg else False
-    divisor = int(_opt(ctx, "divisor_override", 0)) if is_avg else 0
-    dilation = [1, 1] if is_avg else [int(v) for v in (_opt(ctx, "dilation", None) or [1, 1])]
+    return dict(is_avg=is_avg, n=n, h=h, w=w, c=c, ho=ho, wo=wo, kernel=ctx.arg("kernel_size"),
+                stride=ctx.arg("stride"), padding=ctx.arg("padding"),
+                act_min=int(ctx.arg("activation_min")), act_max=int(ctx.arg("activation_max")),
+                ceil_mode=bool(_opt(ctx, "ceil_mode", False)),
+                include_pad=bool(_opt(ctx, "count_include_pad", False)) if is_avg else False,
+                divisor=int(_opt(ctx, "divisor_override", 0)) if is_avg else 0,
+                dilation=[1, 1] if is_avg else [int(v) for v in (_opt(ctx, "dilation", None) or [1, 1])])
+
+
+def _buffers(ctx) -> tuple[str, str, str]:
+    """(input, output, "s8" | "s16") of a pool node."""
     x, out = ctx.input("input"), ctx.out()
-    s16 = ctx.arg("input").meta["val"].dtype == torch.int16
-    suffix = "s16" if s16 else "s8"
-    if s16:
-        x, out = f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}"
-    if ctx.kernels == "cmsis-nn" and cmsis_compatible((h, w), kernel, stride, padding, ho, wo, ceil_mode,
-                                                      include_pad, divisor, dilation):
-        buf, size = ctx.scratch()
-        fn = f"arm_avgpool_{suffix}" if is_avg else f"arm_max_pool_{suffix}"
-        return ctx.block(
-            ctx.params("cmsis_nn_context", "nn_ctx", {"buf": buf, "size": size}),
-            ctx.params("cmsis_nn_pool_params", "params", {"stride": {"w": sw, "h": sh}, "padding": {"w": left, "h": top},
-                                                          "activation": {"min": act_min, "max": act_max}}),
-            ctx.dims("input_dims", "cmsis_nn_dims", n, h, w, c),
-            ctx.dims("filter_dims", "cmsis_nn_dims", 1, kh, kw, 1),
-            ctx.dims("output_dims", "cmsis_nn_dims", n, ho, wo, c),
-            ctx.call(f"{fn}(&nn_ctx, &params, &input_dims, {x}, &filter_dims, &output_dims, {out})"))
-    if ctx.kernels != "portable":
-        ctx.portable_kernel("a pooling variant arm_avgpool_s8 / arm_max_pool_s8 do not compute (ceil_mode, "
-                            "count_include_pad, divisor_override, dilation or asymmetric padding)")
-    fn = f"corten_avg_pool2d_{suffix}" if is_avg else f"corten_max_pool2d_{suffix}"
-    zp = int(_opt(ctx, "zero_point", 0)) if is_avg else 0
-    fields = dict(kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw, pad_h=top, pad_w=left, activation_min=act_min,
-                  activation_max=act_max, pad_bottom=bottom, pad_right=right, dilation_h=dilation[0],
-                  dilation_w=dilation[1], count_include_pad=int(include_pad), divisor_override=divisor, zero_point=zp)
+    if ctx.arg("input").meta["val"].dtype == torch.int16:
+        return f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}", "s16"
+    return x, out, "s8"
+
+
+def _cmsis_supports(node, target) -> str | None:
+    g = _window(NodeView(node, target))
+    if cmsis_compatible((g["h"], g["w"]), g["kernel"], g["stride"], g["padding"], g["ho"], g["wo"], g["ceil_mode"],
+                        g["include_pad"], g["divisor"], g["dilation"]):
+        return None
+    return ("a pooling variant arm_avgpool_s8 / arm_max_pool_s8 do not compute (ceil_mode, count_include_pad, "
+            "divisor_override, dilation or asymmetric padding)")
+
+
+@CMSIS_NN.kernel("quantized_avg_pool2d", supports=_cmsis_supports, scratch=_avgpool_scratch)
+@CMSIS_NN.kernel("quantized_max_pool2d", supports=_cmsis_supports)
+def _pool_cmsis(ctx) -> str:
+    """``arm_avgpool_s8`` / ``arm_max_pool_s8`` (``_s16``; scratch from the plan) when
+    :func:`cmsis_compatible`."""
+    g = _window(ctx)
+    x, out, suffix = _buffers(ctx)
+    (kh, kw), (sh, sw) = g["kernel"], g["stride"]
+    top, left, _, _ = pads4(g["padding"])
+    buf, size = ctx.scratch()
+    fn = f"arm_avgpool_{suffix}" if g["is_avg"] else f"arm_max_pool_{suffix}"
+    return ctx.block(
+        ctx.params("cmsis_nn_context", "nn_ctx", {"buf": buf, "size": size}),
+        ctx.params("cmsis_nn_pool_params", "params", {"stride": {"w": sw, "h": sh}, "padding": {"w": left, "h": top},
+                                                      "activation": {"min": g["act_min"], "max": g["act_max"]}}),
+        ctx.dims("input_dims", "cmsis_nn_dims", g["n"], g["h"], g["w"], g["c"]),
+        ctx.dims("filter_dims", "cmsis_nn_dims", 1, kh, kw, 1),
+        ctx.dims("output_dims", "cmsis_nn_dims", g["n"], g["ho"], g["wo"], g["c"]),
+        ctx.call(fn, "&nn_ctx", "&params", "&input_dims", x, "&filter_dims", "&output_dims", out))
+
+
+@PORTABLE.kernel("quantized_avg_pool2d", "quantized_max_pool2d")
+def _pool_portable(ctx) -> str:
+    """``corten_{avg,max}_pool2d_s8`` (``_s16``): every variant."""
+    g = _window(ctx)
+    x, out, suffix = _buffers(ctx)
+    (kh, kw), (sh, sw) = g["kernel"], g["stride"]
+    top, left, bottom, right = pads4(g["padding"])
+    fn = f"corten_avg_pool2d_{suffix}" if g["is_avg"] else f"corten_max_pool2d_{suffix}"
+    zp = int(_opt(ctx, "zero_point", 0)) if g["is_avg"] else 0
+    fields = dict(kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw, pad_h=top, pad_w=left,
+                  activation_min=g["act_min"], activation_max=g["act_max"], pad_bottom=bottom, pad_right=right,
+                  dilation_h=g["dilation"][0], dilation_w=g["dilation"][1], count_include_pad=int(g["include_pad"]),
+                  divisor_override=g["divisor"], zero_point=zp)
     return ctx.block(
         ctx.params("corten_pool_params", "params", {k: int(v) for k, v in fields.items()}),
-        ctx.dims("input_dims", "corten_dims", n, h, w, c),
-        ctx.dims("output_dims", "corten_dims", n, ho, wo, c),
-        ctx.call(f"{fn}(&params, &input_dims, {x}, &output_dims, {out})"))
+        ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c"]),
+        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c"]),
+        ctx.call(fn, "&params", "&input_dims", x, "&output_dims", out))
 
 
-@family.provides("emit_c", "quantized_adaptive_avg_pool2d", "quantized_adaptive_max_pool2d")
-def _emit_adaptive_pool_c(ctx) -> str:
-    """``corten_adaptive_{avg,max}_pool2d_s8`` (portable; CMSIS-NN has no adaptive pool, uniform
-    ones were lowered to the strided pools)."""
-    if ctx.kernels != "portable":
-        ctx.portable_kernel("CMSIS-NN has no adaptive pooling with non-uniform windows")
+CMSIS_NN.declines("quantized_adaptive_avg_pool2d", "quantized_adaptive_max_pool2d",
+                  reason="CMSIS-NN has no adaptive pooling with non-uniform windows")
+
+
+@PORTABLE.kernel("quantized_adaptive_avg_pool2d", "quantized_adaptive_max_pool2d")
+def _adaptive_pool_portable(ctx) -> str:
+    """``corten_adaptive_{avg,max}_pool2d_s8`` (CMSIS-NN has no adaptive pool; uniform ones were
+    lowered to the strided pools)."""
     is_avg = ctx.op_name == "quantized_adaptive_avg_pool2d"
     n, h, w, c = ctx.nhwc(ctx.arg("input"))
     _, ho, wo, _ = ctx.nhwc()
@@ -553,4 +573,4 @@ def _emit_adaptive_pool_c(ctx) -> str:
     return ctx.block(
         ctx.dims("input_dims", "corten_dims", n, h, w, c),
         ctx.dims("output_dims", "corten_dims", n, ho, wo, c),
-        ctx.call(f"{fn}({act_min}, {act_max}, &input_dims, {ctx.input('input')}, &output_dims, {ctx.out()})"))
+        ctx.call(fn, act_min, act_max, "&input_dims", ctx.input("input"), "&output_dims", ctx.out()))

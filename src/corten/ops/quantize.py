@@ -20,6 +20,7 @@ import torch
 from corten.fixed_point import requantize, round_half_away_t, wrap_int32_t
 from corten.ops import checks
 from corten.ops.registry import OpFamily, register_family
+from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "quantize"
 
@@ -114,16 +115,9 @@ family = register_family(OpFamily(FAMILY, ("quantize_per_tensor", "dequantize_pe
 
 
 # ----------------------------------------------------------------------------- requantize: memory and C
-@family.provides("scratch_bytes", "quantized_requantize")
-def _requantize_scratch(node, target) -> int:
-    """Elementwise: no buffer.  (Not in place: the output element is wider or narrower than the input's.)"""
-    return 0
-
-
-@family.provides("emit_c", "quantized_requantize")
+@PORTABLE.kernel("quantized_requantize")
 def _emit_requantize_c(ctx) -> str:
     """``corten_requantize_s8_s16`` in both flavours (CMSIS-NN has no requantize kernel)."""
-    ctx.portable_kernel("CMSIS-NN has no int8 <-> int16 requantize kernel")
     x_node = ctx.arg("input")
     size = 1
     for d in ctx.shape(x_node):
@@ -132,6 +126,8 @@ def _emit_requantize_c(ctx) -> str:
     x, out = ctx.input("input"), ctx.out()
     in8, in16 = ("NULL", f"(const int16_t *)(const void *){x}") if wide_in else (x, "NULL")
     out8, out16 = (out, "NULL") if wide_in else ("NULL", f"(int16_t *)(void *){out}")
-    return ctx.call(f"corten_requantize_s8_s16({in8}, {in16}, {int(ctx.arg('input_offset'))}, "
-                    f"{int(ctx.arg('output_offset'))}, {ctx.int_(int(ctx.arg('multiplier')))}, "
-                    f"{int(ctx.arg('shift'))}, {out8}, {out16}, {size})")
+    return ctx.call("corten_requantize_s8_s16", in8, in16, int(ctx.arg("input_offset")), int(ctx.arg("output_offset")),
+                    ctx.int_(int(ctx.arg("multiplier"))), int(ctx.arg("shift")), out8, out16, size)
+
+
+CMSIS_NN.declines("quantized_requantize", reason="CMSIS-NN has no int8 <-> int16 requantize kernel")

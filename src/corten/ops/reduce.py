@@ -31,6 +31,7 @@ from corten.ops import checks
 from corten.ops._common import MAX_ELEMENTWISE_RANK, MAX_RANK, as_4d_view, output_format, storage_dim_order
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "reduce"
 MODES = {"max": 0, "min": 1, "sum": 2}
@@ -246,18 +247,6 @@ def lower_argmax(m: Match):
 
 
 # ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_argmax")
-def _argmax_scratch(node, target) -> int:
-    """``corten_argmax_s8`` keeps its running best in registers."""
-    return 0
-
-
-@family.provides("scratch_bytes", "quantized_reduce")
-def _reduce_scratch(node, target) -> int:
-    """``corten_reduce_s8`` keeps its sums in registers."""
-    return 0
-
-
 # ----------------------------------------------------------------------------- C emission
 def reduce_geometry(in_shape: Sequence[int], dims: Sequence[int], keepdim: bool):
     """``(storage dims, reduce flags, output strides)`` of the input, 4 values each in the input's
@@ -292,10 +281,9 @@ def reduce_geometry(in_shape: Sequence[int], dims: Sequence[int], keepdim: bool)
     return [1] * pad + sdims, [0] * pad + flags, [0] * pad + strides
 
 
-@family.provides("emit_c", "quantized_reduce")
+@PORTABLE.kernel("quantized_reduce")
 def _emit_reduce_c(ctx) -> str:
     """``corten_reduce_s8`` (portable, in both flavours)."""
-    ctx.portable_kernel("CMSIS-NN has no max/min/sum reduction over arbitrary dims")
     in_shape = ctx.shape(ctx.arg("input"))
     rank = len(in_shape)
     dims = sorted({int(d) % rank for d in ctx.arg("dims")})
@@ -306,13 +294,12 @@ def _emit_reduce_c(ctx) -> str:
                                                 "activation_min", "activation_max")})
     return ctx.block(
         ctx.params("corten_reduce_params", "params", fields),
-        ctx.call(f"corten_reduce_s8(&params, {ctx.input('input')}, {ctx.out()})"))
+        ctx.call("corten_reduce_s8", "&params", ctx.input('input'), ctx.out()))
 
 
-@family.provides("emit_c", "quantized_argmax")
+@PORTABLE.kernel("quantized_argmax")
 def _emit_argmax_c(ctx) -> str:
     """``corten_argmax_s8`` (portable, in both flavours): the reduce walk with int32 index outputs."""
-    ctx.portable_kernel("CMSIS-NN has no argmax kernel")
     in_shape = ctx.shape(ctx.arg("input"))
     rank = len(in_shape)
     dim = int(ctx.arg("dim")) % rank
@@ -323,4 +310,10 @@ def _emit_argmax_c(ctx) -> str:
               "activation_max": 127}
     return ctx.block(
         ctx.params("corten_reduce_params", "params", fields),
-        ctx.call(f"corten_argmax_s8(&params, {ctx.input('input')}, {ctx.out()})"))
+        ctx.call("corten_argmax_s8", "&params", ctx.input('input'), ctx.out()))
+
+
+CMSIS_NN.declines("quantized_reduce", reason="CMSIS-NN has no max/min/sum reduction over arbitrary dims")
+
+
+CMSIS_NN.declines("quantized_argmax", reason="CMSIS-NN has no argmax kernel")

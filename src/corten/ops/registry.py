@@ -2,8 +2,8 @@
 
 An op family is one module in :mod:`corten.ops` that owns everything about a group of related ops:
 their ``torch.library`` schema, fake kernel and bit-exact reference kernel, the quantizer
-annotation of the ATen ops it lowers, the lowering rule, the scratch memory per ISA and the C
-emission.  Stages never list ops themselves: they ask this registry.
+annotation of the ATen ops it lowers, the lowering rule and its C kernels (registered with the
+kernel providers of :mod:`corten.providers`).  Stages never list ops themselves: they ask this registry.
 
 Extension points (the only ones; each is registered by the family module at import time):
 
@@ -17,11 +17,6 @@ Extension points (the only ones; each is registered by the family module at impo
   quantizer runs them after Corten's ATen passes), e.g. ``nn.LSTM`` split into layers.
 * ``@family.provides(Hook.X, *op_names)`` - the per-op hooks of the later stages, one signature each:
 
-  - ``Hook.SCRATCH_BYTES``: ``fn(node: torch.fx.Node, target: corten.targets.Target) -> int``, the
-    bytes of kernel scratch buffer the node needs on ``target``'s ISA (CMSIS-NN's
-    ``*_get_buffer_size``).  Required for every compute op (memory planner).
-  - ``Hook.EMIT_C``: ``fn(ctx: corten.codegen.EmitContext) -> str``, the C statement(s) computing
-    the node for ``ctx.kernels`` (``"portable"`` or ``"cmsis-nn"``).  Required (C generator).
   - ``Hook.IN_PLACE_INPUTS``: ``fn(node: torch.fx.Node) -> tuple[int, ...]``, the indices of the
     node's tensor arguments its kernel may overwrite with its output (same size, each element read
     before it is written).  Optional (memory planner; tests' independent plan checker).
@@ -48,6 +43,10 @@ Extension points (the only ones; each is registered by the family module at impo
 
   ``kind`` is the :class:`Hook` member or its string value; anything else raises ValueError when
   the family module is imported, so a misspelled hook cannot silently disable a feature.
+
+The C kernels of an op (their emission and scratch) are not hooks: the family registers them with
+the kernel providers (``@PORTABLE.kernel(op)``, ``@CMSIS_NN.kernel(op, supports=..., scratch=...)``,
+see :mod:`corten.providers`), which any other provider can join without editing a family.
 """
 from __future__ import annotations
 
@@ -66,11 +65,6 @@ _FAMILIES: dict[str, "OpFamily"] = {}
 class Hook(str, enum.Enum):
     """The per-op hook kinds (signatures in the module docstring)."""
 
-    SCRATCH_BYTES = "scratch_bytes"
-    # Scratch of Corten's portable kernel (the memory plan of a kernels="portable" library);
-    # families whose portable kernel takes none (almost all) do not provide it: 0.
-    PORTABLE_SCRATCH_BYTES = "portable_scratch_bytes"
-    EMIT_C = "emit_c"
     IN_PLACE_INPUTS = "in_place_inputs"
     ALIAS_OFFSET = "alias_offset"
     # op metadata (one definition each, read by codegen, memory, validation and the compiler)

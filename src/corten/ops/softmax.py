@@ -80,6 +80,7 @@ from corten.ops import _lut16, checks
 from corten.ops._common import output_format, storage_dim_order
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE, NodeView
 
 FAMILY = "softmax"
 
@@ -565,66 +566,83 @@ def lower_log_softmax(m: Match):
                   p.reverse_shift, p.diff_min, dim)
 
 
-# ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes")
-def _softmax_scratch(node, target) -> int:
-    """``arm_softmax_s8`` and the portable kernels take no buffer."""
-    return 0
-
-
 # ----------------------------------------------------------------------------- C emission
 def _geometry(ctx) -> tuple[int, int, int]:
     dim = int(ctx.arg("dim"))
     return row_geometry(ctx.shape(ctx.arg("input")), dim)
 
 
-@family.provides("emit_c", "quantized_softmax")
-def _emit_softmax_c(ctx) -> str:
-    """Rows contiguous in memory (``inner == 1``): ``corten_softmax_s8`` (portable) or
-    ``arm_softmax_s8`` (CMSIS-NN, returns void).  Otherwise ``corten_softmax_strided_s8`` in both
-    flavours."""
+def _params(ctx) -> tuple[int, int, int, str, int, str, str, str]:
     outer, row_size, inner = _geometry(ctx)
-    mult = ctx.int_(int(ctx.arg("input_multiplier")))
-    shift = int(ctx.arg("input_left_shift"))
-    diff_min = ctx.int_(int(ctx.arg("diff_min")))
-    x, out = ctx.input("input"), ctx.out()
-    if ctx.arg("input").meta["val"].dtype == torch.int16:
-        return _emit_softmax_s16(ctx, outer, row_size, inner, mult, shift, x, out)
+    return (outer, row_size, inner, ctx.int_(int(ctx.arg("input_multiplier"))), int(ctx.arg("input_left_shift")),
+            ctx.int_(int(ctx.arg("diff_min"))), ctx.input("input"), ctx.out())
+
+
+def _cmsis_supports(node, target) -> str | None:
+    if _geometry(NodeView(node, target))[2] != 1:
+        return "softmax over a dim whose rows are strided in memory (arm_softmax_s8 takes contiguous rows)"
+    return None
+
+
+def _cmsis_s16_supports(node, target) -> str | None:
+    _, row_size, inner = _geometry(NodeView(node, target))
     if inner != 1:
-        if ctx.kernels != "portable":
-            ctx.portable_kernel("softmax over a dim whose rows are strided in memory (arm_softmax_s8 takes "
-                                "contiguous rows)")
-        return ctx.call(f"corten_softmax_strided_s8({x}, {outer}, {row_size}, {inner}, {mult}, {shift}, "
-                        f"{diff_min}, {out})")
-    if ctx.kernels == "portable":
-        return ctx.call(f"corten_softmax_s8({x}, {outer}, {row_size}, {mult}, {shift}, {diff_min}, {out})")
-    return f"arm_softmax_s8({x}, {outer}, {row_size}, {mult}, {shift}, {diff_min}, {out});"
+        return "softmax over a dim whose rows are strided in memory (arm_softmax_s16 takes contiguous rows)"
+    if not 2 <= row_size <= _CMSIS_SAFE_ROW_SIZE:
+        return (f"int16 softmax rows of {row_size} elements: arm_softmax_s16 wraps where TFLite saturates (rows of "
+                "1, or of 9 or more whose sum of exponentials has its top 18 bits set)")
+    return None
 
 
-def _emit_softmax_s16(ctx, outer, row_size, inner, mult, shift, x, out) -> str:
-    """``arm_softmax_s16`` (CMSIS-NN) for contiguous rows of 2 to 8 elements, where its int32 / int16
-    arithmetic cannot wrap (module docstring); ``corten_softmax_s16`` (any rows, strided too) otherwise."""
+@PORTABLE.kernel("quantized_softmax", act=(torch.int8,))
+def _softmax_portable(ctx) -> str:
+    """``corten_softmax_s8`` (rows contiguous in memory, ``inner == 1``) or ``corten_softmax_strided_s8``."""
+    outer, row_size, inner, mult, shift, diff_min, x, out = _params(ctx)
+    if inner != 1:
+        return ctx.call("corten_softmax_strided_s8", x, outer, row_size, inner, mult, shift, diff_min, out)
+    return ctx.call("corten_softmax_s8", x, outer, row_size, mult, shift, diff_min, out)
+
+
+@CMSIS_NN.kernel("quantized_softmax", act=(torch.int8,), supports=_cmsis_supports)
+def _softmax_cmsis(ctx) -> str:
+    """``arm_softmax_s8`` (contiguous rows; returns void)."""
+    outer, row_size, _, mult, shift, diff_min, x, out = _params(ctx)
+    return ctx.invoke("arm_softmax_s8", x, outer, row_size, mult, shift, diff_min, out) + ";"
+
+
+def _s16_tables(ctx) -> tuple[str, str, str, str]:
     exp_lut, one_lut = ctx.const("exp_lut", torch.int16), ctx.const("one_by_one_lut", torch.int16)
-    x, out = f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}"
-    if ctx.kernels == "cmsis-nn" and inner == 1 and 2 <= row_size <= _CMSIS_SAFE_ROW_SIZE:
-        return ctx.block(
-            ctx.params("cmsis_nn_softmax_lut_s16", "lut", {"exp_lut": exp_lut, "one_by_one_lut": one_lut}),
-            ctx.call(f"arm_softmax_s16({x}, {outer}, {row_size}, {mult}, {shift}, &lut, {out})"))
-    if ctx.kernels != "portable":
-        ctx.portable_kernel("softmax over a dim whose rows are strided in memory (arm_softmax_s16 takes contiguous "
-                            "rows)" if inner != 1 else
-                            f"int16 softmax rows of {row_size} elements: arm_softmax_s16 wraps where TFLite "
-                            "saturates (rows of 1, or of 9 or more whose sum of exponentials has its top 18 bits "
-                            "set)")
-    return ctx.call(f"corten_softmax_s16({x}, {outer}, {row_size}, {inner}, {mult}, {shift}, {exp_lut}, {one_lut}, "
-                    f"{out})")
+    return exp_lut, one_lut, f"(const int16_t *)(const void *){ctx.input('input')}", f"(int16_t *)(void *){ctx.out()}"
 
 
-@family.provides("emit_c", "quantized_log_softmax")
-def _emit_log_softmax_c(ctx) -> str:
-    """``corten_log_softmax_s8`` in both flavours (CMSIS-NN has no log-softmax kernel)."""
-    ctx.portable_kernel("CMSIS-NN has no log-softmax kernel")
+@PORTABLE.kernel("quantized_softmax", act=(torch.int16,))
+def _softmax_s16_portable(ctx) -> str:
+    """``corten_softmax_s16`` (any rows, strided too; TFLite's SoftmaxInt16 with its two tables)."""
     outer, row_size, inner = _geometry(ctx)
-    args = ", ".join(ctx.int_(int(ctx.arg(a))) for a in ("input_multiplier", "input_left_shift",
-                                                           "reverse_multiplier", "reverse_shift", "diff_min"))
-    return ctx.call(f"corten_log_softmax_s8({ctx.input('input')}, {outer}, {row_size}, {inner}, {args}, {ctx.out()})")
+    mult, shift = ctx.int_(int(ctx.arg("input_multiplier"))), int(ctx.arg("input_left_shift"))
+    exp_lut, one_lut, x, out = _s16_tables(ctx)
+    return ctx.call("corten_softmax_s16", x, outer, row_size, inner, mult, shift, exp_lut, one_lut, out)
+
+
+@CMSIS_NN.kernel("quantized_softmax", act=(torch.int16,), supports=_cmsis_s16_supports)
+def _softmax_s16_cmsis(ctx) -> str:
+    """``arm_softmax_s16`` for contiguous rows of 2 to 8 elements, where its int32 / int16 arithmetic
+    cannot wrap (module docstring)."""
+    outer, row_size, _ = _geometry(ctx)
+    mult, shift = ctx.int_(int(ctx.arg("input_multiplier"))), int(ctx.arg("input_left_shift"))
+    exp_lut, one_lut, x, out = _s16_tables(ctx)
+    return ctx.block(
+        ctx.params("cmsis_nn_softmax_lut_s16", "lut", {"exp_lut": exp_lut, "one_by_one_lut": one_lut}),
+        ctx.call("arm_softmax_s16", x, outer, row_size, mult, shift, "&lut", out))
+
+
+@PORTABLE.kernel("quantized_log_softmax")
+def _log_softmax_portable(ctx) -> str:
+    """``corten_log_softmax_s8`` (CMSIS-NN has no log-softmax kernel)."""
+    outer, row_size, inner = _geometry(ctx)
+    args = [ctx.int_(int(ctx.arg(a))) for a in ("input_multiplier", "input_left_shift", "reverse_multiplier",
+                                                 "reverse_shift", "diff_min")]
+    return ctx.call("corten_log_softmax_s8", ctx.input("input"), outer, row_size, inner, *args, ctx.out())
+
+
+CMSIS_NN.declines("quantized_log_softmax", reason="CMSIS-NN has no log-softmax kernel")

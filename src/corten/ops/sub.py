@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from corten.ops._broadcast import (PARAM_NAMES, broadcast_struct, cmsis_add_call, cmsis_add_rows, dense_full_operands,
-                                   numel, operand_expr, rescaled_binary_op, same_dense_shape)
+from corten.ops._broadcast import (PARAM_NAMES, broadcast_struct, cmsis_add_call, cmsis_add_rows, cmsis_add_supports,
+                                   dense_full_operands, numel, rescaled_binary_op, rescaled_operands, same_dense_shape)
 from corten.ops._common import lower_rescaled_binary
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "sub"
 
@@ -49,13 +50,6 @@ def lower_sub(m: Match):
     return lower_rescaled_binary(m, "sub", "quantized_sub", "")
 
 
-# ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_sub")
-def _sub_scratch(node, target) -> int:
-    """Neither ``arm_elementwise_add_s8`` nor the portable broadcast kernel takes a buffer."""
-    return 0
-
-
 @family.provides("in_place_inputs", "quantized_sub")
 def _quantized_sub_in_place_inputs(node) -> tuple[int, ...]:
     """As quantized_add (same kernels, input2's multiplier negated): operands of the output's
@@ -63,27 +57,23 @@ def _quantized_sub_in_place_inputs(node) -> tuple[int, ...]:
     return dense_full_operands(node)
 
 
-# ----------------------------------------------------------------------------- C emission
-@family.provides("emit_c", "quantized_sub")
-def _emit_sub_c(ctx) -> str:
-    """With kernels="cmsis-nn": ``arm_elementwise_add_s8`` with input2's multiplier negated (CMSIS-NN
-    has no s8 subtract), once for same-shape operands or once per repeated block in the per-channel
-    broadcast case (:func:`corten.ops._broadcast.cmsis_add_rows`).  Otherwise ``corten_sub_s8`` (portable),
-    also in the CMSIS-NN flavour for the other broadcasts."""
-    v = {k: int(ctx.arg(k)) for k in PARAM_NAMES}
-    x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
-    # arm_elementwise_add_s8's DSP path shifts (x + offset) masked to 16 bits, which is only right
-    # for left shifts >= 16 (the lowering always uses 20); other left shifts run the portable kernel.
-    if ctx.kernels == "cmsis-nn" and v["left_shift"] >= 16:
-        if same_dense_shape(ctx):
-            return cmsis_add_call(ctx, x1, x2, out, v, str(numel(ctx.shape())), negate2=True)
-        rows = cmsis_add_rows(ctx, x1, x2, out, v, negate2=True)
-        if rows is not None:
-            return rows
-    ctx.portable_kernel("broadcast that is not one operand repeated in dense blocks (arm_elementwise_add_s8 "
-                        "takes equal-length vectors)" if v["left_shift"] >= 16 else
-                        f"left shift {v['left_shift']} < 16: arm_elementwise_add_s8 masks (x + offset) to 16 bits")
+# ----------------------------------------------------------------------------- kernels
+@PORTABLE.kernel("quantized_sub")
+def _sub_portable(ctx) -> str:
+    """``corten_sub_s8`` (any broadcast)."""
+    v, x1, x2, out = rescaled_operands(ctx)
     return ctx.block(
         ctx.params("corten_sub_params", "params", {k: v[k] for k in PARAM_NAMES}),
         broadcast_struct(ctx),
-        ctx.call(f"corten_sub_s8(&params, &shape, {x1}, {x2}, {out})"))
+        ctx.call("corten_sub_s8", "&params", "&shape", x1, x2, out))
+
+
+@CMSIS_NN.kernel("quantized_sub", act=(torch.int8,), supports=cmsis_add_supports)
+def _sub_cmsis(ctx) -> str:
+    """``arm_elementwise_add_s8`` with input2's multiplier negated (CMSIS-NN has no s8 subtract),
+    once for same-shape operands or once per repeated block in the per-channel broadcast case
+    (:func:`corten.ops._broadcast.cmsis_add_rows`)."""
+    v, x1, x2, out = rescaled_operands(ctx)
+    if same_dense_shape(ctx):
+        return cmsis_add_call(ctx, x1, x2, out, v, str(numel(ctx.shape())), negate2=True)
+    return cmsis_add_rows(ctx, x1, x2, out, v, negate2=True)

@@ -30,6 +30,7 @@ from corten.ops._common import RESHAPES, output_format, storage_dim_order, stora
 from corten.ops._movement import aten_overloads, composes_with_copy, lower_byte_map
 from corten.ops._rules import DQ_PER_TENSOR, Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE, NodeView
 
 FAMILY = "transpose"
 MAX_DIMS = 6  # CORTEN_TRANSPOSE_MAX_DIMS in corten_kernels.h
@@ -217,13 +218,6 @@ def _flattened_shape(m: Match) -> list[int] | None:
     return None if shape is None or len(shape) == 4 else list(shape)
 
 
-# ----------------------------------------------------------------------------- scratch memory
-@family.provides("scratch_bytes", "quantized_transpose")
-def _transpose_scratch(node, target) -> int:
-    """``arm_transpose_s8`` and the portable kernel take no buffer (the output never overlaps the input)."""
-    return 0
-
-
 # ----------------------------------------------------------------------------- C emission
 def _c_list(values) -> str:
     return "{" + ", ".join(str(int(v)) for v in values) + "}"
@@ -245,32 +239,41 @@ def cmsis_transpose_plan(in_shape: Sequence[int], perm: Sequence[int],
     return dims + pad, [dims[p] for p in bperm] + pad, bperm
 
 
-@family.provides("emit_c", "quantized_transpose")
-def _emit_transpose_c(ctx) -> str:
-    """``corten_transpose_s8`` (portable, up to 6 simplified storage dims) or ``arm_transpose_s8``
-    (CMSIS-NN, up to 4) over the simplified byte permutation; an identity is a plain copy."""
-    x = ctx.arg("input")
-    flattened = ctx.arg("shape") is not None
-    dims, perm = byte_permutation(ctx.shape(x), ctx.arg("perm"), flattened)
-    if not dims:
-        dims, perm = [1], [0]
-    src, out = ctx.input("input"), ctx.out()
-    if ctx.kernels == "portable":
-        return ctx.block(
-            f"const int32_t dims[{len(dims)}] = {_c_list(dims)};",
-            f"const int32_t perm[{len(perm)}] = {_c_list(perm)};",
-            ctx.call(f"corten_transpose_s8({len(dims)}, dims, perm, {src}, {out})"))
+def _byte_permutation(ctx) -> tuple[list[int], list[int]]:
+    dims, perm = byte_permutation(ctx.shape(ctx.arg("input")), ctx.arg("perm"), ctx.arg("shape") is not None)
+    return (dims, perm) if dims else ([1], [0])
+
+
+def _cmsis_supports(node, target) -> str | None:
+    v = NodeView(node, target)
     try:
-        in_dims, out_dims, perm = cmsis_transpose_plan(ctx.shape(x), ctx.arg("perm"), flattened)
-    except ValueError:  # more than 4 byte dims: Corten's portable kernel, in the CMSIS-NN flavour too
-        ctx.portable_kernel("more than 4 byte dims after merging (arm_transpose_s8 takes 4)")
-        return ctx.block(
-            f"const int32_t dims[{len(dims)}] = {_c_list(dims)};",
-            f"const int32_t perm[{len(perm)}] = {_c_list(perm)};",
-            ctx.call(f"corten_transpose_s8({len(dims)}, dims, perm, {src}, {out})"))
+        cmsis_transpose_plan(v.shape(v.arg("input")), v.arg("perm"), v.arg("shape") is not None)
+    except ValueError:
+        return "more than 4 byte dims after merging (arm_transpose_s8 takes 4)"
+    return None
+
+
+@PORTABLE.kernel("quantized_transpose")
+def _transpose_portable(ctx) -> str:
+    """``corten_transpose_s8`` over the simplified byte permutation (up to 6 storage dims); an
+    identity is a plain copy."""
+    dims, perm = _byte_permutation(ctx)
+    src, out = ctx.input("input"), ctx.out()
+    return ctx.block(
+        f"const int32_t dims[{len(dims)}] = {_c_list(dims)};",
+        f"const int32_t perm[{len(perm)}] = {_c_list(perm)};",
+        ctx.call("corten_transpose_s8", len(dims), "dims", "perm", src, out))
+
+
+@CMSIS_NN.kernel("quantized_transpose", supports=_cmsis_supports)
+def _transpose_cmsis(ctx) -> str:
+    """``arm_transpose_s8`` over the simplified byte permutation (up to 4 storage dims)."""
+    src, out = ctx.input("input"), ctx.out()
+    in_dims, out_dims, perm = cmsis_transpose_plan(ctx.shape(ctx.arg("input")), ctx.arg("perm"),
+                                                   ctx.arg("shape") is not None)
     return ctx.block(
         ctx.dims("input_dims", "cmsis_nn_dims", *in_dims),
         ctx.dims("output_dims", "cmsis_nn_dims", *out_dims),
         f"const uint32_t perm[{len(perm)}] = {_c_list(perm)};",
         ctx.params("cmsis_nn_transpose_params", "params", dict(num_dims=len(perm), permutations="perm")),
-        ctx.call(f"arm_transpose_s8({src}, {out}, &input_dims, &output_dims, &params)"))
+        ctx.call("arm_transpose_s8", src, out, "&input_dims", "&output_dims", "&params"))

@@ -33,15 +33,16 @@ class ProfileRow:
     step: int  # 1-based step number (the "Step k" comment in <name>.c)
     module: str  # PyTorch module path ("" for the root module's forward)
     op: str  # Corten op (or "reshape (layout copy)", "output_copy")
-    kernel: str  # the function the step calls: arm_* (CMSIS-NN) or corten_* (portable)
+    kernel: str  # the (first) function the step calls: arm_* (CMSIS-NN), corten_* (portable), ...
     macs: int  # multiply-accumulates (0 for data movement)
     cost: float  # instructions (QEMU) or nanoseconds (host), hook cost subtracted
     source: str = ""  # file.py:line in fn
     node: str = ""  # graph node name
+    provider: str = "portable"  # the kernel provider running the step ("" for the generator's own copy)
 
     @property
     def portable(self) -> bool:
-        return not self.kernel.startswith("arm_")
+        return self.provider in ("portable", "")
 
     @property
     def per_mac(self) -> float | None:
@@ -93,9 +94,10 @@ class Profile:
             lines.append(f"uninstrumented run: {self.baseline:,.0f} {unit}; sum of the steps = "
                          f"{100 * self.ratio:.2f}% of it")
         portable = [r for r in self.rows if r.portable and r.macs]
-        if self.kernels == "cmsis-nn" and portable:
+        if self.kernels != "portable" and portable:
             cost = sum(r.cost for r in portable)
-            lines.append(f"portable kernels in this CMSIS-NN build: {len(portable)} compute step(s), "
+            lines.append(f"portable kernels in this {_build_title(self.kernels)} build: {len(portable)} compute "
+                         "step(s), "
                          f"{100 * cost / total:.1f}% of the total")
         if self.outputs_match is not None:
             lines.append(f"outputs byte-identical to the Python reference: {'YES' if self.outputs_match else 'NO'}")
@@ -123,10 +125,11 @@ class Profile:
         ax.set_ylabel(unit)
         where = f"QEMU {self.target}" if self.on == "qemu" else "host"
         ax.set_title(f"{self.model} on {where}, {self.kernels} kernels: {self.total / scale:,.2f} {unit}")
-        if self.kernels == "cmsis-nn":
+        if self.kernels != "portable":
             from matplotlib.patches import Patch
 
-            ax.legend(handles=[Patch(color="tab:blue", label="CMSIS-NN"), Patch(color="tab:orange", label="portable")])
+            ax.legend(handles=[Patch(color="tab:blue", label=_build_title(self.kernels)),
+                               Patch(color="tab:orange", label="portable")])
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -147,4 +150,13 @@ def parse_profile(log: str, steps, per_tick: float, where: str) -> tuple[list[fl
 
 
 def profile_rows(steps, costs) -> list[ProfileRow]:
-    return [ProfileRow(s.step, s.module, s.op, s.kernel, s.macs, c, s.source, s.node) for s, c in zip(steps, costs)]
+    return [ProfileRow(s.step, s.module, s.op, s.kernel, s.macs, c, s.source, s.node, s.provider)
+            for s, c in zip(steps, costs)]
+
+
+def _build_title(kernels: str) -> str:
+    """How reports name a build's leading provider ("CMSIS-NN" for "cmsis-nn")."""
+    from corten.providers import get_provider, provider_names
+
+    lead = kernels.split("+")[0]
+    return get_provider(lead).title if lead in provider_names() else lead

@@ -18,9 +18,8 @@ import numpy as np
 import torch
 
 from corten.errors import CmsisNnNotFoundError, UsageError
+from corten.providers import chain_label, resolve_providers
 from corten.runners.common import CRunResult, harness_defines
-
-KERNEL_FLAVOURS = ("portable", "cmsis-nn")
 
 
 def tensor_to_c_bytes(t: torch.Tensor) -> bytes:
@@ -132,14 +131,15 @@ class ProgramRunner:
         self._cleanup()
         self._emitted.clear()
 
-    def library(self, kernels: str, target) -> object:
-        key = (kernels, target.name)
+    def library(self, kernels, target) -> object:
+        providers = resolve_providers(kernels)
+        key = (tuple(providers), target.name)
         if key not in self._emitted:
-            out = self.workdir / f"{kernels}-{target.name}" / "lib"
-            self._emitted[key] = self.program.emit_c(out, kernels=kernels, target=target.name)
+            out = self.workdir / f"{_dir_name(chain_label(providers))}-{target.name}" / "lib"
+            self._emitted[key] = self.program.emit_c(out, kernels=providers, target=target.name)
         return self._emitted[key]
 
-    def run(self, inputs: tuple[torch.Tensor, ...], on: str, kernels: str, target, cmsis_nn_path=None,
+    def run(self, inputs: tuple[torch.Tensor, ...], on: str, kernels, target, cmsis_nn_path=None,
             progress=True, cflags: tuple[str, ...] = (), profile: bool = False) -> tuple[list[torch.Tensor], CRun]:
         """One C run; ``profile``: the instrumented build (``-DCORTEN_PROFILE``, the harness reads the
         timer after every step: :mod:`corten.runners.profile` turns its log into rows)."""
@@ -148,17 +148,15 @@ class ProgramRunner:
 
         if on not in ("host", "qemu"):
             raise UsageError(f"on must be 'host' or 'qemu', got {on!r}")
-        if kernels not in KERNEL_FLAVOURS:
-            raise UsageError(f"kernels must be one of {KERNEL_FLAVOURS}, got {kernels!r}")
         lib = self.library(kernels, target)
         sources, includes = list(lib.sources), list(lib.include_dirs)
         cflags = ("-O2", *cflags)  # the caller's flags last: they override (-O0, -g, -fsanitize=...)
         if on == "host":
             kernel_sources = [p for p in lib.kernel_files if p.suffix == ".c"]
             sources = [p for p in sources if p not in kernel_sources] + host_kernel_objects(lib.kernel_files, cflags)
-        if kernels == "cmsis-nn":
+        if lib.links_cmsis_nn:
             if cmsis_nn_path is None:
-                raise UsageError("kernels='cmsis-nn' needs cmsis_nn_path (or the CMSIS_NN_PATH variable) "
+                raise UsageError(f"kernels={lib.kernels!r} needs cmsis_nn_path (or the CMSIS_NN_PATH variable) "
                                  "pointing at a CMSIS-NN source tree")
             nn_sources, nn_includes = cmsis_nn_sources(cmsis_nn_path)
             sources += nn_sources
@@ -171,7 +169,7 @@ class ProgramRunner:
             defines.update(CORTEN_PROFILE="1", CORTEN_PROFILE_HOOK=f"{lib.name}_profile_step",
                            CORTEN_PROFILE_STEPS=str(len(lib.steps)))
         kwargs = {} if progress else {"progress": lambda *a, **k: None}
-        run_dir = self.workdir / f"{kernels}-{target.name}" / f"run-{on}{'-profile' if profile else ''}"
+        run_dir = self.workdir / f"{_dir_name(lib.kernels)}-{target.name}" / f"run-{on}{'-profile' if profile else ''}"
         run_dir.mkdir(parents=True, exist_ok=True)
         if on == "host":
             res = run_on_host(sources, includes, defines, data, lib.output_bytes, run_dir, cflags=cflags, **kwargs)
@@ -179,4 +177,8 @@ class ProgramRunner:
             res = run_on_qemu(sources, includes, defines, data, lib.output_bytes, target.name, run_dir,
                               cflags=cflags, **kwargs)
         outs = [c_bytes_to_tensor(res.output[t.offset:t.offset + t.nbytes], t.shape, t.bits) for t in lib.outputs]
-        return outs, CRun(on, target.name if on == "qemu" else None, kernels, res.wall_s, res.instructions, res)
+        return outs, CRun(on, target.name if on == "qemu" else None, lib.kernels, res.wall_s, res.instructions, res)
+
+
+def _dir_name(label: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_+." else "_" for ch in label)
