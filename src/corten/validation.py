@@ -377,6 +377,8 @@ def table_saturation_warnings(prepared: torch.fx.GraphModule, model_name: str,
                 y = node.target(((levels - z_in) * s_in).float(), *node.args[1:], **node.kwargs).double()
         except Exception:  # noqa: BLE001 - a table whose function cannot run on the grid: no verdict
             continue
+        if tuple(y.shape) != tuple(levels.shape):
+            continue  # not elementwise on its own (a reduction annotated alike): no verdict
         lo, hi = s_out * (omin - z_out), s_out * (omax - z_out)
         bad = ~torch.isfinite(y) | (y > hi + s_out / 2) | (y < lo - s_out / 2)
         if not bool(bad.any()):
