@@ -325,3 +325,48 @@ def test_cli_refuses_an_unsupported_tflite_operator(tmp_path, capsys):
     m.output(y)
     assert main(["compile", str(_write(tmp_path, m.finish(), "sq.tflite")), "--out", str(tmp_path / "o")]) == 2
     assert "operator 0 (SQUARE" in capsys.readouterr().err
+
+
+def _net16(kind: str, seed: int) -> bytes:
+    from tflite_builder import INT16
+
+    m = TfliteBuilder(seed)
+    m.act_type = INT16
+    x = m.input([1, 9, 7, 3], 0.0004, 0)
+    if kind == "conv":
+        x = m.conv_2d(x, 5, (3, 3), (2, 1), "SAME", "RELU", per_channel=seed % 2 == 0)
+    elif kind == "dw":
+        x = m.depthwise_conv_2d(x, 2, (3, 3), (1, 2), "VALID", "RELU6")
+    elif kind == "conv-dw":
+        x = m.depthwise_conv_2d(m.conv_2d(x, 4, (1, 1), (1, 1), "VALID", "NONE"), 1, (3, 3), (1, 1), "SAME", "NONE")
+    else:  # fc: refused
+        x = m.fully_connected(m.reshape(x, [9, 21]), 4)
+    m.output(x)
+    return m.finish()
+
+
+@pytest.mark.parametrize("kind", ["conv", "dw", "conv-dw"])
+def test_16x8_convolutions_match_litert(tmp_path, kind):
+    """int16 activations (zero point 0), int8 per-channel weights, int64 biases."""
+    for seed in range(3):
+        data = _net16(kind, seed)
+        prog = corten.compile(str(_write(tmp_path, data)))
+        rng = np.random.default_rng(seed)
+        for _ in range(2):
+            q = rng.integers(-32768, 32768, (1, 9, 7, 3), dtype=np.int16)
+            got = tflite_output(prog.run_int8(tflite_input(prog, q))[0])
+            assert got.dtype == np.int16 and np.array_equal(got, litert_outputs(data, [q])[0])
+
+
+@needs_gcc
+def test_16x8_convolution_c_library_matches_litert(tmp_path):
+    data = _net16("conv-dw", 1)
+    prog = corten.compile(str(_write(tmp_path, data)))
+    q = np.random.default_rng(0).integers(-32768, 32768, (1, 9, 7, 3), dtype=np.int16)
+    run = prog.c_run(tflite_input(prog, q), on="host", kernels="portable")
+    assert np.array_equal(tflite_output(run.outputs[0]), litert_outputs(data, [q])[0])
+
+
+def test_16x8_fully_connected_is_refused(tmp_path):
+    with pytest.raises(ModelFileError, match=r"operator 1 \(FULLY_CONNECTED.*int16 \(the 16x8 scheme\)"):
+        corten.compile(str(_write(tmp_path, _net16("fc", 0))))

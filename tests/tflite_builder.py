@@ -14,7 +14,7 @@ import importlib
 
 import numpy as np
 
-INT8, INT32, FLOAT32 = 9, 2, 0
+INT8, INT16, INT32, INT64, FLOAT32 = 9, 7, 2, 4, 0
 ACT = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 PAD = {"SAME": 0, "VALID": 1}
 
@@ -53,8 +53,10 @@ class TfliteBuilder:
         return _T(len(self.tensors) - 1, shape, None if scales is None else float(scales[0]),
                   None if zps is None else int(zps[0]), dtype)
 
-    def act(self, shape, scale, zero_point) -> _T:
-        return self.tensor(shape, INT8, scale, zero_point)
+    def act(self, shape, scale, zero_point, dtype=None) -> _T:
+        return self.tensor(shape, dtype or self.act_type, scale, 0 if (dtype or self.act_type) == INT16 else zero_point)
+
+    act_type = INT8  # INT16: the 16x8 scheme (int16 activations, zero point 0, int64 biases)
 
     def input(self, shape, scale=0.05, zero_point=0) -> _T:
         t = self.act(shape, scale, zero_point)
@@ -75,6 +77,11 @@ class TfliteBuilder:
     def _out_q(self, t: _T, spread: float = 1.0):
         return float(t.scale * spread * self.rng.uniform(0.5, 2.0)), int(self.rng.integers(-20, 21))
 
+    def _bias_tensor(self, x: _T, wscale, n):
+        if self.act_type == INT16:
+            return self.tensor([n], INT64, x.scale * wscale, 0, self.rng.integers(-300000, 300000, n, dtype=np.int64))
+        return self.tensor([n], INT32, x.scale * wscale, 0, self.rng.integers(-3000, 3000, n, dtype=np.int32))
+
     def conv_2d(self, x: _T, out_channels, kernel=(3, 3), stride=(1, 1), padding="SAME", activation="NONE",
                 dilation=(1, 1), per_channel=True, bias=True, out_q=None) -> _T:
         n, h, w, c = x.shape
@@ -82,9 +89,7 @@ class TfliteBuilder:
         wdata = self.rng.integers(-127, 128, (out_channels, kh, kw, c), dtype=np.int8)
         wscale = self.rng.uniform(0.002, 0.02, out_channels if per_channel else 1)
         wt = self.tensor(wdata.shape, INT8, wscale, 0, wdata, qdim=0)
-        bscale = x.scale * wscale
-        b = self.tensor([out_channels], INT32, bscale, 0,
-                        self.rng.integers(-3000, 3000, out_channels, dtype=np.int32)) if bias else -1
+        b = self._bias_tensor(x, wscale, out_channels) if bias else -1
         oh, ow = _out(h, kh, stride[0], dilation[0], padding), _out(w, kw, stride[1], dilation[1], padding)
         s, zp = out_q or self._out_q(x, float(np.sqrt(kh * kw * c)) * 0.01 * 127 * 0.3)
         y = self.act([n, oh, ow, out_channels], s, zp)
@@ -101,7 +106,7 @@ class TfliteBuilder:
         wdata = self.rng.integers(-127, 128, (1, kh, kw, cout), dtype=np.int8)
         wscale = self.rng.uniform(0.002, 0.02, cout if per_channel else 1)
         wt = self.tensor(wdata.shape, INT8, wscale, 0, wdata, qdim=3)
-        b = self.tensor([cout], INT32, x.scale * wscale, 0, self.rng.integers(-3000, 3000, cout, dtype=np.int32))
+        b = self._bias_tensor(x, wscale, cout)
         oh, ow = _out(h, kh, stride[0], dilation[0], padding), _out(w, kw, stride[1], dilation[1], padding)
         s, zp = self._out_q(x, float(np.sqrt(kh * kw)) * 0.01 * 127 * 0.3)
         y = self.act([n, oh, ow, cout], s, zp)
@@ -116,7 +121,7 @@ class TfliteBuilder:
         wdata = self.rng.integers(-127, 128, (units, k), dtype=np.int8)
         wscale = self.rng.uniform(0.002, 0.02, units if per_channel else 1)
         wt = self.tensor(wdata.shape, INT8, wscale, 0, wdata, qdim=0)
-        b = self.tensor([units], INT32, x.scale * wscale, 0, self.rng.integers(-3000, 3000, units, dtype=np.int32))
+        b = self._bias_tensor(x, wscale, units)
         s, zp = self._out_q(x, float(np.sqrt(k)) * 0.01 * 127 * 0.3)
         y = self.act([rows, units], s, zp)
         self.op("FULLY_CONNECTED", [x, wt, b], [y], "FullyConnectedOptions", FusedActivationFunction=ACT[activation])

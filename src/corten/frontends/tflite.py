@@ -23,8 +23,14 @@ program computes (the oracle is LiteRT's ``BUILTIN_REF`` interpreter):
   weights: 0 of 24,000 outputs differ with one rounding, 15 with two), while its CONV_2D and
   DEPTHWISE_CONV_2D round twice.  The program's ``quantized_linear`` steps carry
   ``single_rounding=True`` and use Corten's portable kernel in both C flavours.
-* RELU / RELU6 / RELU_N1_TO_1 / LEAKY_RELU / LOGISTIC / TANH / HARD_SWISH run as 256-entry tables
-  whose entries are TFLite's integer reference arithmetic on each int8 value.
+* RELU / RELU6 / RELU_N1_TO_1 / LEAKY_RELU / HARD_SWISH / QUANTIZE (int8 -> int8) run as 256-entry
+  tables of TFLite's integer reference arithmetic on each int8 value; LOGISTIC / TANH as the float32
+  tables TFLite's int8 kernels populate (``LUTPopulate``).
+
+16x8 (int16 activations, zero point 0, int64 biases): CONV_2D and DEPTHWISE_CONV_2D (Corten's s16
+kernels: the reduced Q15 multiplier, as TFLite's 16x8 convolutions), the model's int16 inputs and
+outputs and RESHAPEs that keep the layout; other int16 operators are refused (FULLY_CONNECTED: LiteRT
+rounds the int64 accumulator once with the full Q31 multiplier, not CMSIS-NN's reduced one).
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ INT8 = 9
 INT16 = 7
 FLOAT32 = 0
 INT32 = 2
+INT64 = 4
 
 
 class Unsupported(ModelFileError):
@@ -57,8 +64,8 @@ def tfl_quantize(f: float, scale: float, zero_point: int) -> int:
 
 
 def activation_range(act: str, out: Tensor, where: str) -> tuple[int, int]:
-    """``CalculateActivationRangeQuantized`` of a fused activation on ``out``'s int8 grid."""
-    qmin, qmax = -128, 127
+    """``CalculateActivationRangeQuantized`` of a fused activation on ``out``'s int8 (int16) grid."""
+    qmin, qmax = (-32768, 32767) if out.type == INT16 else (-128, 127)
     s, zp = out.scale, out.zero_point
     if act == "NONE":
         return qmin, qmax
@@ -177,6 +184,24 @@ class _Builder:
 
 
 # ----------------------------------------------------------------------------- checks
+def _int8_or_16(b: _Builder, i: int, what: str) -> Tensor:
+    """An activation of a layer that also has a 16x8 form (int16 activations, zero point 0)."""
+    t = b.tensor(i)
+    if t.type == INT16 and t.quantized and len(t.scales) == 1:
+        if t.zero_point != 0:
+            raise Unsupported(f"{what} {t.describe()} is int16 with zero point {t.zero_point}; the 16x8 scheme is "
+                              "symmetric")
+        return t
+    return _int8(b, i, what)
+
+
+def _same_width(x: Tensor, y: Tensor) -> bool:
+    """True for a 16x8 layer (int16 in and out); refuses mixed widths."""
+    if (x.type == INT16) != (y.type == INT16):
+        raise Unsupported(f"input {x.describe()} and output {y.describe()} differ in width")
+    return x.type == INT16
+
+
 def _int8(b: _Builder, i: int, what: str) -> Tensor:
     t = b.tensor(i)
     if t.type == INT16:
@@ -211,14 +236,16 @@ def _weights(b: _Builder, i: int, channels: int, axis: int) -> tuple[Tensor, np.
     return w, scales
 
 
-def _bias(b: _Builder, ops: Operator, channels: int) -> torch.Tensor:
+def _bias(b: _Builder, ops: Operator, channels: int, wide: bool = False) -> torch.Tensor:
+    """The int32 bias (int64 for a 16x8 layer; zeros when omitted)."""
+    dtype, kind, np_type = (torch.int64, INT64, np.int64) if wide else (torch.int32, INT32, np.int32)
     i = ops.inputs[2] if len(ops.inputs) > 2 else -1
     if i < 0:
-        return torch.zeros(channels, dtype=torch.int32)
+        return torch.zeros(channels, dtype=dtype)
     t = b.tensor(i)
-    if t.data is None or t.type != INT32:
-        raise Unsupported(f"bias {t.describe()} must be a constant int32 tensor")
-    return torch.from_numpy(t.data.astype(np.int32).reshape(-1)).clone()
+    if t.data is None or t.type != kind:
+        raise Unsupported(f"bias {t.describe()} must be a constant {'int64' if wide else 'int32'} tensor")
+    return torch.from_numpy(t.data.astype(np_type).reshape(-1)).clone()
 
 
 def _per_channel_multipliers(in_scale: float, w_scales: np.ndarray, out_scale: float):
@@ -240,10 +267,18 @@ def _act(opt: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- operators
+def _check_wide_shift(wide: bool, shift: torch.Tensor) -> None:
+    from corten.fixed_point import REDUCED_SHIFT_MAX
+
+    if wide and int(shift.max()) > REDUCED_SHIFT_MAX:
+        raise Unsupported(f"a 16x8 requantization shift of {int(shift.max())} (the effective scale is >= 2**14)")
+
+
 def _convolution(b: _Builder, op: Operator, depthwise: bool) -> None:
     """CONV_2D (weights OHWI, per-channel along 0) and DEPTHWISE_CONV_2D (weights ``[1, kH, kW, C_out]``,
     per-channel along 3): the weights, bias, geometry and output stage as TFLite prepares them."""
-    x, y = _int8(b, op.inputs[0], "input"), _int8(b, op.outputs[0], "output")
+    x, y = _int8_or_16(b, op.inputs[0], "input"), _int8_or_16(b, op.outputs[0], "output")
+    wide = _same_width(x, y)
     cin, cout = x.shape[3], y.shape[3]
     w, scales = _weights(b, op.inputs[1], cout, 3 if depthwise else 0)
     if depthwise and cout % cin:
@@ -255,16 +290,19 @@ def _convolution(b: _Builder, op: Operator, depthwise: bool) -> None:
     dil = [int(o.get("DilationHFactor", 1)), int(o.get("DilationWFactor", 1))]
     pads = _padding(o, x.shape[1:3], w.shape[1:3], stride, dil, y.shape[1:3], op)
     mult, shift = _per_channel_multipliers(x.scale, scales, y.scale)
+    _check_wide_shift(wide, shift)
     amin, amax = activation_range(_act(o), y, op)
     geometry = [stride, pads, dil] + ([cout // cin] if depthwise else [])
     target = OPS.quantized_depthwise_conv2d.default if depthwise else OPS.quantized_conv2d.default
     b.values[op.outputs[0]] = b.call(
         target, b.value(op.inputs[0]), b.const(torch.from_numpy(w.data.copy()), "weight"),
-        b.const(_bias(b, op, cout), "bias"), *geometry, -x.zero_point, y.zero_point, b.const(mult, "multiplier"),
+        b.const(_bias(b, op, cout, wide), "bias"), *geometry, -x.zero_point, y.zero_point, b.const(mult, "multiplier"),
         b.const(shift, "shift"), amin, amax)
 
 
 def _fully_connected(b: _Builder, op: Operator) -> None:
+    # (16x8: LiteRT's reference requantizes the int64 accumulator with the full Q31 multiplier and one
+    # rounding, Corten's s16 kernels with CMSIS-NN's reduced Q15 one: measured 1 of 180 outputs apart)
     x, y = _int8(b, op.inputs[0], "input"), _int8(b, op.outputs[0], "output")
     wt = b.tensor(op.inputs[1])
     if len(wt.shape) != 2:
@@ -354,9 +392,12 @@ def _softmax(b: _Builder, op: Operator) -> None:
 
 
 def _reshape(b: _Builder, op: Operator) -> None:
-    x, y = b.tensor(op.inputs[0]), b.tensor(op.outputs[0])
-    _int8(b, op.inputs[0], "input")
-    _same_qparams(x, _int8(b, op.outputs[0], "output"), op.opcode)
+    from corten.ops._movement import shapes_share_bytes
+
+    x, y = _int8_or_16(b, op.inputs[0], "input"), _int8_or_16(b, op.outputs[0], "output")
+    _same_qparams(x, y, op.opcode)
+    if _same_width(x, y) and not shapes_share_bytes(graph_shape(x.shape), graph_shape(y.shape)):
+        raise Unsupported("an int16 reshape of a 4-D NHWC tensor to another layout (Corten's byte copy is int8)")
     b.values[op.outputs[0]] = b.view(b.value(op.inputs[0]), x.shape, y.shape)
 
 
@@ -652,8 +693,9 @@ def convert(model: TfliteModel, target: str = "cortex-m55", name: str | None = N
         ph = b.graph.placeholder(f"input{k}" if len(model.inputs) > 1 else "x")
         b.inputs[i] = ph
         examples.append(torch.zeros(graph_shape(t.shape) or [1], dtype=torch.float32))
-        if t.type == INT8 and t.quantized:
-            b.values[i] = b.graph.call_function(OPS.quantize_per_tensor.default, (ph, t.scale, t.zero_point, 8))
+        if t.type in (INT8, INT16) and t.quantized:
+            b.values[i] = b.graph.call_function(OPS.quantize_per_tensor.default,
+                                                (ph, t.scale, t.zero_point, 16 if t.type == INT16 else 8))
         elif not (t.type == FLOAT32 and i in feeds_quantize):
             raise ModelFileError(f"{Path(model.path).name}: input {k} {t.describe()} is {t.type_name}"
                                  f"{'' if t.quantized else ' without quantization'}; Corten takes int8 inputs (or "
@@ -680,11 +722,12 @@ def convert(model: TfliteModel, target: str = "cortex-m55", name: str | None = N
             src, t = b.dequantized[i]
         else:
             src, t = i, model.tensors[i]
-            if t.type != INT8 or not t.quantized:
+            if t.type not in (INT8, INT16) or not t.quantized:
                 raise ModelFileError(f"{Path(model.path).name}: output {k} {t.describe()} is {t.type_name}; "
-                                     "Corten programs return int8 outputs (or their DEQUANTIZE)")
+                                     "Corten programs return int8 (int16) outputs (or their DEQUANTIZE)")
         outputs.append(b.graph.call_function(OPS.dequantize_per_tensor.default, (b.values[src], t.scale,
-                                                                                   t.zero_point, 8)))
+                                                                                   t.zero_point,
+                                                                                   16 if t.type == INT16 else 8)))
     b.graph.output(tuple(outputs))
     gm = torch.fx.GraphModule(b.root, b.graph)
     try:
