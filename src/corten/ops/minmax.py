@@ -50,24 +50,23 @@ def _reference(op: str, input1: torch.Tensor, input2: torch.Tensor) -> torch.Ten
     return OPS[op](input1, input2).contiguous(memory_format=output_layout(shape))
 
 
-@torch.library.custom_op("corten::quantized_maximum", mutates_args=())
-def quantized_maximum(input1: torch.Tensor, input2: torch.Tensor) -> torch.Tensor:
-    return _reference("quantized_maximum", input1, input2)
+def _elementwise_op(name: str):
+    """Define ``corten::<name>`` (``quantized_maximum`` / ``quantized_minimum``): reference and fake kernel."""
+    def kernel(input1: torch.Tensor, input2: torch.Tensor) -> torch.Tensor:
+        return _reference(name, input1, input2)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    op = torch.library.custom_op(f"corten::{name}", kernel, mutates_args=())
+
+    @op.register_fake
+    def _(input1, input2):
+        return empty_output(_check(name, input1, input2), input1)
+
+    return op
 
 
-@quantized_maximum.register_fake
-def _(input1, input2):
-    return empty_output(_check("quantized_maximum", input1, input2), input1)
-
-
-@torch.library.custom_op("corten::quantized_minimum", mutates_args=())
-def quantized_minimum(input1: torch.Tensor, input2: torch.Tensor) -> torch.Tensor:
-    return _reference("quantized_minimum", input1, input2)
-
-
-@quantized_minimum.register_fake
-def _(input1, input2):
-    return empty_output(_check("quantized_minimum", input1, input2), input1)
+quantized_maximum = _elementwise_op("quantized_maximum")
+quantized_minimum = _elementwise_op("quantized_minimum")
 
 
 family = register_family(OpFamily(FAMILY, tuple(OPS), doc=__doc__))
