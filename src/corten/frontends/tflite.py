@@ -146,7 +146,7 @@ class _Builder:
         if i in self.values:
             return self.values[i]
         t = self.tensor(i)
-        if t.data is not None and t.type in (INT8, INT16):
+        if t.data is not None and t.type == INT8:
             node = self.const(torch.from_numpy(_to_graph_layout(t.data.astype(np.int8))).clone(), "operand")
             self.values[i] = node
             return node
