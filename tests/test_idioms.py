@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import corten
+from corten.codegen.generated import GEN_OPS
 from idiom_models import IDIOMS
 
 CASES = {name: (factory, shapes) for name, factory, shapes in IDIOMS}
@@ -41,6 +42,10 @@ def test_idiom_is_lowered_byte_exact_and_close_to_float(name):
     assert len(got) == len(expected)
     for e, c in zip(expected, got):
         assert e.shape == c.shape and torch.equal(e.contiguous(), c.contiguous())
+    if set(prog.op_counts()) & set(GEN_OPS):  # Corten's generated kernels (the DSP path's C), same bytes
+        gen = _leaves(prog.run_c(*inputs, on="host", int8=True, kernels="generated", target="cortex-m4"))
+        for e, c in zip(expected, gen):
+            assert e.shape == c.shape and torch.equal(e.contiguous(), c.contiguous())
     with torch.no_grad():
         ref = _leaves(model(*inputs))
     for f, q in zip(ref, _leaves(prog.run(*inputs))):

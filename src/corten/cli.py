@@ -171,6 +171,8 @@ def cmd_compile(args) -> int:
             report += ["", auto_report(prog)]
         if not prog.unlowered_ops():
             report += ["", prog.memory_report(args.kernels), "", prog.fallback_report()]
+            if args.kernels.startswith("generated"):
+                report += ["", prog.choices_report(args.kernels)]
         text = "\n".join(report) + "\n"
         (tmp / "report.txt").write_text(text)
         print(text, end="")
@@ -309,10 +311,13 @@ def cmd_profile(args) -> int:
     from corten.program import load
 
     prog = load(args.dir)
+    cycles = args.mhz is not None or args.cycles
+    if cycles and args.on != "qemu":
+        raise CliError("--mhz/--cycles estimate the cycles of a QEMU run: use --on qemu")
     xs, target = _run_inputs(args, prog, "profiling")
     prof = prog.profile(*xs, on=args.on, target=target, kernels=args.kernels, progress=True,
-                        baseline=not args.no_baseline)
-    print(prof.table())
+                        baseline=not args.no_baseline, cycles=cycles)
+    print(prof.table(mhz=args.mhz))
     if args.plot:
         print(f"profile plot: {prof.plot(args.plot)}")
     return 0 if prof.outputs_match else 1
@@ -381,6 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--plot", default=None, metavar="FILE.png", help="also draw the steps as a bar chart")
     pr.add_argument("--no-baseline", action="store_true",
                     help="skip the uninstrumented run the rows' sum is compared with")
+    pr.add_argument("--cycles", action="store_true",
+                    help="also estimate each step's cycles (QEMU: instruction mix x the core's timing table)")
+    pr.add_argument("--mhz", type=float, default=None, metavar="MHZ",
+                    help="estimate cycles (as --cycles) and print milliseconds at this clock, e.g. --mhz 120")
     pr.set_defaults(func=cmd_profile)
     return p
 

@@ -350,6 +350,13 @@ class Program:
         return kernel_steps(self.ep, self.memory_for(kernels, tgt.name), self.name, tgt, kernels,
                             node_sources=self.info.get("node_sources"))
 
+    def choices_report(self, kernels: str = "generated", target: str | None = None) -> str:
+        """Which kernel each step of a generated build (``kernels="generated"`` or
+        ``"generated+cmsis-nn"``) runs - the layer's generated kernel or the fallback flavour's - and why."""
+        from corten.codegen import choices_report
+
+        return choices_report(self.kernel_choices(kernels, target), kernels)
+
     def fallback_report(self, target: str | None = None) -> str:
         """Which steps of a CMSIS-NN build fall back to Corten's portable kernels, and why."""
         from corten.codegen import fallback_report
@@ -358,10 +365,12 @@ class Program:
 
     def c_run(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
               cmsis_nn_path: str | None = None, target: str | None = None, progress: bool = False,
-              cflags: str | Sequence[str] = ()):
+              cflags: str | Sequence[str] = (), cycles: bool = False):
         """Run the program's C library on the host or on QEMU (for the program's target, or
         ``target``) and return the run as a value: a :class:`corten.runners.program_runner.CRun` with the
         int8 ``outputs`` (as :meth:`run_int8`), ``wall_s``, ``instructions`` (QEMU) and the log.
+        ``cycles`` (QEMU): also ``run.cycles_estimate``, the inference's estimated cycles (the executed
+        instruction mix costed with the core's timing table, :mod:`corten.runners.cycles`).
 
         ``cflags``: extra compiler flags (a list, or one string split like a shell would), added
         after Corten's ``-O2``, e.g. ``"-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all"``
@@ -376,7 +385,10 @@ class Program:
         tgt = self.target if target is None else get_target(target)
         cmsis = cmsis_nn_path or os.environ.get("CMSIS_NN_PATH")
         flags = _cflags_tuple(cflags)
-        outs, run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, cflags=flags)
+        if cycles and on != "qemu":
+            raise UsageError("cycles=True estimates the cycles of a QEMU run (on='qemu')")
+        outs, run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, cflags=flags,
+                                     cycles=cycles)
         run.outputs = list(outs)
         run.output_names = self.output_names
         run.structured = self.structure(run.outputs)
@@ -384,7 +396,7 @@ class Program:
 
     def profile(self, *inputs: torch.Tensor, on: str = "qemu", target: str | None = None,
                 kernels: str = "portable", cmsis_nn_path: str | None = None, baseline: bool = True,
-                progress: bool = False):
+                progress: bool = False, cycles: bool = False):
         """Per-step cost of the C library: a :class:`corten.runners.profile.Profile` with one row per
         step of ``<name>_run`` (step, module path, op, kernel called - ``arm_*`` CMSIS-NN or
         ``corten_*`` portable -, MACs, instructions on QEMU or nanoseconds on the host).
@@ -393,7 +405,8 @@ class Program:
         measured and subtracted; see :mod:`corten.runners.profile`).  ``baseline``: also run the
         normal build, so that ``profile.baseline`` / ``profile.ratio`` compare the rows' sum with
         it; ``profile.outputs_match`` says whether the run(s) reproduced :meth:`run_int8` byte for
-        byte.  No inputs: seeded random ones."""
+        byte.  ``cycles`` (QEMU): each row also gets its estimated cycles (``row.cycles``, see
+        :meth:`c_run`).  No inputs: seeded random ones."""
         import os
 
         from corten.runners.profile import Profile, parse_profile, profile_rows
@@ -408,7 +421,10 @@ class Program:
         tgt = self.target if target is None else get_target(target)
         cmsis = cmsis_nn_path or os.environ.get("CMSIS_NN_PATH")
         expected = self.run_int8(*inputs)
-        outs, run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, profile=True)
+        if cycles and on != "qemu":
+            raise UsageError("cycles=True estimates the cycles of a QEMU run (on='qemu')")
+        outs, run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, profile=True,
+                                     cycles=cycles)
         steps = self._runner.library(kernels, tgt).steps
         if on == "qemu":
             from corten.runners.qemu import board_for
@@ -418,8 +434,10 @@ class Program:
             per_tick, unit = 1.0, "ns"
         costs, hook = parse_profile(run.result.log, steps, per_tick, run.result.where)
         match = all(torch.equal(e, o) for e, o in zip(expected, outs))
-        prof = Profile(self.name, on, tgt.name if on == "qemu" else None, run.kernels, unit, profile_rows(steps, costs),
-                       hook_cost=hook)
+        estimate = run.result.cycles
+        prof = Profile(self.name, on, tgt.name if on == "qemu" else None, run.kernels, unit,
+                       profile_rows(steps, costs, estimate.steps if estimate is not None else None), hook_cost=hook,
+                       cycles_core=estimate.core if estimate is not None else None)
         if baseline:
             base_outs, base = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress)
             prof.baseline = float(base.instructions if on == "qemu" else base.wall_s * 1e9)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from corten.errors import CBuildError, CRunError, CRunnerError, CRunTimeout  # noqa: F401  (re-exported)
 
@@ -55,6 +56,7 @@ class CRunResult:
     instructions: int | None
     log: str
     where: str = "host"
+    cycles: Any = None  # QEMU runs with cycles=True: the corten.runners.cycles.CycleEstimate
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ class ProfileRow:
     source: str = ""  # file.py:line in fn
     node: str = ""  # graph node name
     provider: str = "portable"  # the kernel provider running the step ("" for the generator's own copy)
+    cycles: float | None = None  # estimated cycles (profile(..., cycles=True); corten.runners.cycles)
 
     @property
     def portable(self) -> bool:
@@ -63,6 +64,13 @@ class Profile:
     hook_cost: float = 0.0  # per hook call, subtracted from every row
     baseline: float | None = None  # the uninstrumented run (instructions, or ns on the host)
     outputs_match: bool | None = None  # both runs byte-identical to Program.run_int8
+    cycles_core: str | None = None  # the timing table of the rows' cycle estimates (None: not estimated)
+
+    @property
+    def total_cycles(self) -> float | None:
+        if self.cycles_core is None:
+            return None
+        return float(sum(r.cycles or 0.0 for r in self.rows))
 
     @property
     def total(self) -> float:
@@ -73,23 +81,36 @@ class Profile:
         """Sum of the rows / the uninstrumented run (1.0 = identical)."""
         return self.total / self.baseline if self.baseline else None
 
-    def table(self) -> str:
+    def table(self, mhz: float | None = None) -> str:
+        """The rows as text; with cycle estimates, also cycles and, at ``mhz`` MHz, milliseconds."""
         unit = "instr" if self.unit == "instructions" else "ns"
         where = f"QEMU {self.target}" if self.on == "qemu" else "host"
+        cyc = self.cycles_core is not None
+        extra = (f" {'est. cycles':>13}" + (f" {'ms @' + format(mhz, 'g') + 'MHz':>11}" if mhz else "")) if cyc else ""
         head = (f"{'#':>4}  {'module':<28} {'op':<26} {'kernel':<34} {'MACs':>11} {unit:>13} {'share':>6} "
-                f"{unit + '/MAC':>10}")
+                f"{unit + '/MAC':>10}" + extra)
         lines = [f"Per-step profile of {self.model} on {where}, {self.kernels} kernels "
                  f"(hook cost {self.hook_cost:.1f} {unit} per step subtracted)", head, "-" * len(head)]
         total = self.total or 1.0
         for r in self.rows:
             per = f"{r.per_mac:.2f}" if r.per_mac is not None else "-"
+            tail = ""
+            if cyc:
+                tail = f" {r.cycles or 0:>13,.0f}" + (f" {(r.cycles or 0) / (mhz * 1e3):>11.3f}" if mhz else "")
             lines.append(f"{r.step:>4}  {(r.module or '(forward)')[:28]:<28} {r.op[:26]:<26} {r.kernel[:34]:<34} "
-                         f"{r.macs:>11,} {r.cost:>13,.0f} {100 * r.cost / total:>5.1f}% {per:>10}")
+                         f"{r.macs:>11,} {r.cost:>13,.0f} {100 * r.cost / total:>5.1f}% {per:>10}{tail}")
         lines.append("-" * len(head))
         macs = sum(r.macs for r in self.rows)
         per = f"{self.total / macs:.2f}" if macs else "-"
+        tail = ""
+        if cyc:
+            tc = self.total_cycles or 0.0
+            tail = f" {tc:>13,.0f}" + (f" {tc / (mhz * 1e3):>11.3f}" if mhz else "")
         lines.append(f"{'':>4}  {'total':<28} {'':<26} {'':<34} {macs:>11,} {self.total:>13,.0f} {'100.0%':>6} "
-                     f"{per:>10}")
+                     f"{per:>10}{tail}")
+        if cyc:
+            lines.append(f"estimated cycles: the executed instruction mix costed with the {self.cycles_core} timing "
+                         "table (corten.runners.cycles; conservative, no caches or wait states)")
         if self.baseline is not None:
             lines.append(f"uninstrumented run: {self.baseline:,.0f} {unit}; sum of the steps = "
                          f"{100 * self.ratio:.2f}% of it")
@@ -149,9 +170,12 @@ def parse_profile(log: str, steps, per_tick: float, where: str) -> tuple[list[fl
     return costs, hook
 
 
-def profile_rows(steps, costs) -> list[ProfileRow]:
-    return [ProfileRow(s.step, s.module, s.op, s.kernel, s.macs, c, s.source, s.node, s.provider)
-            for s, c in zip(steps, costs)]
+def profile_rows(steps, costs, cycles=None) -> list[ProfileRow]:
+    """One row per step; ``cycles``: the estimated cycles of each step (a profile build's estimate)."""
+    cyc = list(cycles) if cycles is not None else [None] * len(steps)
+    cyc += [None] * (len(steps) - len(cyc))
+    return [ProfileRow(s.step, s.module, s.op, s.kernel, s.macs, c, s.source, s.node, s.provider, k)
+            for s, c, k in zip(steps, costs, cyc)]
 
 
 def _build_title(kernels: str) -> str:

@@ -78,6 +78,12 @@ class CRun:
     output_names: list[str] = field(default_factory=list)  # their C names (Program.output_names)
     structured: Any = None  # the int8 outputs in the structure forward returns (dict, NamedTuple, ...)
 
+    @property
+    def cycles_estimate(self) -> float | None:
+        """Estimated cycles of the inference (QEMU runs with ``cycles=True``; None otherwise)."""
+        est = self.result.cycles
+        return None if est is None else est.total
+
 
 _KERNEL_OBJECTS: dict[str, Path] = {}
 _KERNEL_OBJECT_DIR: tempfile.TemporaryDirectory | None = None
@@ -140,7 +146,8 @@ class ProgramRunner:
         return self._emitted[key]
 
     def run(self, inputs: tuple[torch.Tensor, ...], on: str, kernels, target, cmsis_nn_path=None,
-            progress=True, cflags: tuple[str, ...] = (), profile: bool = False) -> tuple[list[torch.Tensor], CRun]:
+            progress=True, cflags: tuple[str, ...] = (), profile: bool = False,
+            cycles: bool = False) -> tuple[list[torch.Tensor], CRun]:
         """One C run; ``profile``: the instrumented build (``-DCORTEN_PROFILE``, the harness reads the
         timer after every step: :mod:`corten.runners.profile` turns its log into rows)."""
         from corten.runners.host import run_on_host
@@ -175,7 +182,7 @@ class ProgramRunner:
             res = run_on_host(sources, includes, defines, data, lib.output_bytes, run_dir, cflags=cflags, **kwargs)
         else:
             res = run_on_qemu(sources, includes, defines, data, lib.output_bytes, target.name, run_dir,
-                              cflags=cflags, **kwargs)
+                              cflags=cflags, cycles=cycles, **kwargs)
         outs = [c_bytes_to_tensor(res.output[t.offset:t.offset + t.nbytes], t.shape, t.bits) for t in lib.outputs]
         return outs, CRun(on, target.name if on == "qemu" else None, lib.kernels, res.wall_s, res.instructions, res)
 

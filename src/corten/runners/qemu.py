@@ -253,6 +253,7 @@ def run_on_qemu(
     check: bool = True,
     progress: Progress | None = print_progress,
     main: Path | None = None,
+    cycles: bool = False,
 ) -> CRunResult:
     """Build sources + harness for ``target`` and run one inference on its QEMU board.
 
@@ -261,6 +262,8 @@ def run_on_qemu(
     targets without a board, CBuildError when the build fails, CRunTimeout after ``timeout_s``,
     and CRunError (naming target and board) on faults, missing output and, with ``check``, a
     non-zero model status (without ``check`` the status is returned with empty output).
+    ``cycles``: also log the executed blocks and estimate the inference's cycles
+    (:mod:`corten.runners.cycles`; ``result.cycles``, per step in a profile build).
     """
     board = board_for(target)
     where = board.describe()
@@ -280,6 +283,9 @@ def run_on_qemu(
     if progress:
         progress(f"running {where} (timeout {timeout_s:g} s)")
     command = qemu_command(board, elf)
+    trace = workdir / "qemu_exec.log"
+    if cycles:
+        command += ["-d", "in_asm,exec,nochain", "-D", str(trace)]
     start = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -314,6 +320,15 @@ def run_on_qemu(
             )
         return CRunResult(b"", report.status, wall_s, instructions, log, where)
     output = read_output(workdir, output_size, where)
+    estimate = None
+    if cycles:
+        from .cycles import estimate as estimate_cycles
+
+        try:
+            estimate = estimate_cycles(trace, target, full_defines["CORTEN_RUN"],
+                                       full_defines.get("CORTEN_PROFILE_HOOK"))
+        finally:
+            trace.unlink(missing_ok=True)
     if progress:
         progress(f"{where}: {instructions:,} instructions, {wall_s:.2f} s wall")
-    return CRunResult(output, 0, wall_s, instructions, log, where)
+    return CRunResult(output, 0, wall_s, instructions, log, where, estimate)

@@ -1,0 +1,771 @@
+"""Corten's generated kernels (``kernels="generated"``): one C function per layer, every constant known.
+
+For the hot ops - ``quantized_conv2d`` (1x1 / pointwise and general, the first layer included),
+``quantized_depthwise_conv2d`` (any kernel, stride and padding; depth multiplier 1) and
+``quantized_linear`` - the generator writes a C function specialised for the layer: shapes,
+strides, padding, zero points and the activation clamp are literals; the blocks it calls
+(``codegen/kernels/corten_gen.h``) are always inlined, so the compiler sees fixed trip counts and
+immediate offsets.  What is done ahead of time:
+
+* **Zero point folded into the bias.**  ``acc = bias + sum (x + input_offset) * w`` over the taps
+  inside the input equals ``bias_k + sum x * w`` with ``bias_k = bias + input_offset * sum w`` over
+  those taps.  The output is split into *segments* (runs of rows x runs of columns) whose windows
+  see the same kernel taps inside the input; each segment has its own folded-bias table
+  (``_bias``, one row of ``C_out`` per segment class), so padding costs nothing in the inner loop
+  and no window is ever copied (no im2col, also none for depthwise).
+* **Weights in inner-loop order.**  Dense layers keep CMSIS-NN's OHWI int8 rows (a window row
+  ``kW * C_in`` is contiguous in NHWC, so each kernel row is one dot product of constant length);
+  the DSP depthwise path reads weights pre-widened to int16 pairs in ``SXTB16`` order
+  (``(w0, w2), (w1, w3)`` per four channels, ``_w16``), one word per two channels.
+* **Epilogue tables in the order the epilogue reads them**: ``_q`` holds per output channel
+  ``{multiplier, left shift, right shift, 2**right}`` (short epilogue) or ``{multiplier, shift}``
+  (general), interleaved for the scalar epilogues, planar for the Helium one.
+* **Register tiles**: 2 pixels x 2 output channels per dense dot product (4 accumulators: 13 live
+  registers on a Cortex-M4, no spill), four channels per depthwise step (DSP) or per vector (MVE).
+* **ISA paths**: ``plain`` scalar C (Cortex-M0/M3), ``dsp`` (``__sxtb16``/``__smlad``/``__smlabb``,
+  Cortex-M4/M7/M33), ``mve`` (``vmladavaq_s8``, ``vldrbq_s32``/``vmulq_s32``, a 4-lane epilogue;
+  Cortex-M55/M85).  On a host, ``corten_gen.h`` defines the DSP primitives in C, so the DSP path's
+  C is tested byte for byte on the host too; the MVE blocks are checked on QEMU.
+
+Exactness.  The requantization is CMSIS-NN's ``arm_nn_requantize`` (``corten_requantize``).  The
+*short* epilogue (``cg_requant_short``: one 32x32->64 multiply-add, three ALU operations) is used
+only when :func:`short_epilogue_ok` proves it equal: multipliers >= 0 and every accumulator
+``|acc| * 2**left < 2**30`` (bounded from the weights and the folded biases: ``|acc| <= |bias_k| +
+128 * sum |w|``); then ``doubling_high_mult_no_sat`` is ``(a*m + 2**30) >> 31`` and the rounding
+right shift cannot overflow.  Otherwise the layer uses the general function.  A layer whose
+accumulator bound reaches 2**31 is not generated at all (the reference wraps int32; the SIMD
+instructions would too, but C may not), and falls back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from corten.errors import CodegenError
+from corten.providers import KernelStep, Provider, register_provider
+
+GEN_OPS = ("quantized_conv2d", "quantized_depthwise_conv2d", "quantized_linear")
+ISAS = ("plain", "dsp", "mve")
+INT32_LIMIT = 2**31
+SHORT_LIMIT = 2**30
+HEADER = "corten_gen.h"
+
+
+@dataclass
+class LayerSpec:
+    """Everything the generator needs about one layer (all integers known at compile time).
+
+    ``kind``: "conv" (``weight`` OHWI ``[C_out, kH, kW, C_in]``; linear layers are 1x1 convs over
+    ``W = batches`` pixels) or "depthwise" (``weight`` ``[kH, kW, C]``).  ``bias`` int64 ``[C_out]``
+    (zeros when the op has none).  ``padding`` is the leading (top, left) padding; the output size
+    gives the rest."""
+
+    kind: str
+    n: int
+    h: int
+    w: int
+    c_in: int
+    ho: int
+    wo: int
+    c_out: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    weight: torch.Tensor
+    bias: torch.Tensor
+    input_offset: int
+    output_offset: int
+    multiplier: torch.Tensor
+    shift: torch.Tensor
+    act_min: int
+    act_max: int
+
+    @property
+    def macs(self) -> int:
+        per = self.kh * self.kw * (self.c_in if self.kind == "conv" else 1)
+        return self.n * self.ho * self.wo * self.c_out * per
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Output rows ``[oy0, oy1)`` x columns ``[ox0, ox1)`` whose windows see kernel rows ``[i0, i1)`` and
+    columns ``[j0, j1)`` inside the input; ``cls`` indexes the folded-bias table."""
+
+    oy0: int
+    oy1: int
+    ox0: int
+    ox1: int
+    i0: int
+    i1: int
+    j0: int
+    j1: int
+    cls: int
+
+
+@dataclass
+class GeneratedLayer:
+    """The C of one layer: ``functions`` (defined before ``<name>_steps``), the ``call`` statement,
+    and ``what`` (strategy, for the report)."""
+
+    functions: str
+    call: str
+    what: str
+    short_epilogue: bool
+    arrays: dict[str, str] = field(default_factory=dict)  # suffix -> C name
+
+
+def _runs(n_out: int, k: int, stride: int, pad: int, size: int) -> list[tuple[int, int, int, int]]:
+    """Maximal runs ``(o0, o1, t0, t1)`` of outputs whose window taps ``[t0, t1)`` are inside the input."""
+    runs: list[list[int]] = []
+    for o in range(n_out):
+        t0 = max(0, pad - o * stride)
+        t1 = min(k, size + pad - o * stride)
+        t1 = max(t0, t1)
+        if runs and runs[-1][2:] == [t0, t1]:
+            runs[-1][1] = o + 1
+        else:
+            runs.append([o, o + 1, t0, t1])
+    return [tuple(r) for r in runs]  # type: ignore[misc]
+
+
+def segments(spec: LayerSpec) -> tuple[list[Segment], list[tuple[int, int, int, int]]]:
+    """The output segments and the distinct tap boxes ``(i0, i1, j0, j1)`` (one bias class each)."""
+    rows = _runs(spec.ho, spec.kh, spec.stride[0], spec.padding[0], spec.h)
+    cols = _runs(spec.wo, spec.kw, spec.stride[1], spec.padding[1], spec.w)
+    boxes: list[tuple[int, int, int, int]] = []
+    segs = []
+    for oy0, oy1, i0, i1 in rows:
+        for ox0, ox1, j0, j1 in cols:
+            box = (i0, i1, j0, j1)
+            if box not in boxes:
+                boxes.append(box)
+            segs.append(Segment(oy0, oy1, ox0, ox1, i0, i1, j0, j1, boxes.index(box)))
+    return segs, boxes
+
+
+def folded_biases(spec: LayerSpec, boxes) -> torch.Tensor:
+    """int64 ``[classes, C_out]``: ``bias + input_offset * sum(w over the box's taps)``."""
+    w = spec.weight.to(torch.int64)
+    out = []
+    for i0, i1, j0, j1 in boxes:
+        if spec.kind == "conv":
+            s = w[:, i0:i1, j0:j1, :].sum(dim=(1, 2, 3))
+        else:
+            s = w[i0:i1, j0:j1, :].sum(dim=(0, 1))
+        out.append(spec.bias.to(torch.int64) + spec.input_offset * s)
+    return torch.stack(out)
+
+
+def accumulator_bound(spec: LayerSpec, biases: torch.Tensor) -> int:
+    """Largest |partial sum| any output channel can reach: ``max |bias_k| + 128 * sum |w|``."""
+    w = spec.weight.to(torch.int64).abs()
+    per = w.sum(dim=(1, 2, 3)) if spec.kind == "conv" else w.sum(dim=(0, 1))
+    return int((biases.abs().max(dim=0).values + 128 * per).max())
+
+
+def short_epilogue_ok(bound: int, multiplier: torch.Tensor, shift: torch.Tensor) -> bool:
+    """Whether ``cg_requant_short`` equals ``arm_nn_requantize`` on every accumulator ``|acc| <= bound``
+    (module docstring): multipliers >= 0, shifts in [-31, 31], ``bound * 2**left < 2**30``."""
+    if bool((multiplier < 0).any()) or bool((shift > 31).any()) or bool((shift < -31).any()):
+        return False
+    left = int(shift.clamp(min=0).max())
+    return bound * (1 << left) < SHORT_LIMIT
+
+
+def epilogue_table(multiplier: torch.Tensor, shift: torch.Tensor, short: bool, planar: bool = False) -> torch.Tensor:
+    """int32 epilogue constants per output channel, in the order the epilogue reads them."""
+    m, s = multiplier.to(torch.int64), shift.to(torch.int64)
+    if short:
+        left, right = s.clamp(min=0), (-s).clamp(min=0)
+        pow2 = torch.ones_like(right) << right
+        cols = [m, left, -right, pow2] if planar else [m, right, pow2, left]
+    else:
+        cols = [m, s, torch.zeros_like(s), torch.zeros_like(s)]
+    t = torch.stack(cols, dim=0 if planar else 1)
+    return t.to(torch.int32).contiguous()
+
+
+def epilogue_mode(short: bool, shift: torch.Tensor) -> int:
+    """``cg_output``'s ``epilogue`` argument: 0 general, 1 short, 2 short with left shifts."""
+    return 0 if not short else (2 if bool((shift > 0).any()) else 1)
+
+
+def widened_weights(weight: torch.Tensor) -> torch.Tensor:
+    """int16 ``[C_out, K]`` of OHWI int8 rows (``K`` a multiple of 4): per four weights ``(w0, w2, w1, w3)``,
+    the order of ``SXTB16`` (``cg_dot_2x2_dspw`` reads two words per four weights)."""
+    co = weight.shape[0]
+    w = weight.reshape(co, -1, 4).to(torch.int16)
+    return w[:, :, [0, 2, 1, 3]].reshape(co, -1).contiguous()
+
+
+def paired_weights(weight: torch.Tensor) -> torch.Tensor:
+    """int16 flat array for ``CG_DOT_2X2_PAIR``: per pair of filters ``(2p, 2p + 1)`` a block of
+    ``2K`` values, per four inputs the widened four of filter 2p then those of filter 2p + 1; an odd
+    last filter follows alone (``K`` widened values)."""
+    co = weight.shape[0]
+    wide = widened_weights(weight)  # [C_out, K]
+    k = wide.shape[1]
+    pairs = co // 2
+    body = wide[:2 * pairs].reshape(pairs, 2, k // 4, 4).permute(0, 2, 1, 3).reshape(-1)
+    return torch.cat([body, wide[2 * pairs:].reshape(-1)]).contiguous()
+
+
+def widened_depthwise_weights(weight: torch.Tensor) -> torch.Tensor:
+    """int16 ``[C//4, kH*kW, 4]``: per group of four channels, its taps in order, each as ``(w0, w2,
+    w1, w3)`` (the order of ``SXTB16``): a group's window is one block of 8-byte words."""
+    kh, kw, c = weight.shape
+    full = c - c % 4
+    w = weight.reshape(kh * kw, c)[:, :full].reshape(kh * kw, full // 4, 4).to(torch.int16)
+    return w[:, :, [0, 2, 1, 3]].permute(1, 0, 2).contiguous()
+
+
+def why_not(spec: LayerSpec | None, reason: str | None = None) -> str | None:
+    """Why the generator declines ``spec`` (None when it generates it)."""
+    if spec is None:
+        return reason
+    segs, boxes = segments(spec)
+    if accumulator_bound(spec, folded_biases(spec, boxes)) >= INT32_LIMIT:
+        return "the int32 accumulator may wrap (weights/bias too large): the general kernel keeps C's wrap-free arithmetic"
+    return None
+
+
+def isa_path(target) -> str:
+    return {"mve": "mve", "dsp": "dsp"}.get(getattr(target, "isa", "plain"), "plain")
+
+
+# ----------------------------------------------------------------------------- C text
+def _c(v: int) -> str:
+    v = int(v)
+    return "(-2147483647 - 1)" if v == -(2**31) else str(v)
+
+
+def generate(spec: LayerSpec, isa: str, fname: str, array: Callable[[str, torch.Tensor], str],
+             x_expr: str = "in", y_expr: str = "out") -> GeneratedLayer:
+    """C of one layer for ``isa`` ("plain", "dsp", "mve"); ``array(suffix, tensor)`` registers a
+    constant array and returns its C name; the function is ``fname`` and the call reads ``x_expr``,
+    writes ``y_expr``."""
+    if isa not in ISAS:
+        raise CodegenError(f"unknown ISA path {isa!r}; one of {ISAS}")
+    problem = why_not(spec)
+    if problem:
+        raise CodegenError(f"{fname}: {problem}")
+    segs, boxes = segments(spec)
+    biases = folded_biases(spec, boxes)
+    bound = accumulator_bound(spec, biases)
+    short = short_epilogue_ok(bound, spec.multiplier, spec.shift)
+    if spec.kind == "depthwise":
+        return _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr)
+    return _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr)
+
+
+MAX_SPECIALISED_SEGMENTS = 32  # more segments: the border ones share one out-of-line copy
+
+
+def _interior(spec: LayerSpec, s: Segment) -> bool:
+    return s.i1 - s.i0 == spec.kh and s.j1 - s.j0 == spec.kw
+
+
+def _specialised(spec: LayerSpec, s: Segment, segs: list[Segment]) -> bool:
+    """Whether segment ``s`` gets its own inlined copy (constant taps: loops unrolled, dead paths
+    dropped): the interior one always, every one when there are few."""
+    return _interior(spec, s) or len(segs) <= MAX_SPECIALISED_SEGMENTS
+
+
+def _driver(spec: LayerSpec, fname: str, segs: list[Segment], bias_name: str, n_out: int, inline=None) -> str:
+    """The layer function: batches x segments, the interior segment through the inlined copy
+    (``inline(segment)``: the segment's own C block, when the path writes one)."""
+    calls = []
+    for s in segs:
+        if inline is not None and _specialised(spec, s, segs) and _dw_offsets_ok(spec, s):
+            calls.append(inline(s))
+            continue
+        seg_fn = f"{fname}_segf" if _specialised(spec, s, segs) else f"{fname}_seg"
+        calls.append(f"        {seg_fn}(x, y, {s.oy0}, {s.oy1}, {s.ox0}, {s.ox1}, {s.i0}, {s.i1}, {s.j0}, {s.j1}, "
+                     f"{bias_name} + {s.cls * n_out});")
+    in_size, out_size = spec.h * spec.w * spec.c_in, spec.ho * spec.wo * spec.c_out
+    return (f"void {fname}(const int8_t *in, int8_t *out)\n{{\n"
+            f"    int32_t b;\n"
+            f"    for (b = 0; b < {spec.n}; b++) {{\n"
+            f"        const int8_t *x = in + b * {in_size};\n"
+            f"        int8_t *y = out + b * {out_size};\n" + "\n".join(calls) + "\n    }\n}\n")
+
+
+def _seg_functions(fname: str, body: str, need_general: bool) -> str:
+    """The segment body as an always-inlined function (constant taps: unrolled) and, for border
+    segments, one out-of-line copy."""
+    sig = ("(const int8_t *in, int8_t *out, int32_t oy0, int32_t oy1, int32_t ox0, int32_t ox1, "
+           "int32_t i0, int32_t i1, int32_t j0, int32_t j1, const int32_t *bias)")
+    text = f"CG_INLINE void {fname}_segf{sig}\n{{\n{body}}}\n"
+    if need_general:
+        text += (f"\nstatic __attribute__((noinline)) void {fname}_seg{sig}\n{{\n"
+                 f"    {fname}_segf(in, out, oy0, oy1, ox0, ox1, i0, i1, j0, j1, bias);\n}}\n")
+    return text
+
+
+def _split_by_view(spec: LayerSpec, segs: list[Segment], paired: bool) -> list[tuple[Segment, object]]:
+    """Each segment with the weight view its runs read (splitting segments whose columns need
+    different views): ``"full"`` (the paired table, runs aligned to groups of four), ``(j0, j1, d)``
+    (an extended table: each kernel row's run of ``(j1 - j0) * C_in`` bytes read as ``L`` bytes,
+    rounded up to four, starting ``d`` bytes early, the extra bytes with weight 0 and inside the
+    input row for every column of the segment) or ``"bytes"`` (int8 rows, any alignment)."""
+    c, row = spec.c_in, spec.w * spec.c_in
+    out = []
+    for s in segs:
+        run = (s.j1 - s.j0) * c
+        if not paired:
+            out.append((s, "bytes"))
+            continue
+        if (spec.kw * c) % 4 == 0 and (s.j0 * c) % 4 == 0 and run % 4 == 0:
+            out.append((s, "full"))
+            continue
+        length = -(-run // 4) * 4
+        views = []
+        for ox in range(s.ox0, s.ox1):
+            start = (ox * spec.stride[1] - spec.padding[1] + s.j0) * c
+            d = max(0, start + length - row)
+            views.append((s.j0, s.j1, d) if d <= min(length - run, start) else "bytes")
+        k = s.ox0
+        for v in _groups(views):
+            n = len(v)
+            out.append((Segment(s.oy0, s.oy1, k, k + n, s.i0, s.i1, s.j0, s.j1, s.cls), v[0]))
+            k += n
+    return out
+
+
+def _groups(items: list) -> list[list]:
+    groups: list[list] = []
+    for it in items:
+        if groups and groups[-1][0] == it:
+            groups[-1].append(it)
+        else:
+            groups.append([it])
+    return groups
+
+
+def extended_weights(spec: LayerSpec, j0: int, j1: int, d: int) -> torch.Tensor:
+    """int8 ``[C_out, kH * L]``: each kernel row's taps ``j0..j1-1`` at byte ``d`` of an ``L``-byte row
+    (``L`` = the run rounded up to four), zeros around them."""
+    c, co = spec.c_in, spec.c_out
+    run = (j1 - j0) * c
+    length = -(-run // 4) * 4
+    w = torch.zeros(co, spec.kh, length, dtype=torch.int8)
+    w[:, :, d:d + run] = spec.weight[:, :, j0:j1, :].reshape(co, spec.kh, run)
+    return w.reshape(co, -1)
+
+
+def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> GeneratedLayer:
+    c, co, kw, k = spec.c_in, spec.c_out, spec.kw, spec.kh * spec.kw * spec.c_in
+    sh, sw = spec.stride
+    ph, pw = spec.padding
+    # DSP: pre-widened int16 weights in SXTB16 order, filter pairs interleaved (two LDRDs per four
+    # inputs: CG_DOT_2X2_PAIR) for runs aligned to groups of four - all of them when C_in % 4 == 0;
+    # misaligned runs (small C_in: the first layer) read extended tables, int8 rows otherwise
+    paired = isa == "dsp" and sw * c < 4096
+    views = _split_by_view(spec, segs, paired)
+    arrays: dict[str, str] = {}
+    tables: dict[object, str] = {}
+    for _, v in views:
+        if v in tables:
+            continue
+        if v == "full":
+            tables[v] = array("gen_weight16", paired_weights(spec.weight.to(torch.int8)))
+        elif v == "bytes":
+            tables[v] = array("gen_weight", spec.weight.to(torch.int8).reshape(co, -1).contiguous())
+        else:
+            j0, j1, d = v
+            tables[v] = array(f"gen_weight16_c{j0}_{j1}_{d}", paired_weights(extended_weights(spec, j0, j1, d)))
+    arrays.update({name: name for name in tables.values()})
+    arrays["gen_bias"] = b_name = array("gen_bias", biases.to(torch.int32).contiguous())
+    mve4 = isa == "mve" and short and co % 4 == 0  # 2 px x 4 filters, a 4-lane epilogue
+    arrays["gen_q"] = q_name = array("gen_q", epilogue_table(spec.multiplier, spec.shift, short, planar=mve4))
+    dot = f"cg_dot_2x2_{isa}"
+    ep = f"{epilogue_mode(short, spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
+    xr = f"xp + r * {spec.w * c}"
+
+    def dots(xs: str, two_px: bool, pair: bool) -> list[str]:
+        """The row loop of one tile (pair: two filters; else the last, odd one)."""
+        if pair:  # (a one-pixel tile reads its own pixel twice, XS 0: the second sums are dropped)
+            wide = f"CG_DOT_2X2_PAIR({xr} - xback, {xs if two_px else 0}, wp + r * 2 * wrow, runp, acc);"
+            narrow = f"{dot}({xr}, {xs}, w8 + r * {kw * c}, {k}, run, acc);"
+        else:
+            wide = f"cg_dot_2x2_dspw({xr} - xback, {xs}, wp + r * wrow, 0, runp, acc);"
+            narrow = f"{dot}({xr}, {xs}, w8 + r * {kw * c}, 0, run, acc);"
+        return ["#pragma GCC unroll 16", "    for (r = 0; r < rows; r++) {", "        if (wt != NULL) {", f"            {wide}",
+                "        } else {", f"            {narrow}", "        }", "    }"]
+
+    def tile_mve4(two_px: bool) -> str:
+        xs = f"{sw * c}" if two_px else "0"
+        lines = [
+            "int32_t o;",
+            "(void)wt; (void)woff; (void)wrow; (void)wk; (void)xback; (void)runp;",
+            f"for (o = 0; o < {co}; o += 4) {{",
+            f"    cg_conv_2x4_mve(xp, {xs}, {spec.w * c}, w8base + o * {k} + (i0 * {kw} + j0) * {c}, {k}, {kw * c}, "
+            f"rows, run, bias + o, {q_name} + o, {co}, {int(bool((spec.shift > 0).any()))}, {spec.output_offset}, "
+            f"{spec.act_min}, {spec.act_max}, yp + o, yp + {co if two_px else 0} + o);",
+            "}",
+        ]
+        return "\n".join("            " + ln for ln in lines) + "\n"
+
+    def tile(two_px: bool) -> str:
+        if mve4:
+            return tile_mve4(two_px)
+        xs = f"{sw * c}" if two_px else "0"
+        lines = [
+            "const int16_t *wp = wt != NULL ? wt + 2 * woff : NULL;",
+            f"const int8_t *w8 = w8base + (i0 * {kw} + j0) * {c};",
+            f"const int32_t *qp = {q_name};",
+            "int32_t o;",
+            f"for (o = 0; o + 1 < {co}; o += 2) {{",
+            "    int32_t acc[4], r;",
+            "    acc[0] = bias[o]; acc[1] = bias[o + 1]; acc[2] = acc[0]; acc[3] = acc[1];",
+            *dots(xs, two_px, True),
+            "    {",
+            f"        const int8_t v0 = cg_output(acc[0], qp, {ep});",  # (all values before the stores:
+            f"        const int8_t v1 = cg_output(acc[1], qp + 4, {ep});",  # int8 stores may alias the tables)
+        ]
+        if two_px:
+            lines += [f"        const int8_t v2 = cg_output(acc[2], qp, {ep});",
+                      f"        const int8_t v3 = cg_output(acc[3], qp + 4, {ep});",
+                      f"        yp[{co} + o] = v2;",
+                      f"        yp[{co} + o + 1] = v3;"]
+        lines += ["        yp[o] = v0;", "        yp[o + 1] = v1;", "    }",
+                  "    if (wt != NULL) {", "        wp += 2 * wk;", "    }", f"    w8 += {2 * k};",
+                  "    qp += 8;", "}"]
+        if co % 2:
+            lines += ["if (wt != NULL) {", f"    wp = wt + {co // 2} * 2 * wk + woff;", "}",
+                      "{",
+                      "    int32_t acc[4], r;",
+                      f"    acc[0] = bias[{co - 1}]; acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0];",
+                      *dots(xs, two_px, False),
+                      f"    yp[{co - 1}] = cg_output(acc[0], qp, {ep});"]
+            if two_px:
+                lines.append(f"    yp[{2 * co - 1}] = cg_output(acc[2], qp, {ep});")
+            lines.append("}")
+        return "\n".join("            " + ln for ln in lines) + "\n"
+
+    body = (f"    const int32_t rows = i1 - i0, run = (j1 - j0) * {c};\n"
+            "    int32_t oy;\n"
+            "    (void)run;\n"
+            "    (void)w8base;\n"
+            "    for (oy = oy0; oy < oy1; oy++) {\n"
+            f"        const int8_t *xp = in + ((oy * {sh} - {ph} + i0) * {spec.w} + (ox0 * {sw} - {pw} + j0)) * {c};\n"
+            f"        int8_t *yp = out + (oy * {spec.wo} + ox0) * {co};\n"
+            "        int32_t ox;\n"
+            f"        for (ox = ox0; ox + 1 < ox1; ox += 2, xp += {2 * sw * c}, yp += {2 * co}) {{\n"
+            + tile(True) +
+            "        }\n"
+            "        if (ox < ox1) {\n" + tile(False) + "        }\n"
+            "    }\n")
+
+    def view_args(v, s: Segment) -> str:
+        """wt, woff, wrow, wk, xback, runp, w8base of a segment's weight view."""
+        w8 = tables.get("bytes", "NULL")
+        if v == "bytes":
+            return f"NULL, 0, 0, 0, 0, 0, {w8}"
+        if v == "full":
+            return f"{tables[v]}, {(s.i0 * kw + s.j0) * c}, {kw * c}, {k}, 0, {(s.j1 - s.j0) * c}, {w8}"
+        j0, j1, d = v
+        length = -(-((j1 - j0) * c) // 4) * 4
+        return f"{tables[v]}, {s.i0 * length}, {length}, {spec.kh * length}, {d}, {length}, {w8}"
+
+    split = [s for s, _ in views]
+    view_of = {id(s): v for s, v in views}
+    sig = ("(const int8_t *in, int8_t *out, int32_t oy0, int32_t oy1, int32_t ox0, int32_t ox1, int32_t i0, "
+           "int32_t i1, int32_t j0, int32_t j1, const int32_t *bias, const int16_t *wt, int32_t woff, "
+           "int32_t wrow, int32_t wk, int32_t xback, int32_t runp, const int8_t *w8base)")
+    need_general = any(not _specialised(spec, s, split) for s in split)
+    fns = f"CG_INLINE void {fname}_segf{sig}\n{{\n{body}}}\n"
+    if need_general:
+        fns += (f"\nstatic __attribute__((noinline)) void {fname}_seg{sig}\n{{\n"
+                f"    {fname}_segf(in, out, oy0, oy1, ox0, ox1, i0, i1, j0, j1, bias, wt, woff, wrow, wk, xback, "
+                "runp, w8base);\n}\n")
+    calls = []
+    for s in split:
+        fn = f"{fname}_segf" if _specialised(spec, s, split) else f"{fname}_seg"
+        calls.append(f"        {fn}(x, y, {s.oy0}, {s.oy1}, {s.ox0}, {s.ox1}, {s.i0}, {s.i1}, {s.j0}, {s.j1}, "
+                     f"{b_name} + {s.cls * co}, {view_args(view_of[id(s)], s)});")
+    in_size, out_size = spec.h * spec.w * c, spec.ho * spec.wo * co
+    fns += (f"\nvoid {fname}(const int8_t *in, int8_t *out)\n{{\n    int32_t b;\n"
+            f"    for (b = 0; b < {spec.n}; b++) {{\n        const int8_t *x = in + b * {in_size};\n"
+            f"        int8_t *y = out + b * {out_size};\n" + "\n".join(calls) + "\n    }\n}\n")
+    kind = "1x1" if spec.kh == spec.kw == 1 else f"{spec.kh}x{spec.kw}"
+    used = sorted({("extended" if isinstance(v, tuple) else v) for _, v in views})
+    what = (f"generated {isa} {kind} conv: 2 px x {4 if mve4 else 2} ch tiles, weights {'/'.join(used)}, "
+            f"{len(biases)} bias class(es), {'short' if short else 'general'} epilogue")
+    return GeneratedLayer(fns, f"{fname}({x_expr}, {y_expr});", what, short, arrays)
+
+
+def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> GeneratedLayer:
+    c, kw = spec.c_out, spec.kw
+    sh, sw = spec.stride
+    ph, pw = spec.padding
+    if isa == "mve" and not short:
+        isa = "dsp"  # the Helium epilogue is the short one only
+    arrays = {}
+    c0 = c - c % 4 if isa == "dsp" else 0
+    if isa != "dsp" or c0 < c:  # (the DSP path reads the int8 weights only for the last C % 4 channels)
+        arrays["gen_weight"] = w8 = array("gen_weight", spec.weight.to(torch.int8).reshape(-1).contiguous())
+    b_name = array("gen_bias", biases.to(torch.int32).contiguous())
+    q_name = array("gen_q", epilogue_table(spec.multiplier, spec.shift, short, planar=isa == "mve"))
+    arrays.update(gen_bias=b_name, gen_q=q_name)
+    ep = f"{epilogue_mode(short, spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
+    head = (f"    const int32_t rows = i1 - i0, cols = j1 - j0;\n"
+            "    int32_t oy, ox;\n"
+            "    for (oy = oy0; oy < oy1; oy++) {\n"
+            "        for (ox = ox0; ox < ox1; ox++) {\n"
+            f"            const int8_t *xp = in + ((oy * {sh} - {ph} + i0) * {spec.w} + (ox * {sw} - {pw} + j0)) * {c};\n"
+            f"            int8_t *yp = out + (oy * {spec.wo} + ox) * {c};\n")
+    tail = "        }\n    }\n"
+    scalar_tail = ""
+    if isa != "mve" and c0 < c:
+        scalar_tail = (f"            for (ch = {c0}; ch < {c}; ch++) {{\n"
+                       "                int32_t acc = bias[ch], r, j;\n"
+                       "                for (r = 0; r < rows; r++) {\n"
+                       "                    for (j = 0; j < cols; j++) {\n"
+                       f"                        acc += xp[(r * {spec.w} + j) * {c} + ch] * "
+                       f"{w8}[((i0 + r) * {kw} + j0 + j) * {c} + ch];\n"
+                       "                    }\n"
+                       "                }\n"
+                       f"                yp[ch] = cg_output(acc, {q_name} + 4 * ch, {ep});\n"
+                       "            }\n")
+    if isa == "mve":
+        inner = (f"            cg_dw_pixel_mve(xp, {spec.w * c}, {w8} + (i0 * {kw} + j0) * {c}, {kw * c}, rows, cols, "
+                 f"{c}, bias, {q_name}, {spec.output_offset}, {spec.act_min}, {spec.act_max}, yp);\n")
+    elif isa == "dsp":
+        inner = "            int32_t ch;\n"
+        if c0:
+            w16 = array("gen_weight16", widened_depthwise_weights(spec.weight.to(torch.int8)))
+            arrays["gen_weight16"] = w16
+            inner += (f"            for (ch = 0; ch < {c0}; ch += 4) {{\n"
+                      "                int32_t acc[4], r, j;\n"
+                      "                acc[0] = bias[ch]; acc[1] = bias[ch + 1]; acc[2] = bias[ch + 2]; "
+                      "acc[3] = bias[ch + 3];\n"
+                      "                for (r = 0; r < rows; r++) {\n"
+                      "                    for (j = 0; j < cols; j++) {\n"
+                      f"                        cg_dw4_dsp(xp + (r * {spec.w} + j) * {c} + ch, "
+                      f"{w16} + ((ch / 4) * {spec.kh * kw} + (i0 + r) * {kw} + j0 + j) * 4, acc);\n"
+                      "                    }\n"
+                      "                }\n"
+                      f"                yp[ch] = cg_output(acc[0], {q_name} + 4 * ch, {ep});\n"
+                      f"                yp[ch + 1] = cg_output(acc[1], {q_name} + 4 * ch + 4, {ep});\n"
+                      f"                yp[ch + 2] = cg_output(acc[2], {q_name} + 4 * ch + 8, {ep});\n"
+                      f"                yp[ch + 3] = cg_output(acc[3], {q_name} + 4 * ch + 12, {ep});\n"
+                      "            }\n")
+        inner += scalar_tail
+    else:
+        inner = "            int32_t ch;\n" + scalar_tail
+    body = head + inner + tail
+    inline = None
+    if isa == "dsp" and c0 and spec.kh * kw * 8 <= 1024:
+        inline = lambda seg: _dw_dsp_segment(spec, seg, w16, q_name, b_name, ep, scalar_tail)  # noqa: E731
+    need_general = any(not _specialised(spec, s, segs) for s in segs)
+    fns = (_seg_functions(fname, body, need_general) + "\n"
+           + _driver(spec, fname, segs, b_name, c, inline if inline else None))
+    what = (f"generated {isa} {spec.kh}x{spec.kw} depthwise: no im2col, {len(biases)} bias class(es), "
+            f"{'short' if short else 'general'} epilogue")
+    return GeneratedLayer(fns, f"{fname}({x_expr}, {y_expr});", what, short, arrays)
+
+
+def _dw_offsets_ok(spec: LayerSpec, s: Segment) -> bool:
+    """The segment's tap offsets fit CG_DW4_TAP's immediates."""
+    return ((s.i1 - s.i0 - 1) * spec.w + (s.j1 - s.j0 - 1)) * spec.c_in < 4096
+
+
+def _dw_dsp_segment(spec: LayerSpec, s: Segment, w16: str, q_name: str, b_name: str, ep: str,
+                    scalar_tail: str) -> str:
+    """One segment of a DSP depthwise layer as its own loop nest: every tap one CG_DW4_TAP with
+    literal offsets, four channels at a time, the epilogue's values computed before the stores."""
+    c, kw, ntaps = spec.c_in, spec.kw, spec.kh * spec.kw
+    c0 = c - c % 4
+    sh, sw = spec.stride
+    ph, pw = spec.padding
+    taps = []
+    for r in range(s.i1 - s.i0):
+        for j in range(s.j1 - s.j0):
+            taps.append(f"CG_DW4_TAP(xr, wg, {(r * spec.w + j) * c}, {(r * kw + j) * 8}, a0, a1, a2, a3);")
+    if not taps:  # a window entirely in the padding: the folded bias alone
+        taps.append("(void)xr;")
+    ind = " " * 20
+    lines = [
+        f"/* rows {s.oy0}..{s.oy1 - 1}, columns {s.ox0}..{s.ox1 - 1}: taps {s.i0}..{s.i1 - 1} x {s.j0}..{s.j1 - 1} */",
+        "{",
+        f"    const int32_t *bias = {b_name} + {s.cls * c};",
+        "    int32_t oy, ox;",
+        f"    for (oy = {s.oy0}; oy < {s.oy1}; oy++) {{",
+        f"        const int8_t *xp = x + ((oy * {sh} - {ph + (-s.i0)}) * {spec.w} + ({s.ox0 * sw} - {pw - s.j0})) * {c};",
+        f"        int8_t *yp = y + (oy * {spec.wo} + {s.ox0}) * {c};",
+        f"        for (ox = {s.ox0}; ox < {s.ox1}; ox++, xp += {sw * c}, yp += {c}) {{",
+        f"            const int16_t *wg = {w16} + {(s.i0 * kw + s.j0) * 4};",
+        f"            const int32_t *qp = {q_name};",
+        "            int32_t ch;",
+        f"            for (ch = 0; ch < {c0}; ch += 4, wg += {ntaps * 4}, qp += 16) {{",
+        "                const int8_t *xr = xp + ch;",
+        "                int32_t a0 = bias[ch], a1 = bias[ch + 1], a2 = bias[ch + 2], a3 = bias[ch + 3];",
+        *("                " + t for t in taps),
+        "                {",
+        f"                    const int8_t v0 = cg_output(a0, qp, {ep});",
+        f"                    const int8_t v1 = cg_output(a1, qp + 4, {ep});",
+        f"                    const int8_t v2 = cg_output(a2, qp + 8, {ep});",
+        f"                    const int8_t v3 = cg_output(a3, qp + 12, {ep});",
+        "                    yp[ch] = v0;",
+        "                    yp[ch + 1] = v1;",
+        "                    yp[ch + 2] = v2;",
+        "                    yp[ch + 3] = v3;",
+        "                }",
+        "            }",
+    ]
+    if scalar_tail:  # the last C % 4 channels: the generic loop, with this segment's taps
+        lines += ["            {",
+                  f"                const int32_t rows = {s.i1 - s.i0}, cols = {s.j1 - s.j0}, i0 = {s.i0}, j0 = {s.j0};",
+                  *("    " + ln for ln in scalar_tail.rstrip("\n").split("\n")),
+                  "            }"]
+    end = ["        }", "    }", "}"]
+    body = "\n".join(ind[:8] + ln for ln in lines)
+    return body + "\n" + "\n".join(ind[:8] + ln for ln in end)
+
+
+# ----------------------------------------------------------------------------- from graph nodes
+def structural_reason(view) -> str | None:
+    """Why the generator does not handle the node of ``view`` (a ``NodeView`` or ``EmitContext``:
+    arguments and shapes only, no constant values), or None."""
+    op = view.op_name
+    if op not in GEN_OPS:
+        return f"no generated kernel for {op}"
+    x = view.arg("input")
+    if x.meta["val"].dtype != torch.int8:
+        return "16x8 (int16) layers keep the s16 kernels"
+    if op == "quantized_linear":
+        try:
+            single = bool(view.arg("single_rounding"))
+        except Exception:  # (an op schema without the argument)
+            single = False
+        if single:
+            return "a single-rounding (TFLite FULLY_CONNECTED) layer keeps its library kernel"
+        val = x.meta["val"]
+        if val.dim() == 4 and not val.is_contiguous():
+            return "channels-last 4-D input"
+        return None
+    if tuple(int(d) for d in view.arg("dilation")) != (1, 1):
+        return "dilated convolutions keep the library kernel"
+    if op == "quantized_depthwise_conv2d" and int(view.arg("depth_multiplier")) != 1:
+        return "depth multiplier > 1 keeps the library kernel"
+    return None
+
+
+def spec_of(ctx) -> tuple[LayerSpec | None, str | None]:
+    """The :class:`LayerSpec` of a node being emitted (an ``EmitContext``), or ``(None, reason)``
+    when the generator does not handle it."""
+    op = ctx.op_name
+    reason = structural_reason(ctx)
+    if reason is not None:
+        return None, reason
+    x = ctx.arg("input")
+    mult = ctx.tensor("output_multiplier").to(torch.int64)
+    shift = ctx.tensor("output_shift").to(torch.int64)
+    act = (int(ctx.arg("activation_min")), int(ctx.arg("activation_max")))
+    out_off = int(ctx.arg("output_offset"))
+    if op == "quantized_linear":
+        weight = ctx.tensor("weight")
+        co, ci = int(weight.shape[0]), int(weight.shape[1])
+        val = x.meta["val"]
+        batches = int(val.numel()) // ci
+        return _spec("conv", 1, 1, batches, ci, 1, batches, co, 1, 1, (1, 1), (0, 0),
+                     weight.reshape(co, 1, 1, ci), ctx.tensor("kernel_sum"), 0, out_off, mult, shift, *act), None
+    n, h, w, ci = ctx.nhwc(x)
+    _, ho, wo, co = ctx.nhwc()
+    from corten.ops._common import pads4
+
+    ph, pw = (int(p) for p in pads4(ctx.arg("padding"))[:2])
+    stride = tuple(int(s) for s in ctx.arg("stride"))
+    weight = ctx.tensor("weight")
+    bias_node = ctx.arg("bias")
+    bias = ctx.tensor("bias") if bias_node is not None else torch.zeros(co, dtype=torch.int64)
+    in_off = int(ctx.arg("input_offset"))
+    if op == "quantized_depthwise_conv2d":
+        _, kh, kw, _ = (int(d) for d in weight.shape)
+        return _spec("depthwise", n, h, w, ci, ho, wo, co, kh, kw, stride, (ph, pw), weight[0], bias, in_off,
+                     out_off, mult, shift, *act), None
+    _, kh, kw, _ = (int(d) for d in weight.shape)
+    return _spec("conv", n, h, w, ci, ho, wo, co, kh, kw, stride, (ph, pw), weight, bias, in_off, out_off,
+                 mult, shift, *act), None
+
+
+def _spec(kind, n, h, w, ci, ho, wo, co, kh, kw, stride, padding, weight, bias, in_off, out_off, mult, shift,
+          act_min, act_max) -> LayerSpec:
+    if mult.numel() == 1 and co > 1:
+        mult, shift = mult.expand(co).clone(), shift.expand(co).clone()
+    if kind == "conv" and kh == kw == 1 and stride == (1, 1) and padding == (0, 0) and (h, w) == (ho, wo):
+        h, w, ho, wo = 1, h * w, 1, ho * wo  # pointwise: all pixels are one row
+    return LayerSpec(kind, n, h, w, ci, ho, wo, co, kh, kw, stride, padding, weight, bias.to(torch.int64),
+                     in_off, out_off, mult, shift, act_min, act_max)
+
+
+# ----------------------------------------------------------------------------- the provider
+@dataclass(frozen=True)
+class GeneratedStep(KernelStep):
+    """A generated layer's step: the call, plus the C function written for it (``<name>_generated.c``)."""
+
+    functions: str = ""
+
+
+class GeneratedProvider(Provider):
+    """``kernels="generated"``: Corten's per-layer kernels (see the module docstring), first in the
+    chain; ``("generated", "cmsis-nn")`` keeps CMSIS-NN for the layers the generator does not take
+    or does not win on (:data:`LOSES_TO`), the portable kernels end every chain."""
+
+    name = "generated"
+    title = "Corten's generated kernels"
+
+    def supports(self, node, target) -> str | None:
+        from corten.providers import NodeView
+
+        return structural_reason(NodeView(node, target))
+
+    def scratch_bytes(self, node, target) -> int:
+        return 0
+
+    def emit(self, ctx) -> KernelStep:
+        import dataclasses
+
+        from corten.providers import PORTABLE
+
+        spec, reason = spec_of(ctx)
+        reason = reason or why_not(spec)
+        if reason is not None:  # (a value-dependent refusal: the accumulator bound) - the portable kernel
+            step = PORTABLE.emit(ctx)
+            return dataclasses.replace(step, uses_portable=True)
+        fname = f"{ctx.emitter.name}_gen_{ctx.emitter.node_prefix(ctx.node)}"
+        layer = generate(spec, isa_path(ctx.target), fname, ctx.derived_const, ctx.input("input"), ctx.out())
+        code = ctx.invoke(fname, ctx.input("input"), ctx.out()) + ";"
+        return GeneratedStep(self.name, tuple(ctx.calls), f"/* {layer.what} */\n{code}",
+                             functions=f"/* {ctx.node.name}: {layer.what} */\n{layer.functions}")
+
+    def includes(self, name: str) -> tuple[str, ...]:
+        return (f'#include "{name}_generated.h"',)
+
+    def sources(self, name: str, steps) -> dict[str, str]:
+        funcs = [s.functions for s in steps if isinstance(s, GeneratedStep) and s.functions]
+        if not funcs:
+            return {}
+        protos = []
+        for s in steps:
+            for call in getattr(s, "calls", ()):
+                if call.function.startswith(f"{name}_gen_"):
+                    protos.append(f"void {call.function}(const int8_t *in, int8_t *out);")
+        guard = f"{name.upper()}_GENERATED_H"
+        header = (f"/* {name}_generated.h - the kernels Corten generated for {name}'s layers (generated file). */\n"
+                  f"#ifndef {guard}\n#define {guard}\n\n#include <stdint.h>\n\n" + "\n".join(protos)
+                  + f"\n\n#endif /* {guard} */\n")
+        body = "\n".join(funcs)
+        source = (f"/* {name}_generated.c - one kernel per convolution / depthwise / linear layer of {name}, every\n"
+                  " * shape and constant known (Corten's generated kernels, corten/codegen/generated.py).\n"
+                  " * Generated file: do not edit. */\n"
+                  f'#include "{name}_generated.h"\n#include "{name}_constants.h"\n'
+                  '#include "corten_kernels/corten_gen.h"\n\n' + body)
+        return {f"{name}_generated.h": header, f"{name}_generated.c": source}
+
+
+GENERATED = register_provider(GeneratedProvider())

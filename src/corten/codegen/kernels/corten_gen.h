@@ -1,0 +1,604 @@
+/*
+ * corten_gen.h - inline building blocks of Corten's generated per-layer kernels (kernels="generated").
+ *
+ * The generator (corten/codegen/generated.py) writes one C function per convolution / depthwise /
+ * linear layer with every shape, stride, padding, zero point and requantization constant known;
+ * those functions call the always-inlined blocks below with constant arguments, so the compiler
+ * specialises each block for the layer (fixed trip counts, immediate offsets).
+ *
+ * One block per ISA path, with the same arithmetic:
+ *   _plain  scalar C (Cortex-M0/M3, any host);
+ *   _dsp    SIMD through __sxtb16 / __smlad / __smlabb / __smlatt (arm_acle.h) on DSP cores
+ *           (Cortex-M4/M7/M33/M55); elsewhere (host tests) the same functions written in C;
+ *   _mve    Helium (arm_mve.h, Cortex-M55/M85); elsewhere the same results in scalar C.
+ *
+ * Accumulators never overflow: the generator only emits a layer whose every partial sum is
+ * bounded below 2**31 in magnitude (checked from the weights and biases), so the SIMD
+ * instructions' wrap-around never happens and the int32 sums equal the reference's.
+ */
+#ifndef CORTEN_GEN_H
+#define CORTEN_GEN_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "corten_fixed_point.h"
+
+#define CG_INLINE static inline __attribute__((always_inline))
+
+#if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1)
+#include <arm_mve.h>
+#define CG_HAVE_MVE 1
+#endif
+#if defined(__ARM_FEATURE_DSP) && __ARM_FEATURE_DSP
+#include <arm_acle.h>
+#define CG_HAVE_DSP 1
+#endif
+
+/** Four int8 values as one word (an unaligned LDR on Armv7-M and later). */
+CG_INLINE int32_t cg_read32(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* ------------------------------------------------------------------ DSP primitives */
+#ifdef CG_HAVE_DSP
+/** (x.b0, x.b2) sign-extended to two int16 lanes. */
+CG_INLINE int32_t cg_sxtb16(int32_t x)
+{
+    return (int32_t)__sxtb16(x);
+}
+/** (x.b1, x.b3) sign-extended to two int16 lanes (one SXTB16 with ROR #8: gcc does not fold the rotate). */
+CG_INLINE int32_t cg_sxtb16_ror8(int32_t x)
+{
+    int32_t r;
+    __asm__("sxtb16 %0, %1, ror #8" : "=r"(r) : "r"(x));
+    return r;
+}
+/** (a * b + 2**31) >> 32, the rounding high multiply (SMMULR). */
+CG_INLINE int32_t cg_smmulr(int32_t a, int32_t b)
+{
+    int32_t r;
+    __asm__("smmulr %0, %1, %2" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+CG_INLINE int32_t cg_smlad(int32_t a, int32_t b, int32_t acc)
+{
+    return __smlad(a, b, acc);
+}
+CG_INLINE int32_t cg_smlabb(int32_t a, int32_t b, int32_t acc)
+{
+    return __smlabb(a, b, acc);
+}
+CG_INLINE int32_t cg_smlatt(int32_t a, int32_t b, int32_t acc)
+{
+    return __smlatt(a, b, acc);
+}
+/** Saturate to int8 (SSAT #8). */
+CG_INLINE int32_t cg_ssat8(int32_t v)
+{
+    return __ssat(v, 8);
+}
+#else
+CG_INLINE int32_t cg_lo16(int32_t x)
+{
+    const int32_t v = (int32_t)((uint32_t)x & 0xFFFFu);
+    return v >= 0x8000 ? v - 0x10000 : v;
+}
+CG_INLINE int32_t cg_hi16(int32_t x)
+{
+    return cg_lo16(corten_u32_to_i32((uint32_t)x >> 16));
+}
+CG_INLINE int32_t cg_byte(int32_t x, int k)
+{
+    const int32_t v = (int32_t)(((uint32_t)x >> (8 * k)) & 0xFFu);
+    return v >= 0x80 ? v - 0x100 : v;
+}
+CG_INLINE int32_t cg_pack16(int32_t lo, int32_t hi)
+{
+    return corten_u32_to_i32(((uint32_t)lo & 0xFFFFu) | (((uint32_t)hi & 0xFFFFu) << 16));
+}
+CG_INLINE int32_t cg_sxtb16(int32_t x)
+{
+    return cg_pack16(cg_byte(x, 0), cg_byte(x, 2));
+}
+CG_INLINE int32_t cg_sxtb16_ror8(int32_t x)
+{
+    return cg_pack16(cg_byte(x, 1), cg_byte(x, 3));
+}
+CG_INLINE int32_t cg_smlad(int32_t a, int32_t b, int32_t acc)
+{
+    return acc + cg_lo16(a) * cg_lo16(b) + cg_hi16(a) * cg_hi16(b);
+}
+CG_INLINE int32_t cg_smlabb(int32_t a, int32_t b, int32_t acc)
+{
+    return acc + cg_lo16(a) * cg_lo16(b);
+}
+CG_INLINE int32_t cg_smlatt(int32_t a, int32_t b, int32_t acc)
+{
+    return acc + cg_hi16(a) * cg_hi16(b);
+}
+CG_INLINE int32_t cg_ssat8(int32_t v)
+{
+    return v < -128 ? -128 : (v > 127 ? 127 : v);
+}
+CG_INLINE int32_t cg_smmulr(int32_t a, int32_t b)
+{
+    return (int32_t)corten_asr64((int64_t)a * b + ((int64_t)1 << 31), 32);
+}
+#endif
+
+/* ------------------------------------------------------------------ requantization */
+/**
+ * The short epilogue: arm_nn_requantize(acc, mult, shift) for accumulators the generator proved
+ * small (|acc| * 2**left < 2**30) and multipliers >= 0 (corten/codegen/generated.py,
+ * short_epilogue_ok; tests/test_generated_kernels.py checks it against the reference function).
+ * q = {multiplier, right shift, 2**right shift, left shift}; ``left`` is 0 for the layer when
+ * ``has_left`` is.  With a = acc << left, |a| < 2**30:
+ *   doubling_high_mult_no_sat(a, m) = (a * m + 2**30) >> 31 = (2a * m + 2**31) >> 32 = SMMULR(2a, m)
+ *   (2a cannot overflow);
+ *   divide_by_power_of_two(v, r) = (v + ((2**r + (v >> 31)) >> 1)) >> r, i.e. v + 2**(r-1) for
+ *   v >= 0 and v + 2**(r-1) - 1 for v < 0 (ties away from zero; + 0 when r = 0), which cannot
+ *   overflow because |v| <= 2**30.
+ */
+CG_INLINE int32_t cg_requant_short(int32_t acc, const int32_t *q, int has_left)
+{
+    const int32_t a = has_left ? corten_u32_to_i32((uint32_t)acc << q[3]) : acc;
+    const int32_t v = cg_smmulr(a * 2, q[0]);
+    const int32_t t = q[2] + corten_asr32(v, 31);
+    return corten_asr32(v + (t >> 1), q[1]);
+}
+
+/** The general epilogue: CMSIS-NN's arm_nn_requantize; q = {multiplier, shift, -, -}. */
+CG_INLINE int32_t cg_requant_general(int32_t acc, const int32_t *q)
+{
+    return corten_requantize(acc, q[0], q[1]);
+}
+
+/**
+ * acc -> int8 output: requantize, add the output offset, clamp to [act_min, act_max].
+ * ``epilogue``: 0 general, 1 short, 2 short with left shifts.
+ */
+CG_INLINE int8_t cg_output(int32_t acc, const int32_t *q, int epilogue, int32_t out_offset, int32_t act_min,
+                           int32_t act_max)
+{
+    if (epilogue) {
+        /* |v| <= 2**30: no wrap-around in the offset addition */
+        int32_t v = cg_requant_short(acc, q, epilogue == 2) + out_offset;
+        v = cg_ssat8(v);
+        if (act_min > -128) {
+            v = v < act_min ? act_min : v;
+        }
+        if (act_max < 127) {
+            v = v > act_max ? act_max : v;
+        }
+        return (int8_t)v;
+    }
+    return corten_offset_clamp(cg_requant_general(acc, q), out_offset, act_min, act_max);
+}
+
+/* ------------------------------------------------------------------ dense dot products */
+/*
+ * cg_dot_2x2_<isa>(x, xs, w, ws, n, acc): two pixels (x, x + xs) times two filters (w, w + ws)
+ * over n int8 values:  acc[0] += x.w   acc[1] += x.(w+ws)   acc[2] += (x+xs).w   acc[3] += (x+xs).(w+ws)
+ * (xs = 0 or ws = 0 for a one-pixel / one-filter tail).
+ */
+CG_INLINE void cg_dot_2x2_plain(const int8_t *x, int32_t xs, const int8_t *w, int32_t ws, int32_t n, int32_t *acc)
+{
+    int32_t a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
+    int32_t k;
+    for (k = 0; k < n; k++) {
+        const int32_t x0 = x[k], x1 = x[xs + k], w0 = w[k], w1 = w[ws + k];
+        a0 += x0 * w0;
+        a1 += x0 * w1;
+        a2 += x1 * w0;
+        a3 += x1 * w1;
+    }
+    acc[0] = a0;
+    acc[1] = a1;
+    acc[2] = a2;
+    acc[3] = a3;
+}
+
+CG_INLINE void cg_dot_2x2_dsp(const int8_t *x, int32_t xs, const int8_t *w, int32_t ws, int32_t n, int32_t *acc)
+{
+    int32_t a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
+    const int8_t *end = x + (n & ~3);
+    while (x < end) {
+        const int32_t xv0 = cg_read32(x), xv1 = cg_read32(x + xs);
+        const int32_t x0a = cg_sxtb16(xv0), x0b = cg_sxtb16_ror8(xv0);
+        const int32_t x1a = cg_sxtb16(xv1), x1b = cg_sxtb16_ror8(xv1);
+        const int32_t wv0 = cg_read32(w);
+        int32_t wa = cg_sxtb16(wv0), wb = cg_sxtb16_ror8(wv0);
+        a0 = cg_smlad(x0a, wa, a0);
+        a0 = cg_smlad(x0b, wb, a0);
+        a2 = cg_smlad(x1a, wa, a2);
+        a2 = cg_smlad(x1b, wb, a2);
+        {
+            const int32_t wv1 = cg_read32(w + ws);
+            wa = cg_sxtb16(wv1);
+            wb = cg_sxtb16_ror8(wv1);
+        }
+        a1 = cg_smlad(x0a, wa, a1);
+        a1 = cg_smlad(x0b, wb, a1);
+        a3 = cg_smlad(x1a, wa, a3);
+        a3 = cg_smlad(x1b, wb, a3);
+        x += 4;
+        w += 4;
+    }
+    {
+        int32_t k;
+        for (k = 0; k < (n & 3); k++) {
+            const int32_t x0 = x[k], x1 = x[xs + k], w0 = w[k], w1 = w[ws + k];
+            a0 += x0 * w0;
+            a1 += x0 * w1;
+            a2 += x1 * w0;
+            a3 += x1 * w1;
+        }
+    }
+    acc[0] = a0;
+    acc[1] = a1;
+    acc[2] = a2;
+    acc[3] = a3;
+}
+
+/**
+ * The DSP dot product with pre-widened weights: ``w`` holds, per four int8 weights, the int16
+ * pairs (w0, w2), (w1, w3) (SXTB16 order), word aligned; ``n`` and ``ws`` count int8 weights
+ * (n a multiple of 4).  Two words per four weights per filter, no unpacking of weights.
+ */
+CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, int32_t ws, int32_t n, int32_t *acc)
+{
+    int32_t a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
+    const int64_t *wp = (const int64_t *)(const void *)w; /* 8-byte aligned: one LDRD per pair */
+    int32_t k;
+    for (k = 0; k < n; k += 4) {
+        const int32_t xv0 = cg_read32(x + k), xv1 = cg_read32(x + xs + k);
+        const int32_t x0a = cg_sxtb16(xv0), x0b = cg_sxtb16_ror8(xv0);
+        const int32_t x1a = cg_sxtb16(xv1), x1b = cg_sxtb16_ror8(xv1);
+        int64_t wv = wp[k / 4];
+        int32_t wa = (int32_t)wv, wb = (int32_t)(wv >> 32);
+        a0 = cg_smlad(x0a, wa, a0);
+        a0 = cg_smlad(x0b, wb, a0);
+        a2 = cg_smlad(x1a, wa, a2);
+        a2 = cg_smlad(x1b, wb, a2);
+        wv = wp[(ws + k) / 4];
+        wa = (int32_t)wv;
+        wb = (int32_t)(wv >> 32);
+        a1 = cg_smlad(x0a, wa, a1);
+        a1 = cg_smlad(x0b, wb, a1);
+        a3 = cg_smlad(x1a, wa, a3);
+        a3 = cg_smlad(x1b, wb, a3);
+    }
+    acc[0] = a0;
+    acc[1] = a1;
+    acc[2] = a2;
+    acc[3] = a3;
+}
+
+/*
+ * CG_DOT_2X2_PAIR(x, XS, w, n, acc): the same product for a pair of filters whose pre-widened
+ * weights are interleaved per four inputs - (w0, w2), (w1, w3) of the first filter, then of the
+ * second, four words, 8-byte aligned - so that two LDRDs fetch both filters' weights.  ``XS`` is an
+ * integer literal (the byte offset of the second pixel, < 4096).  On DSP cores the body is one
+ * block of 16 instructions per 4 inputs (2 LDR, 2 LDRD, 4 SXTB16, 8 SMLAD: 16 MACs), written in
+ * assembly because gcc spills accumulators in this loop; elsewhere the same sums in C.
+ */
+#ifdef CG_HAVE_DSP
+/* one group of four inputs: 2 LDRD, 2 LDR, 4 SXTB16, 8 SMLAD */
+#define CG_PAIR_GROUP(XS)                                                                            \
+    "ldrd %[wa0], %[wb0], [%[w]], #16\n\t"                                                           \
+    "ldrd %[wa1], %[wb1], [%[w], #-8]\n\t"                                                           \
+    "ldr %[t1], [%[x], #" #XS "]\n\t"                                                                \
+    "sxtb16 %[t2], %[t1]\n\t"                                                                        \
+    "sxtb16 %[t1], %[t1], ror #8\n\t"                                                                \
+    "smlad %[a2], %[t2], %[wa0], %[a2]\n\t"                                                          \
+    "smlad %[a2], %[t1], %[wb0], %[a2]\n\t"                                                          \
+    "smlad %[a3], %[t2], %[wa1], %[a3]\n\t"                                                          \
+    "smlad %[a3], %[t1], %[wb1], %[a3]\n\t"                                                          \
+    "ldr %[t1], [%[x]], #4\n\t"                                                                      \
+    "sxtb16 %[t2], %[t1]\n\t"                                                                        \
+    "sxtb16 %[t1], %[t1], ror #8\n\t"                                                                \
+    "smlad %[a0], %[t2], %[wa0], %[a0]\n\t"                                                          \
+    "smlad %[a0], %[t1], %[wb0], %[a0]\n\t"                                                          \
+    "smlad %[a1], %[t2], %[wa1], %[a1]\n\t"                                                          \
+    "smlad %[a1], %[t1], %[wb1], %[a1]\n\t"
+#define CG_PAIR_OPERANDS                                                                             \
+    : [x] "+r"(cg_x), [w] "+r"(cg_w), [n] "+r"(cg_n), [a0] "+r"(cg_a0), [a1] "+r"(cg_a1), [a2] "+r"(cg_a2), \
+      [a3] "+r"(cg_a3), [wa0] "=&r"(cg_wa0), [wb0] "=&r"(cg_wb0), [wa1] "=&r"(cg_wa1), [wb1] "=&r"(cg_wb1), \
+      [t1] "=&r"(cg_t1), [t2] "=&r"(cg_t2)                                                          \
+    :                                                                                                \
+    : "memory", "cc"
+/* The loop is in the assembly too (8 inputs per iteration, one group first when their count is
+ * odd): 34 instructions per 32 MACs, every value in a register. */
+#define CG_DOT_2X2_PAIR(X_, XS, W_, N_, ACC_)                                                        \
+    do {                                                                                             \
+        const int8_t *cg_x = (X_);                                                                   \
+        const int16_t *cg_w = (W_);                                                                  \
+        int32_t cg_n = (N_) >> 2;                                                                    \
+        int32_t *const cg_acc = (ACC_);                                                              \
+        int32_t cg_a0 = cg_acc[0], cg_a1 = cg_acc[1], cg_a2 = cg_acc[2], cg_a3 = cg_acc[3];          \
+        int32_t cg_wa0, cg_wb0, cg_wa1, cg_wb1, cg_t1, cg_t2;                                        \
+        if (cg_n & 1) {                                                                              \
+            __asm__(CG_PAIR_GROUP(XS) CG_PAIR_OPERANDS);                                             \
+        }                                                                                            \
+        cg_n >>= 1;                                                                                  \
+        if (cg_n > 0) {                                                                              \
+            __asm__("1:\n\t" CG_PAIR_GROUP(XS) CG_PAIR_GROUP(XS)                                     \
+                    "subs %[n], %[n], #1\n\t"                                                        \
+                    "bne 1b" CG_PAIR_OPERANDS);                                                      \
+        }                                                                                            \
+        cg_acc[0] = cg_a0;                                                                           \
+        cg_acc[1] = cg_a1;                                                                           \
+        cg_acc[2] = cg_a2;                                                                           \
+        cg_acc[3] = cg_a3;                                                                           \
+    } while (0)
+#else
+#define CG_DOT_2X2_PAIR(x, XS, w, n, acc) cg_dot_2x2_pair_c((x), (XS), (w), (n), (acc))
+#endif
+
+/** CG_DOT_2X2_PAIR in C (hosts; the DSP primitives are then C functions too). */
+CG_INLINE void cg_dot_2x2_pair_c(const int8_t *x, int32_t xs, const int16_t *w, int32_t n, int32_t *acc)
+{
+    int32_t k;
+    for (k = 0; k < n; k += 4) {
+        int32_t wa0, wb0, wa1, wb1;
+        const int32_t xv0 = cg_read32(x + k), xv1 = cg_read32(x + xs + k);
+        memcpy(&wa0, w + 2 * k, 4);
+        memcpy(&wb0, w + 2 * k + 2, 4);
+        memcpy(&wa1, w + 2 * k + 4, 4);
+        memcpy(&wb1, w + 2 * k + 6, 4);
+        acc[0] = cg_smlad(cg_sxtb16_ror8(xv0), wb0, cg_smlad(cg_sxtb16(xv0), wa0, acc[0]));
+        acc[1] = cg_smlad(cg_sxtb16_ror8(xv0), wb1, cg_smlad(cg_sxtb16(xv0), wa1, acc[1]));
+        acc[2] = cg_smlad(cg_sxtb16_ror8(xv1), wb0, cg_smlad(cg_sxtb16(xv1), wa0, acc[2]));
+        acc[3] = cg_smlad(cg_sxtb16_ror8(xv1), wb1, cg_smlad(cg_sxtb16(xv1), wa1, acc[3]));
+    }
+}
+
+#ifdef CG_HAVE_MVE
+CG_INLINE void cg_dot_2x2_mve(const int8_t *x, int32_t xs, const int8_t *w, int32_t ws, int32_t n, int32_t *acc)
+{
+    int32_t a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
+    while (n > 0) {
+        const mve_pred16_t p = vctp8q((uint32_t)n);
+        const int8x16_t x0 = vldrbq_z_s8(x, p), x1 = vldrbq_z_s8(x + xs, p);
+        const int8x16_t w0 = vldrbq_z_s8(w, p), w1 = vldrbq_z_s8(w + ws, p);
+        a0 = vmladavaq_s8(a0, x0, w0);
+        a1 = vmladavaq_s8(a1, x0, w1);
+        a2 = vmladavaq_s8(a2, x1, w0);
+        a3 = vmladavaq_s8(a3, x1, w1);
+        x += 16;
+        w += 16;
+        n -= 16;
+    }
+    acc[0] = a0;
+    acc[1] = a1;
+    acc[2] = a2;
+    acc[3] = a3;
+}
+#else
+#define cg_dot_2x2_mve cg_dot_2x2_plain
+#endif
+
+/*
+ * cg_conv_2x4_mve: a tile of two pixels (x, x + xs) by four filters (w + o*k, k int8 weights
+ * each) over ``rows`` kernel rows of ``run`` inputs (input rows ``x_row`` bytes apart, weight rows
+ * ``w_row`` apart), accumulators from ``bias``, and the short epilogue on four lanes
+ * (q planar: multiplier[c], left[c], -right[c], 2**right[c] at c, c + C, c + 2C, c + 3C).
+ * Helium: per 16 inputs 2 + 4 loads and 8 VMLADAVA (128 MACs); one vector requantization per
+ * pixel.  Elsewhere: the same values in C.
+ */
+#ifdef CG_HAVE_MVE
+CG_INLINE int32x4_t cg_requant4_mve(int32x4_t acc, const int32_t *q, int32_t c_total, int has_left, int32_t out_offset,
+                                    int32_t act_min, int32_t act_max)
+{
+    const int32x4_t mult = vldrwq_s32(q), neg_right = vldrwq_s32(q + 2 * c_total), pow2 = vldrwq_s32(q + 3 * c_total);
+    int32x4_t v = has_left ? vshlq_s32(acc, vldrwq_s32(q + c_total)) : acc;
+    int32x4_t t;
+    v = vqrdmulhq_s32(v, mult);
+    t = vaddq_s32(pow2, vshrq_n_s32(v, 31));
+    v = vaddq_s32(v, vshrq_n_s32(t, 1));
+    v = vshlq_s32(v, neg_right);
+    v = vaddq_n_s32(v, out_offset);
+    v = vmaxq_s32(v, vdupq_n_s32(act_min));
+    return vminq_s32(v, vdupq_n_s32(act_max));
+}
+
+CG_INLINE void cg_conv_2x4_mve(const int8_t *x, int32_t xs, int32_t x_row, const int8_t *w, int32_t k, int32_t w_row,
+                               int32_t rows, int32_t run, const int32_t *bias, const int32_t *q, int32_t c_total,
+                               int has_left, int32_t out_offset, int32_t act_min, int32_t act_max, int8_t *y0,
+                               int8_t *y1)
+{
+    int32_t a0 = bias[0], a1 = bias[1], a2 = bias[2], a3 = bias[3];
+    int32_t b0 = a0, b1 = a1, b2 = a2, b3 = a3;
+    int32_t r;
+    for (r = 0; r < rows; r++) {
+        const int8_t *xp = x + r * x_row, *wp = w + r * w_row;
+        int32_t n = run;
+        while (n > 0) {
+            const mve_pred16_t p = vctp8q((uint32_t)n);
+            const int8x16_t x0 = vldrbq_z_s8(xp, p), x1 = vldrbq_z_s8(xp + xs, p);
+            int8x16_t wv = vldrbq_z_s8(wp, p);
+            a0 = vmladavaq_s8(a0, x0, wv);
+            b0 = vmladavaq_s8(b0, x1, wv);
+            wv = vldrbq_z_s8(wp + k, p);
+            a1 = vmladavaq_s8(a1, x0, wv);
+            b1 = vmladavaq_s8(b1, x1, wv);
+            wv = vldrbq_z_s8(wp + 2 * k, p);
+            a2 = vmladavaq_s8(a2, x0, wv);
+            b2 = vmladavaq_s8(b2, x1, wv);
+            wv = vldrbq_z_s8(wp + 3 * k, p);
+            a3 = vmladavaq_s8(a3, x0, wv);
+            b3 = vmladavaq_s8(b3, x1, wv);
+            xp += 16;
+            wp += 16;
+            n -= 16;
+        }
+    }
+    {
+        int32x4_t va = vdupq_n_s32(a0), vb = vdupq_n_s32(b0);
+        va = vsetq_lane_s32(a1, va, 1);
+        va = vsetq_lane_s32(a2, va, 2);
+        va = vsetq_lane_s32(a3, va, 3);
+        vb = vsetq_lane_s32(b1, vb, 1);
+        vb = vsetq_lane_s32(b2, vb, 2);
+        vb = vsetq_lane_s32(b3, vb, 3);
+        vstrbq_s32(y0, cg_requant4_mve(va, q, c_total, has_left, out_offset, act_min, act_max));
+        vstrbq_s32(y1, cg_requant4_mve(vb, q, c_total, has_left, out_offset, act_min, act_max));
+    }
+}
+#else
+CG_INLINE void cg_conv_2x4_mve(const int8_t *x, int32_t xs, int32_t x_row, const int8_t *w, int32_t k, int32_t w_row,
+                               int32_t rows, int32_t run, const int32_t *bias, const int32_t *q, int32_t c_total,
+                               int has_left, int32_t out_offset, int32_t act_min, int32_t act_max, int8_t *y0,
+                               int8_t *y1)
+{
+    int32_t f, px;
+    (void)has_left;
+    for (px = 0; px < 2; px++) {
+        for (f = 0; f < 4; f++) {
+            int32_t acc = bias[f], r, i, qc[4];
+            for (r = 0; r < rows; r++) {
+                for (i = 0; i < run; i++) {
+                    acc += x[px * xs + r * x_row + i] * w[f * k + r * w_row + i];
+                }
+            }
+            qc[0] = q[f];
+            qc[1] = -q[2 * c_total + f];
+            qc[2] = q[3 * c_total + f];
+            qc[3] = q[c_total + f];
+            (px ? y1 : y0)[f] = cg_output(acc, qc, 2, out_offset, act_min, act_max);
+        }
+    }
+}
+#endif
+
+/* ------------------------------------------------------------------ depthwise */
+/*
+ * cg_dw4_<isa>(x, w, acc): one tap of a depthwise convolution for four channels:
+ * acc[k] += x[k] * w[k], k = 0..3.  The DSP form reads the weights pre-widened to int16 pairs in
+ * SXTB16 order, (w0, w2) then (w1, w3), laid out by the generator.
+ */
+CG_INLINE void cg_dw4_plain(const int8_t *x, const int8_t *w, int32_t *acc)
+{
+    acc[0] += x[0] * w[0];
+    acc[1] += x[1] * w[1];
+    acc[2] += x[2] * w[2];
+    acc[3] += x[3] * w[3];
+}
+
+CG_INLINE void cg_dw4_dsp(const int8_t *x, const int16_t *w, int32_t *acc)
+{
+    const int32_t xv = cg_read32(x);
+    const int32_t xa = cg_sxtb16(xv), xb = cg_sxtb16_ror8(xv);
+    int32_t wa, wb;
+    memcpy(&wa, w, 4);
+    memcpy(&wb, w + 2, 4);
+    acc[0] = cg_smlabb(xa, wa, acc[0]);
+    acc[2] = cg_smlatt(xa, wa, acc[2]);
+    acc[1] = cg_smlabb(xb, wb, acc[1]);
+    acc[3] = cg_smlatt(xb, wb, acc[3]);
+}
+
+/*
+ * CG_DW4_TAP(XR, WG, XOFF, WOFF, A0, A1, A2, A3): cg_dw4_dsp for the tap whose four input values
+ * are at byte XOFF of XR and whose widened weights at byte WOFF of WG (integer literals, XOFF <
+ * 4096, WOFF < 1024): one LDRD, one LDR, two SXTB16, four SMLAxy on DSP cores (gcc interleaves
+ * the taps of C code badly and spills; the accumulators stay in registers here).
+ */
+#ifdef CG_HAVE_DSP
+#define CG_DW4_TAP(XR, WG, XOFF, WOFF, A0, A1, A2, A3)                                               \
+    do {                                                                                             \
+        int32_t cg_wa, cg_wb, cg_t1, cg_t2;                                                          \
+        __asm__("ldrd %[wa], %[wb], [%[w], #" #WOFF "]\n\t"                                           \
+                "ldr %[t1], [%[x], #" #XOFF "]\n\t"                                                   \
+                "sxtb16 %[t2], %[t1]\n\t"                                                            \
+                "sxtb16 %[t1], %[t1], ror #8\n\t"                                                    \
+                "smlabb %[a0], %[t2], %[wa], %[a0]\n\t"                                              \
+                "smlatt %[a2], %[t2], %[wa], %[a2]\n\t"                                              \
+                "smlabb %[a1], %[t1], %[wb], %[a1]\n\t"                                              \
+                "smlatt %[a3], %[t1], %[wb], %[a3]"                                                    \
+                : [a0] "+r"(A0), [a1] "+r"(A1), [a2] "+r"(A2), [a3] "+r"(A3), [wa] "=&r"(cg_wa),       \
+                  [wb] "=&r"(cg_wb), [t1] "=&r"(cg_t1), [t2] "=&r"(cg_t2)                              \
+                : [x] "r"(XR), [w] "r"(WG)                                                           \
+                : "memory");                                                                         \
+    } while (0)
+#else
+#define CG_DW4_TAP(XR, WG, XOFF, WOFF, A0, A1, A2, A3)                                               \
+    do {                                                                                             \
+        int32_t cg_acc[4];                                                                           \
+        cg_acc[0] = (A0);                                                                            \
+        cg_acc[1] = (A1);                                                                            \
+        cg_acc[2] = (A2);                                                                            \
+        cg_acc[3] = (A3);                                                                            \
+        cg_dw4_dsp((XR) + (XOFF), (WG) + (WOFF) / 2, cg_acc);                                        \
+        (A0) = cg_acc[0];                                                                            \
+        (A1) = cg_acc[1];                                                                            \
+        (A2) = cg_acc[2];                                                                            \
+        (A3) = cg_acc[3];                                                                            \
+    } while (0)
+#endif
+
+#ifdef CG_HAVE_MVE
+/**
+ * One output pixel of a depthwise convolution on Helium, all channels, four per vector:
+ * acc = bias + sum over the rows x cols taps, then the short epilogue on four lanes
+ * (q planar: multiplier[c], left[c], -right[c], 2**right[c] at c, c + C, c + 2C, c + 3C).
+ */
+CG_INLINE void cg_dw_pixel_mve(const int8_t *x, int32_t row_stride, const int8_t *w, int32_t w_row_stride,
+                               int32_t rows, int32_t cols, int32_t c_total, const int32_t *bias, const int32_t *q,
+                               int32_t out_offset, int32_t act_min, int32_t act_max, int8_t *out)
+{
+    int32_t c;
+    for (c = 0; c < c_total; c += 4) {
+        const mve_pred16_t p = vctp32q((uint32_t)(c_total - c));
+        int32x4_t acc = vldrwq_z_s32(bias + c, p);
+        int32_t r, j;
+        for (r = 0; r < rows; r++) {
+            for (j = 0; j < cols; j++) {
+                const int32x4_t xv = vldrbq_z_s32(x + r * row_stride + j * c_total + c, p);
+                const int32x4_t wv = vldrbq_z_s32(w + r * w_row_stride + j * c_total + c, p);
+                acc = vaddq_s32(acc, vmulq_s32(xv, wv));
+            }
+        }
+        {
+            const int32x4_t mult = vldrwq_z_s32(q + c, p);
+            const int32x4_t left = vldrwq_z_s32(q + c_total + c, p);
+            const int32x4_t neg_right = vldrwq_z_s32(q + 2 * c_total + c, p);
+            const int32x4_t pow2 = vldrwq_z_s32(q + 3 * c_total + c, p);
+            int32x4_t v = vqrdmulhq_s32(vshlq_s32(acc, left), mult);
+            int32x4_t t = vaddq_s32(pow2, vshrq_n_s32(v, 31));
+            v = vaddq_s32(v, vshrq_n_s32(t, 1));
+            v = vshlq_s32(v, neg_right);
+            v = vaddq_n_s32(v, out_offset);
+            v = vmaxq_s32(v, vdupq_n_s32(act_min));
+            v = vminq_s32(v, vdupq_n_s32(act_max));
+            vstrbq_p_s32(out + c, v, p);
+        }
+    }
+}
+#else
+CG_INLINE void cg_dw_pixel_mve(const int8_t *x, int32_t row_stride, const int8_t *w, int32_t w_row_stride,
+                               int32_t rows, int32_t cols, int32_t c_total, const int32_t *bias, const int32_t *q,
+                               int32_t out_offset, int32_t act_min, int32_t act_max, int8_t *out)
+{
+    int32_t c;
+    for (c = 0; c < c_total; c++) {
+        int32_t acc = bias[c], r, j, qc[4];
+        for (r = 0; r < rows; r++) {
+            for (j = 0; j < cols; j++) {
+                acc += x[r * row_stride + j * c_total + c] * w[r * w_row_stride + j * c_total + c];
+            }
+        }
+        qc[0] = q[c];
+        qc[1] = -q[2 * c_total + c];
+        qc[2] = q[3 * c_total + c];
+        qc[3] = q[c_total + c];
+        out[c] = cg_output(acc, qc, 2, out_offset, act_min, act_max);
+    }
+}
+#endif
+
+#endif /* CORTEN_GEN_H */

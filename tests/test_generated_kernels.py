@@ -1,0 +1,242 @@
+"""Corten's generated per-layer kernels (``corten.codegen.generated``) byte for byte against the
+reference ops, on many random shapes, compiled with the host gcc (the DSP path's primitives are
+then C functions with the instructions' semantics; the Helium path is checked on QEMU in
+test_generated_qemu.py), and the short epilogue against ``arm_nn_requantize``."""
+from __future__ import annotations
+
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import corten  # noqa: F401  (registers the corten ops)
+from conftest import needs_gcc
+from corten.codegen import generated as gen
+from corten.codegen.emitter import KERNELS_DIR
+from corten.fixed_point import requantize
+
+
+def _rand_spec(rng: random.Random, kind: str, big_bias: bool = False) -> gen.LayerSpec:
+    n = rng.choice([1, 1, 2])
+    if kind == "linear":
+        ci, co, batches = rng.randint(1, 70), rng.randint(1, 20), rng.randint(1, 5)
+        w = torch.randint(-128, 128, (co, 1, 1, ci), dtype=torch.int8)
+        bias = torch.randint(-5000, 5000, (co,), dtype=torch.int64)
+        return _finish(rng, "conv", 1, 1, batches, ci, 1, batches, co, 1, 1, (1, 1), (0, 0), w, bias, 0)
+    kh, kw = rng.choice([(1, 1), (3, 3), (3, 3), (5, 5), (10, 4), (2, 3), (1, 3)])
+    sh, sw = rng.choice([1, 1, 2]), rng.choice([1, 1, 2])
+    ph, pw = rng.randint(0, kh // 2 + (1 if rng.random() < 0.2 else 0)), rng.randint(0, kw // 2)
+    h, w_ = rng.randint(max(1, kh - 2 * ph), 12), rng.randint(max(1, kw - 2 * pw), 12)
+    ho, wo = (h + 2 * ph - kh) // sh + 1, (w_ + 2 * pw - kw) // sw + 1
+    if rng.random() < 0.3:  # a band: the trailing padding differs (output size from top padding)
+        ho = max(1, ho - rng.randint(0, 1))
+    ci = rng.choice([1, 3, 4, 5, 8, 16, 7]) if kind == "conv" else rng.choice([1, 3, 4, 8, 13, 16, 24])
+    co = rng.choice([1, 2, 3, 8, 16, 5]) if kind == "conv" else ci
+    in_off = rng.randint(-127, 128)
+    if kind == "conv":
+        w = torch.randint(-128, 128, (co, kh, kw, ci), dtype=torch.int8)
+    else:
+        w = torch.randint(-128, 128, (kh, kw, co), dtype=torch.int8)
+    bias = torch.randint(-(2**20 if big_bias else 5000), 2**20 if big_bias else 5000, (co,), dtype=torch.int64)
+    return _finish(rng, kind, n, h, w_, ci, ho, wo, co, kh, kw, (sh, sw), (ph, pw), w, bias, in_off)
+
+
+def _finish(rng, kind, n, h, w, ci, ho, wo, co, kh, kw, stride, pad, weight, bias, in_off) -> gen.LayerSpec:
+    per_channel = rng.random() < 0.7
+    m = torch.randint(2**30, 2**31 - 1, (co if per_channel else 1,), dtype=torch.int64)
+    s = torch.randint(-14, -3, m.shape, dtype=torch.int64)
+    if rng.random() < 0.15:
+        s[0] = rng.choice([0, 1, 2])  # left shifts (general epilogue or proven short)
+    if not per_channel:
+        m, s = m.expand(co).clone(), s.expand(co).clone()
+    act_min, act_max = rng.choice([(-128, 127), (-128, 127), (rng.randint(-128, 0), 127), (-20, 60)])
+    out_off = rng.randint(-128, 127)
+    return gen.LayerSpec(kind, n, h, w, ci, ho, wo, co, kh, kw, stride, pad, weight, bias, in_off, out_off, m, s,
+                         act_min, act_max)
+
+
+def _reference(spec: gen.LayerSpec, x: torch.Tensor) -> torch.Tensor:
+    """The Corten reference op on NHWC int8 ``x``; NHWC int8 bytes out."""
+    xin = x.permute(0, 3, 1, 2)
+    mult, shift = spec.multiplier.to(torch.int32), spec.shift.to(torch.int32)
+    bias = spec.bias.to(torch.int32)
+    pad = [spec.padding[0], spec.padding[1], max(0, _extra(spec, 0)), max(0, _extra(spec, 1))]
+    if spec.kind == "depthwise":
+        y = torch.ops.corten.quantized_depthwise_conv2d(
+            xin, spec.weight.unsqueeze(0), bias, list(spec.stride), pad, [1, 1], 1, spec.input_offset,
+            spec.output_offset, mult, shift, spec.act_min, spec.act_max)
+    else:
+        y = torch.ops.corten.quantized_conv2d(
+            xin, spec.weight, bias, list(spec.stride), pad, [1, 1], spec.input_offset, spec.output_offset, mult,
+            shift, spec.act_min, spec.act_max)
+    return y.permute(0, 2, 3, 1)[:, :spec.ho, :spec.wo].contiguous()
+
+
+def _extra(spec, axis) -> int:
+    """Trailing padding that makes the reference's output size the spec's (bands: may be negative
+    -> crop instead)."""
+    size, k, s, p, out = ((spec.h, spec.kh, spec.stride[0], spec.padding[0], spec.ho) if axis == 0 else
+                          (spec.w, spec.kw, spec.stride[1], spec.padding[1], spec.wo))
+    return (out - 1) * s + k - size - p  # bottom/right padding
+
+
+def _c_array(ctype: str, name: str, t: torch.Tensor) -> str:
+    vals = ", ".join(str(int(v)) for v in t.reshape(-1).tolist()) or "0"
+    return f"static const {ctype} {name}[{max(1, t.numel())}] __attribute__((aligned(16))) = {{{vals}}};\n"
+
+
+CTYPES = {torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int32_t"}
+
+
+def layers_source(specs, isa: str) -> str:
+    """C of several layers ``l0``, ``l1``, ... and ``int layers_run(in, out, arena)`` running each on
+    its slice of the packed input and output buffers."""
+    arrays, fns, calls = [], [], []
+    in_off = out_off = 0
+    for i, spec in enumerate(specs):
+        def array(suffix, t, i=i):
+            name = f"l{i}_{suffix}"
+            arrays.append(_c_array(CTYPES[t.dtype], name, t))
+            return name
+
+        layer = gen.generate(spec, isa, f"l{i}", array, f"in + {in_off}", f"out + {out_off}")
+        fns.append(layer.functions)
+        calls.append("    " + layer.call)
+        in_off += spec.n * spec.h * spec.w * spec.c_in
+        out_off += spec.n * spec.ho * spec.wo * spec.c_out
+    run = ("int layers_run(const int8_t *in, int8_t *out, uint8_t *arena);\n"
+           "int layers_run(const int8_t *in, int8_t *out, uint8_t *arena)\n{\n    (void)arena;\n"
+           + "\n".join(calls) + "\n    return 0;\n}\n")
+    return f'#include <stdint.h>\n#include "{gen.HEADER}"\n' + "".join(arrays) + "\n".join(fns) + run
+
+
+def layer_inputs(specs, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(-128, 128, (s.n, s.h, s.w, s.c_in), dtype=torch.int8, generator=g) for s in specs]
+
+
+def expected_bytes(specs, xs) -> np.ndarray:
+    return np.concatenate([_reference(s, x).numpy().reshape(-1) for s, x in zip(specs, xs)])
+
+
+HOST_MAIN = r"""
+#include <stdint.h>
+#include <stdio.h>
+int layers_run(const int8_t *in, int8_t *out, uint8_t *arena);
+static int8_t in[IN_BYTES], out[OUT_BYTES];
+int main(void)
+{
+    FILE *f = fopen("in.bin", "rb");
+    if (!f || fread(in, 1, sizeof in, f) != sizeof in) return 2;
+    fclose(f);
+    layers_run(in, out, NULL);
+    f = fopen("out.bin", "wb");
+    fwrite(out, 1, sizeof out, f);
+    fclose(f);
+    return 0;
+}
+"""
+
+
+def run_layers_host(specs, isa: str, xs, tmp: Path) -> np.ndarray:
+    (tmp / "layers.c").write_text(layers_source(specs, isa))
+    (tmp / "main.c").write_text(HOST_MAIN)
+    in_bytes = b"".join(x.numpy().tobytes() for x in xs)
+    out_bytes = sum(s.n * s.ho * s.wo * s.c_out for s in specs)
+    exe = tmp / "layers"
+    res = subprocess.run(["gcc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function",
+                          f"-DIN_BYTES={len(in_bytes)}", f"-DOUT_BYTES={out_bytes}", f"-I{KERNELS_DIR}",
+                          str(tmp / "layers.c"), str(tmp / "main.c"), "-o", str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (tmp / "in.bin").write_bytes(in_bytes)
+    subprocess.run([str(exe)], cwd=tmp, check=True)
+    return np.frombuffer((tmp / "out.bin").read_bytes(), dtype=np.int8)
+
+
+def random_specs(seed: int, count: int, kinds=("conv", "depthwise", "linear")) -> list[gen.LayerSpec]:
+    rng = random.Random(seed)
+    return [_rand_spec(rng, kinds[i % len(kinds)], big_bias=i % 7 == 6) for i in range(count)]
+
+
+@needs_gcc
+@pytest.mark.parametrize("isa", ["plain", "dsp", "mve"])
+@pytest.mark.parametrize("kind", ["conv", "depthwise", "linear"])
+def test_generated_layer_equals_reference(kind, isa, tmp_path):
+    specs = random_specs(hash((kind, isa)) % 1000, 12, (kind,))
+    xs = layer_inputs(specs)
+    got = run_layers_host(specs, isa, xs, tmp_path)
+    assert np.array_equal(got, expected_bytes(specs, xs))
+
+
+def test_segments_cover_the_output_once():
+    rng = random.Random(3)
+    for _ in range(50):
+        spec = _rand_spec(rng, rng.choice(["conv", "depthwise"]))
+        segs, boxes = gen.segments(spec)
+        seen = np.zeros((spec.ho, spec.wo), dtype=int)
+        for s in segs:
+            seen[s.oy0:s.oy1, s.ox0:s.ox1] += 1
+            assert boxes[s.cls] == (s.i0, s.i1, s.j0, s.j1)
+        assert (seen == 1).all()
+
+
+def _short(acc: np.ndarray, m: int, s: int) -> np.ndarray:
+    """cg_requant_short in numpy int64 (the C's arithmetic, no overflow on the accepted domain)."""
+    left, right = max(s, 0), max(-s, 0)
+    a = acc << left
+    v = (2 * a * m + (1 << 31)) >> 32  # SMMULR(2a, m)
+    t = (1 << right) + (v >> 31)
+    return (v + (t >> 1)) >> right
+
+
+def test_short_epilogue_equals_requantize():
+    """On every accumulator the generator accepts (|acc| * 2**left < 2**30, m >= 0): the edges of the
+    domain, every tie of the rounding shift near them, and random values, for many (m, shift)."""
+    rng = np.random.default_rng(0)
+    shifts = list(range(-31, 8))
+    mults = [0, 1, 2**30, 2**31 - 1, 1518500250, 1073741824 + 12345] + [int(v) for v in rng.integers(0, 2**31, 20)]
+    for s in shifts:
+        left = max(s, 0)
+        bound = (2**30 - 1) >> left
+        for m in mults:
+            assert gen.short_epilogue_ok(bound, torch.tensor([m]), torch.tensor([s]))
+            assert not gen.short_epilogue_ok(bound + 1, torch.tensor([m]), torch.tensor([s])) or left == 0 and \
+                bound + 1 < 2**30
+            edges = np.array([0, 1, -1, bound, -bound, bound - 1, -bound + 1], dtype=np.int64)
+            rand = rng.integers(-bound, bound + 1, 4000, dtype=np.int64)
+            # values whose product lands on a rounding tie of the right shift: v = k * 2**r + 2**(r-1)
+            right = max(-s, 0)
+            ties = np.array([], dtype=np.int64)
+            if right and m:
+                k = rng.integers(-2**10, 2**10, 300, dtype=np.int64)
+                v = k * (1 << right) + (1 << (right - 1))
+                ties = np.clip((v << 31) // m, -bound, bound)
+            acc = np.concatenate([edges, rand, ties])
+            want = requantize(torch.from_numpy(acc), m, s).numpy()
+            assert np.array_equal(_short(acc, m, s), want), (m, s)
+
+
+def test_short_epilogue_refused_outside_its_domain():
+    assert not gen.short_epilogue_ok(2**30, torch.tensor([2**30]), torch.tensor([-5]))
+    assert not gen.short_epilogue_ok(2**28, torch.tensor([2**30]), torch.tensor([2]))
+    assert not gen.short_epilogue_ok(10, torch.tensor([-5]), torch.tensor([-5]))
+
+
+def test_widened_depthwise_weights_are_in_sxtb16_order():
+    w = torch.arange(2 * 3 * 8, dtype=torch.int64).reshape(2, 3, 8).to(torch.int8)
+    wide = gen.widened_depthwise_weights(w)
+    assert wide.shape == (2, 6, 4) and wide.dtype == torch.int16
+    assert wide[0, 0].tolist() == [0, 2, 1, 3] and wide[1, 5].tolist() == [44, 46, 45, 47]
+
+
+@needs_gcc
+@pytest.mark.parametrize("isa", ["plain", "dsp", "mve"])
+def test_out_of_line_border_segments(isa, tmp_path, monkeypatch):
+    """Layers with more segments than are specialised share one out-of-line border copy."""
+    monkeypatch.setattr(gen, "MAX_SPECIALISED_SEGMENTS", 0)
+    specs = random_specs(77, 12, ("conv", "depthwise"))
+    xs = layer_inputs(specs)
+    assert np.array_equal(run_layers_host(specs, isa, xs, tmp_path), expected_bytes(specs, xs))

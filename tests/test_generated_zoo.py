@@ -1,0 +1,53 @@
+"""Every zoo model with Corten's generated kernels (``kernels="generated"``, portable fallback: CI
+has no CMSIS-NN): byte-exact on the host for the plain, DSP and Helium code paths (the libraries
+of Cortex-M3, M4 and M55 builds compiled for the host, where the DSP primitives are C functions
+and the Helium blocks their C equivalents), and on QEMU Cortex-M4 and M55 with the real intrinsics;
+the steps say which provider runs each (and why the generator does not).  Reuses test_zoo_programs' programs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import needs_gcc, needs_qemu
+from test_zoo_programs import EXPECTED_OPS, compiled
+
+BIG = ("mv2", "mv3-small")  # 224x224 models: minutes on QEMU
+
+
+def _params(names):
+    return [pytest.param(n, marks=pytest.mark.slow) if n in BIG else n for n in names]
+
+
+@needs_gcc
+@pytest.mark.parametrize("target", ["cortex-m3", "cortex-m4", "cortex-m55"])
+@pytest.mark.parametrize("name", _params(EXPECTED_OPS))
+def test_zoo_generated_byte_exact_on_host(name, target):
+    prog, x = compiled(name)
+    run = prog.c_run(x, on="host", kernels="generated", target=target)
+    assert all(torch.equal(a, b) for a, b in zip(run.outputs, prog.run_int8(x)))
+
+
+@needs_qemu
+@pytest.mark.parametrize("target", ["cortex-m4", "cortex-m55"])
+@pytest.mark.parametrize("name", _params(EXPECTED_OPS))
+def test_zoo_generated_byte_exact_on_qemu(name, target):
+    prog, x = compiled(name)
+    run = prog.c_run(x, on="qemu", kernels="generated", target=target)
+    assert all(torch.equal(a, b) for a, b in zip(run.outputs, prog.run_int8(x)))
+
+
+@needs_qemu
+def test_generated_beats_portable_and_reports_choices():
+    """On QEMU M4 the generated ds-cnn runs fewer instructions than the portable build, the same
+    bytes, and its estimated cycles come with the run; each step says which kernel and why."""
+    prog, x = compiled("ds-cnn")
+    gen = prog.c_run(x, on="qemu", kernels="generated", target="cortex-m4", cycles=True)
+    port = prog.c_run(x, on="qemu", kernels="portable", target="cortex-m4")
+    assert all(torch.equal(a, b) for a, b in zip(gen.outputs, port.outputs))
+    assert gen.instructions < 0.5 * port.instructions
+    assert gen.cycles_estimate is not None and gen.instructions <= gen.cycles_estimate < 3 * gen.instructions
+    steps = prog.kernel_choices("generated", "cortex-m4")
+    convs = [s for s in steps if s.op in ("quantized_conv2d", "quantized_depthwise_conv2d")]
+    assert convs and all(s.provider == "generated" and s.kernel.startswith(f"{prog.name}_gen_") for s in convs)
+    pool = [s for s in steps if s.op == "quantized_avg_pool2d"]
+    assert pool and all(s.provider == "portable" and s.reason for s in pool)
