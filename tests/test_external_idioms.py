@@ -400,3 +400,31 @@ def test_clamp_with_tensor_bounds_byte_exact():
         warnings.simplefilter("ignore", QuantizationWarning)
         prog = corten.compile(model, (x,), calibration=_calib((2, 6)))
     _assert_lowered_and_byte_exact(prog, x, model)
+
+
+class IndexWrites(nn.Module):
+    """``index_copy`` along rows and columns and the edge dialect's functional ``index_put``, with
+    constant indices (registered buffers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 6)
+        self.register_buffer("rows", torch.tensor([3, 0]))
+        self.register_buffer("cols", torch.tensor([5, 1]))
+
+    def forward(self, x):
+        y = self.a(x)
+        v = self.b(x)[:2]
+        return (y.index_copy(0, self.rows, v), torch.ops.aten.index_put.default(y, [self.rows], v),
+                y.index_copy(1, self.cols, y[:, :2] * 2))
+
+
+@needs_gcc
+def test_index_copy_and_index_put_with_constant_indices_byte_exact():
+    torch.manual_seed(0)
+    model = IndexWrites().eval()
+    x = torch.randn(4, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", QuantizationWarning)
+        prog = corten.compile(model, (x,), calibration=_calib((4, 6)))
+    _assert_lowered_and_byte_exact(prog, x, model, tol=0.2)

@@ -786,3 +786,44 @@ def _conv3d_frames(node: Node) -> Rewrite | Refusal:
                      stride[1:], padding[1:], dilation[1:], groups)
         return y.reshape(n, t2, *y.shape[1:]).permute(0, 2, 1, 3, 4)
     return Rewrite(frames, [x, w] + ([b] if b is not None else []), pre_dispatch=True)  # (conv2d stays whole)
+
+
+@rewrites(aten.index_copy.default, aten.index_put.default)
+def _index_copy(node: Node) -> Rewrite | Refusal:
+    """``x.index_copy(dim, idx, src)`` and ``index_put(x, (idx,), src)`` with constant indices (the
+    edge dialect's functional forms): one ``index_select`` of ``cat([x, src], dim)`` whose constant
+    index picks, at each position, the row of ``src`` written there or else ``x``'s own row."""
+    def refuse(why: str) -> Refusal:
+        node.meta["corten_refusal"] = why + "; write it as torch.cat of slices, or with a constant index tensor"
+        return Refusal(why)  # (no lowering rule takes index_copy / index_put: reported with this reason)
+
+    x = node.args[0]
+    if node.target == aten.index_copy.default:
+        dim, idx, src = node.args[1], node.args[2], node.args[3]
+    else:
+        indices, src = node.args[1], node.args[2]
+        if node_arg(node, "accumulate", False):
+            return refuse("index_put with accumulate=True (a scatter-add) is not rewritten")
+        if len(indices) != 1 or indices[0] is None:
+            return refuse("index_put with more than one index tensor (only one index on dim 0 is rewritten)")
+        dim, idx = 0, indices[0]
+    if not (isinstance(idx, Node) and idx.op == "get_attr" and isinstance(src, Node)):
+        return refuse("the indices are computed (only constant indices are rewritten)")
+    index = get_attr(node.graph.owning_module, idx).detach().flatten().long()
+    shape = list(x.meta["val"].shape)
+    d = int(dim) % len(shape)
+    n = shape[d]
+    index = torch.where(index < 0, index + n, index)
+    if index.numel() == 0 or index.dtype == torch.bool or bool(((index < 0) | (index >= n)).any()):
+        return refuse("the indices are empty, boolean or out of range")
+    want = shape[:d] + [index.numel()] + shape[d + 1:]
+    if list(src.meta["val"].shape) != want:
+        return refuse(f"the values have shape {list(src.meta['val'].shape)}, not {want} (no broadcast is rewritten)")
+    pick = list(range(n))
+    for j, i in enumerate(index.tolist()):  # the last write to a position wins, as in torch
+        pick[i] = n + j
+    pick_t = torch.tensor(pick, dtype=torch.long)
+
+    def index_copy(xv, sv, p):
+        return torch.index_select(torch.cat([xv, sv], d), d, p)
+    return Rewrite(index_copy, [x, src], [pick_t])
