@@ -96,13 +96,6 @@ def _aliases(base: Node, before: int, order: dict) -> set[Node]:
     return out
 
 
-def _norm(i, size: int, default: int) -> int:
-    if i is None:
-        return default
-    i = int(i)
-    return max(0, min(size, i + size if i < 0 else i))
-
-
 _RESHAPING_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
                     aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.flatten.using_ints,
                     aten.unflatten.int, aten.alias.default, aten.view_as.default}
