@@ -30,6 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "fixed_point": {"errors"},
     "targets": {"errors"},
     "providers": {"errors", "targets"},  # the kernel-provider API: below the families that register kernels
+    "deployment": {"errors", "targets", "providers"},  # core + providers + board + budgets
     "ops.infra": {"errors", "fixed_point", "targets", "providers"},
     "ops.family": {"errors", "fixed_point", "targets", "ops.infra", "providers"},
     "ops": {"errors", "ops.infra", "ops.family"},  # the package: imports every family
@@ -39,20 +40,20 @@ ALLOWED: dict[str, set[str]] = {
     "aten_passes": {"errors", "capture"},
     "quantizer": {"errors", "fixed_point", "targets", "ops", "ops.infra", "capture", "aten_passes"},
     "lowering": {"errors", "fixed_point", "ops", "ops.infra", "validation"},
-    "memory": {"errors", "targets", "ops", "ops.infra", "providers"},
-    "codegen": {"errors", "targets", "fixed_point", "ops", "ops.infra", "memory", "providers"},
-    "runners": {"errors", "targets", "codegen", "memory", "providers"},
+    "memory": {"errors", "targets", "ops", "ops.infra", "providers", "deployment"},
+    "codegen": {"errors", "targets", "fixed_point", "ops", "ops.infra", "memory", "providers", "deployment"},
+    "runners": {"errors", "targets", "codegen", "memory", "providers", "deployment"},
     "compare": {"errors", "ops", "ops.infra", "capture", "aten_passes"},
     "program": {"errors", "targets", "ops", "ops.infra", "capture", "lowering", "memory", "codegen", "runners",
-                "outdir", "compare", "providers"},
+                "outdir", "compare", "providers", "deployment"},
     "zoo": {"errors"},
     # model files: TFLite -> a Program of Corten ops (a family's TFLite preparation math, e.g. softmax_params);
     # ONNX -> a torch module for the compiler (called from corten/__init__ and the CLI)
     "frontends": {"errors", "fixed_point", "targets", "ops", "ops.infra", "ops.family", "program"},
     "compiler": {"errors", "targets", "ops", "ops.infra", "capture", "aten_passes", "quantizer", "lowering",
-                 "program", "validation", "compare"},
+                 "program", "validation", "compare", "deployment"},
     "testing": {"errors", "targets", "ops", "ops.infra", "capture", "aten_passes", "quantizer", "lowering",
-                "program", "compiler", "memory", "codegen", "runners", "validation", "providers"},
+                "program", "compiler", "memory", "codegen", "runners", "validation", "providers", "deployment"},
 }
 # The front ends may import anything but the test helpers.
 TOP = {"corten", "cli", "demo"}

@@ -707,10 +707,11 @@ def compile(
     progress: bool | Callable[[str], None] = False,
     max_arena: int | None = None,
     max_flash: int | None = None,
-    kernels: str = "cmsis-nn",
+    kernels: Any = "cmsis-nn",
     precision: Any = "int8",
     precision_target_db: float = AUTO_TARGET_DB,
     input_ranges: dict | None = None,
+    deployment: Any = None,
 ) -> Program:
     """Compile ``model`` to a Corten int8 program for ``target`` (runs every :class:`Pipeline` stage).
 
@@ -741,8 +742,8 @@ def compile(
     halos recomputed, :mod:`corten.memory.banding`) that fits with the fewest extra MACs; the
     program then runs that schedule in Python and C, byte-identical to the unbanded one.
     :class:`BudgetError` names the smallest arena found, the layer that sets it and what to change.
-    ``kernels`` ("cmsis-nn" or "portable"): the kernel flavour whose arena (scratch included)
-    ``max_arena`` bounds.
+    ``kernels`` (a provider name such as "cmsis-nn" or "portable", or a chain): the kernels whose
+    arena (scratch included) ``max_arena`` bounds.
     ``max_flash`` (bytes of constant data): :class:`BudgetError` when the weights do not fit.
     Without either, the plan is today's (no extra compute).
     ``input_ranges``: ``{input index or forward argument name: (lo, hi)}`` fixes those inputs'
@@ -750,10 +751,21 @@ def compile(
     calibrating them - for an input the calibration data holds constant (a zero recurrent state,
     ``torch.ones`` in a test) or whose real range the user knows; such an input may be constant in
     the calibration samples.
+    ``deployment`` (:class:`corten.deployment.Deployment`): the core, kernels and budgets in one
+    value; it replaces ``target`` and ``kernels``, and gives ``max_arena``/``max_flash`` unless they
+    are passed.
     """
     if input_ranges is not None and (is_qat_module(model) or precision == "auto"):
         raise UsageError("input_ranges applies to post-training int8/int16 compiles (not a QAT module or "
                          "precision='auto')")
+    if deployment is not None:
+        from corten.deployment import Deployment
+
+        if not isinstance(deployment, Deployment):
+            raise UsageError(f"deployment must be a corten.Deployment, got {type(deployment).__name__}")
+        target, kernels = deployment.target.name, deployment.providers
+        max_arena = deployment.max_arena if max_arena is None else max_arena
+        max_flash = deployment.max_flash if max_flash is None else max_flash
     if isinstance(precision, str) and precision == "auto":
         prog = _compile_auto(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
                              progress, max_arena, max_flash, kernels, precision_target_db)

@@ -259,28 +259,40 @@ class Program:
         return compare(self, model, checked, threshold_db)
 
     # ------------------------------------------------------------------ memory and C
+    def deployment(self, kernels=None, target: str | None = None, *, deployment=None,
+                   default_kernels="cmsis-nn") -> "Deployment":
+        """The :class:`corten.deployment.Deployment` the conveniences stand for: ``deployment`` if
+        given (``kernels`` / ``target`` then override its providers / core), else the program's target
+        (or ``target``) with ``kernels`` (a provider name or chain; ``default_kernels`` without)."""
+        from corten.deployment import Deployment
+
+        if deployment is not None:
+            d = Deployment.coerce(deployment, kernels)
+            return d.with_target(target) if target is not None and target != d.core else d
+        return Deployment.of(self.target if target is None else get_target(target),
+                             default_kernels if kernels is None else kernels)
+
     @property
     def memory(self):
         """The static memory plan for the program's target with CMSIS-NN kernels (their scratch
         included; ``memory.kernels`` says so); :meth:`memory_for` gives the portable one."""
         return self.memory_for("cmsis-nn")
 
-    def memory_for(self, kernels: str = "cmsis-nn", target: str | None = None):
-        """The memory plan of the C library for ``kernels`` ("portable": no CMSIS-NN scratch) and
-        the program's target (or ``target``)."""
+    def memory_for(self, kernels=None, target: str | None = None, *, deployment=None):
+        """The memory plan of the C library for a deployment (:meth:`deployment`: ``kernels`` -
+        "portable" has no CMSIS-NN scratch - and the program's target, or ``target``)."""
         from corten.memory import plan_memory
 
         self._require_lowered("plan memory")
-        tgt = self.target if target is None else get_target(target)
+        d = self.deployment(kernels, target, deployment=deployment)
         if not isinstance(self._memory, dict):
             self._memory = {}
-        key = (_providers_key(kernels), tgt.name)
-        if key not in self._memory:
+        if d.key not in self._memory:
             schedule = self.schedule
             banded = schedule is not None and bool(schedule.segments)
-            self._memory[key] = plan_memory(self.ep, tgt, kernels=kernels, in_place_cats=banded)
-            self._memory[key].schedule = schedule
-        return self._memory[key]
+            self._memory[d.key] = plan_memory(self.ep, d, in_place_cats=banded)
+            self._memory[d.key].schedule = schedule
+        return self._memory[d.key]
 
     @property
     def schedule(self):
@@ -290,25 +302,30 @@ class Program:
         d = self.info.get("schedule")
         return Schedule.from_json(d) if d else None
 
-    def fit_budget(self, max_arena: int | None, max_flash: int | None = None, kernels: str = "cmsis-nn") -> "Program":
+    def fit_budget(self, max_arena: int | None = None, max_flash: int | None = None, kernels=None, *,
+                   deployment=None) -> "Program":
         """This program (or its banded copy, :meth:`fit_arena`) within ``max_arena`` bytes of arena and
-        ``max_flash`` bytes of constants, else :class:`BudgetError`."""
+        ``max_flash`` bytes of constants (default: the deployment's budgets), else :class:`BudgetError`."""
         from corten.memory import check_budget
 
-        check_budget(self.memory_for(kernels), None, max_flash)  # no schedule changes the weights
-        return self.fit_arena(int(max_arena), kernels) if max_arena is not None else self
+        d = self.deployment(kernels, deployment=deployment)
+        max_arena = d.max_arena if max_arena is None else max_arena
+        max_flash = d.max_flash if max_flash is None else max_flash
+        check_budget(self.memory_for(deployment=d), None, max_flash)  # no schedule changes the weights
+        return self.fit_arena(int(max_arena), deployment=d) if max_arena is not None else self
 
-    def fit_arena(self, max_arena: int, kernels: str = "cmsis-nn") -> "Program":
-        """This program, or a banded copy of it, whose arena (for ``kernels``) is at most
+    def fit_arena(self, max_arena: int, kernels=None, *, deployment=None) -> "Program":
+        """This program, or a banded copy of it, whose arena (for the deployment's kernels) is at most
         ``max_arena`` bytes with the fewest recomputed MACs (:func:`corten.memory.banding.fit`);
         :class:`BudgetError` names the smallest arena found when none fits."""
         from corten.memory import plan_memory
         from corten.memory.banding import fit
 
         self._require_lowered("plan memory")
+        d = self.deployment(kernels, deployment=deployment)
         ep, schedule, plan = fit(self.ep, int(max_arena),
-                                 lambda e, banded: plan_memory(e, self.target, kernels=kernels, in_place_cats=banded),
-                                 self.target.name, None if self.schedule else self.memory_for(kernels))
+                                 lambda e, banded: plan_memory(e, d, in_place_cats=banded),
+                                 d.core, None if self.schedule else self.memory_for(deployment=d))
         if not schedule.segments and not schedule.reordered:
             return self
         origins = schedule.origins
@@ -318,36 +335,37 @@ class Program:
         prog = Program(ep, self.target, name=self.name, stages=dict(self.stages), unlowered=[], info=info,
                        output_tree=self.output_tree)
         plan.schedule = prog.schedule
-        prog._memory = {(_providers_key(kernels), self.target.name): plan}  # the plan the search checked
+        prog._memory = {d.key: plan}  # the plan the search checked
         return prog
 
-    def memory_report(self, kernels: str = "cmsis-nn") -> str:
-        return self.memory_for(kernels).report()
+    def memory_report(self, kernels=None, *, deployment=None) -> str:
+        return self.memory_for(kernels, deployment=deployment).report()
 
     def _require_lowered(self, what: str) -> None:
         if self.unlowered:
             raise UnsupportedOpsError(self.name, self.unlowered)
 
-    def emit_c(self, out_dir: str | Path, kernels: str = "portable", target: str | None = None):
-        """Write the C model library (see :func:`corten.codegen.emit_c`) for the program's target,
-        or for ``target`` (the memory plan is then made for that target's kernels)."""
+    def emit_c(self, out_dir: str | Path, kernels=None, target: str | None = None, *, deployment=None):
+        """Write the C model library (see :func:`corten.codegen.emit_c`) for a deployment
+        (:meth:`deployment`; by default the program's target with ``kernels="portable"``); the
+        memory plan is made for that deployment's core and kernels."""
         from corten.codegen import emit_c
 
         self._require_lowered("emit C")
-        tgt = self.target if target is None else get_target(target)
-        plan = self.memory_for(kernels, tgt.name)
-        return emit_c(self.ep, plan, out_dir, self.name, tgt, kernels=kernels,
+        d = self.deployment(kernels, target, deployment=deployment, default_kernels="portable")
+        return emit_c(self.ep, self.memory_for(deployment=d), out_dir, self.name, d,
                       node_sources=self.info.get("node_sources"), output_names=self.output_names)
 
-    def kernel_choices(self, kernels: str = "cmsis-nn", target: str | None = None):
-        """The steps of the C library for ``kernels`` (tuple of :class:`corten.codegen.StepInfo`:
-        module, op, the kernel called, MACs; ``reason`` says why a step of a CMSIS-NN build runs a
-        portable ``corten_*`` kernel).  The emitter's own choice: nothing is written."""
+    def kernel_choices(self, kernels=None, target: str | None = None, *, deployment=None):
+        """The steps of the C library for a deployment (tuple of :class:`corten.codegen.StepInfo`:
+        module, op, provider, the kernel calls, MACs; ``reason`` says why a step does not run on the
+        leading provider, e.g. a portable ``corten_*`` kernel in a CMSIS-NN build).  The emitter's own
+        choice: nothing is written."""
         from corten.codegen import kernel_steps
 
         self._require_lowered("choose kernels")
-        tgt = self.target if target is None else get_target(target)
-        return kernel_steps(self.ep, self.memory_for(kernels, tgt.name), self.name, tgt, kernels,
+        d = self.deployment(kernels, target, deployment=deployment)
+        return kernel_steps(self.ep, self.memory_for(deployment=d), self.name, d,
                             node_sources=self.info.get("node_sources"))
 
     def choices_report(self, kernels: str = "generated", target: str | None = None) -> str:
@@ -357,17 +375,19 @@ class Program:
 
         return choices_report(self.kernel_choices(kernels, target), kernels)
 
-    def fallback_report(self, target: str | None = None) -> str:
-        """Which steps of a CMSIS-NN build fall back to Corten's portable kernels, and why."""
+    def fallback_report(self, target: str | None = None, *, deployment=None) -> str:
+        """Which steps of a build (CMSIS-NN by default) fall back to later providers, and why."""
         from corten.codegen import fallback_report
 
-        return fallback_report(self.kernel_choices("cmsis-nn", target))
+        d = self.deployment(None, target, deployment=deployment)
+        return fallback_report(self.kernel_choices(deployment=d), d.providers[0].title)
 
-    def c_run(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
+    def c_run(self, *inputs: torch.Tensor, on: str = "host", kernels=None,
               cmsis_nn_path: str | None = None, target: str | None = None, progress: bool = False,
-              cflags: str | Sequence[str] = (), cycles: bool = False):
-        """Run the program's C library on the host or on QEMU (for the program's target, or
-        ``target``) and return the run as a value: a :class:`corten.runners.program_runner.CRun` with the
+              cflags: str | Sequence[str] = (), cycles: bool = False, deployment=None):
+        """Run the program's C library on the host or on QEMU (for a deployment, :meth:`deployment`:
+        the program's target, or ``target``, with ``kernels="portable"`` by default; on QEMU its
+        board) and return the run as a value: a :class:`corten.runners.program_runner.CRun` with the
         int8 ``outputs`` (as :meth:`run_int8`), ``wall_s``, ``instructions`` (QEMU) and the log.
         ``cycles`` (QEMU): also ``run.cycles_estimate``, the inference's estimated cycles (the executed
         instruction mix costed with the core's timing table, :mod:`corten.runners.cycles`).
@@ -382,21 +402,20 @@ class Program:
         inputs = self._check_inputs(inputs)
         if getattr(self, "_runner", None) is None:
             self._runner = ProgramRunner(self)
-        tgt = self.target if target is None else get_target(target)
+        d = self.deployment(kernels, target, deployment=deployment, default_kernels="portable")
         cmsis = cmsis_nn_path or os.environ.get("CMSIS_NN_PATH")
         flags = _cflags_tuple(cflags)
         if cycles and on != "qemu":
             raise UsageError("cycles=True estimates the cycles of a QEMU run (on='qemu')")
-        outs, run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, cflags=flags,
-                                     cycles=cycles)
+        outs, run = self._runner.run(inputs, on, d, cmsis, progress=progress, cflags=flags, cycles=cycles)
         run.outputs = list(outs)
         run.output_names = self.output_names
         run.structured = self.structure(run.outputs)
         return run
 
     def profile(self, *inputs: torch.Tensor, on: str = "qemu", target: str | None = None,
-                kernels: str = "portable", cmsis_nn_path: str | None = None, baseline: bool = True,
-                progress: bool = False, cycles: bool = False):
+                kernels=None, cmsis_nn_path: str | None = None, baseline: bool = True,
+                progress: bool = False, cycles: bool = False, deployment=None):
         """Per-step cost of the C library: a :class:`corten.runners.profile.Profile` with one row per
         step of ``<name>_run`` (step, module path, op, kernel called - ``arm_*`` CMSIS-NN or
         ``corten_*`` portable -, MACs, instructions on QEMU or nanoseconds on the host).
@@ -418,41 +437,38 @@ class Program:
         inputs = self._check_inputs(inputs)
         if getattr(self, "_runner", None) is None:
             self._runner = ProgramRunner(self)
-        tgt = self.target if target is None else get_target(target)
+        d = self.deployment(kernels, target, deployment=deployment, default_kernels="portable")
         cmsis = cmsis_nn_path or os.environ.get("CMSIS_NN_PATH")
         expected = self.run_int8(*inputs)
         if cycles and on != "qemu":
             raise UsageError("cycles=True estimates the cycles of a QEMU run (on='qemu')")
-        outs, run = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress, profile=True,
-                                     cycles=cycles)
-        steps = self._runner.library(kernels, tgt).steps
+        outs, run = self._runner.run(inputs, on, d, cmsis, progress=progress, profile=True, cycles=cycles)
+        steps = self._runner.library(d).steps
         if on == "qemu":
-            from corten.runners.qemu import board_for
-
-            per_tick, unit = board_for(tgt.name).instructions_per_tick, "instructions"
+            per_tick, unit = d.require_board().instructions_per_tick, "instructions"
         else:
             per_tick, unit = 1.0, "ns"
         costs, hook = parse_profile(run.result.log, steps, per_tick, run.result.where)
         match = all(torch.equal(e, o) for e, o in zip(expected, outs))
         estimate = run.result.cycles
-        prof = Profile(self.name, on, tgt.name if on == "qemu" else None, run.kernels, unit,
+        prof = Profile(self.name, on, d.core if on == "qemu" else None, run.kernels, unit,
                        profile_rows(steps, costs, estimate.steps if estimate is not None else None), hook_cost=hook,
                        cycles_core=estimate.core if estimate is not None else None)
         if baseline:
-            base_outs, base = self._runner.run(inputs, on, kernels, tgt, cmsis, progress=progress)
+            base_outs, base = self._runner.run(inputs, on, d, cmsis, progress=progress)
             prof.baseline = float(base.instructions if on == "qemu" else base.wall_s * 1e9)
             match = match and all(torch.equal(e, o) for e, o in zip(expected, base_outs))
         prof.outputs_match = match
         return prof
 
-    def run_c(self, *inputs: torch.Tensor, on: str = "host", kernels: str = "portable",
+    def run_c(self, *inputs: torch.Tensor, on: str = "host", kernels=None,
               cmsis_nn_path: str | None = None, target: str | None = None, int8: bool = False,
-              progress: bool = False, cflags: str | Sequence[str] = ()):
+              progress: bool = False, cflags: str | Sequence[str] = (), deployment=None):
         """:meth:`c_run`, returning the outputs as :meth:`run` does, in forward's structure
         (``int8=True``: the raw int8 outputs, a flat list as :meth:`run_int8`).  The run itself is also kept in ``last_c_run`` (a
         convenience; :meth:`c_run` returns it)."""
         run = self.c_run(*inputs, on=on, kernels=kernels, cmsis_nn_path=cmsis_nn_path, target=target,
-                         progress=progress, cflags=cflags)
+                         progress=progress, cflags=cflags, deployment=deployment)
         self.last_c_run = run
         outs = run.outputs
         if int8:
@@ -518,13 +534,6 @@ class Program:
 
 
 LOADABLE_NAMESPACES = frozenset({"aten", "corten", "quantized_decomposed"})
-
-
-def _providers_key(kernels) -> tuple:
-    """The memory-plan cache key of a ``kernels`` argument (a provider name, provider or sequence)."""
-    from corten.providers import resolve_providers
-
-    return tuple(p.name for p in resolve_providers(kernels))
 
 
 def save_exported(ep: torch.export.ExportedProgram, path: Path) -> None:

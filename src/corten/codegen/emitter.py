@@ -37,8 +37,9 @@ import torch
 from corten.codegen import build_files
 from corten.codegen.context import CodegenError, EmitContext, c_identifier, c_int, library_name_problem, nhwc
 from corten.errors import UsageError
+from corten.deployment import Deployment
 from corten.ops.registry import family_of, is_lowered_node, op_cost, op_name_of
-from corten.providers import FALLBACK, KernelCall, KernelStep, Provider, chain_label, choose_provider, resolve_providers
+from corten.providers import FALLBACK, KernelCall, KernelStep, Provider, chain_label, choose_provider
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 KERNEL_HEADERS = ("corten_fixed_point.h", "corten_internal.h", "corten_kernels.h")
@@ -921,29 +922,27 @@ def _constants_source(g: _Generator) -> str:
 
 
 # ----------------------------------------------------------------------------- public entry point
-def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, name: str, target: Any,
-           kernels: Any = "portable", node_sources: dict | None = None,
+def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, name: str, deployment: Any,
+           kernels: Any = None, node_sources: dict | None = None,
            output_names: Sequence[str] = ()) -> EmittedLibrary:
     """Write the C library of the lowered program ``ep`` planned by ``plan`` into ``out_dir``.
 
-    ``name`` becomes the file names and the ``<name>_run`` symbol (a C identifier); ``target`` is a
-    :class:`corten.targets.Target` (or its name); ``kernels`` names the kernel providers
-    (:func:`corten.providers.resolve_providers`): ``"portable"`` (Corten's C99 kernels, copied next
-    to the model), ``"cmsis-nn"`` (calls into a CMSIS-NN tree found at build time through
-    ``CMSIS_NN_PATH``; portable kernels for what it does not run), another registered provider's
-    name, or a sequence of providers tried in order for each node.  ``node_sources`` (``Program.info["node_sources"]``)
+    ``name`` becomes the file names and the ``<name>_run`` symbol (a C identifier); ``deployment``
+    (:class:`corten.deployment.Deployment`) gives the core and the kernel providers tried in order
+    for each node - or, as a convenience, a :class:`corten.targets.Target` (or its name) with
+    ``kernels`` (:func:`corten.providers.resolve_providers`): ``"portable"`` (the default: Corten's
+    C99 kernels, copied next to the model), ``"cmsis-nn"`` (calls into a CMSIS-NN tree found at
+    build time through ``CMSIS_NN_PATH``; portable kernels for what it does not run), another
+    registered provider's name, or a sequence of providers.  ``node_sources`` (``Program.info["node_sources"]``)
     gives each node's PyTorch module path and source line: constant names and step comments use
     them.  ``output_names`` (``Program.output_names``): the C names of the outputs (fields of
     ``<name>_outputs``), by default ``output0``, ``output1``, ...  Output is deterministic byte for byte.
     """
-    from corten.targets import get_target
-
-    providers = _providers(kernels)
+    deployment = _deployment(deployment, kernels)
+    target, providers = deployment.target, deployment.providers
     problem = library_name_problem(name)
     if problem is not None:
         raise CodegenError(problem)
-    if isinstance(target, str):
-        target = get_target(target)
     if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
         raise CodegenError(f"out_dir must be a directory path, got {out_dir!r}")
     out_dir = Path(out_dir)
@@ -1046,22 +1045,23 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         extra_sources=tuple(out_dir / f for f in extra), **lib)
 
 
-def _providers(kernels: Any) -> tuple[Provider, ...]:
+def _deployment(deployment: Any, kernels: Any) -> Deployment:
     try:
-        return resolve_providers(kernels)
+        return Deployment.coerce(deployment, kernels, default_kernels="portable")
     except UsageError as e:
         raise CodegenError(str(e)) from None
 
 
-def kernel_steps(ep: torch.export.ExportedProgram, plan: Any, name: str, target: Any, kernels: Any = "cmsis-nn",
+def kernel_steps(ep: torch.export.ExportedProgram, plan: Any, name: str, deployment: Any, kernels: Any = None,
                  node_sources: dict | None = None) -> tuple[StepInfo, ...]:
-    """The steps :func:`emit_c` would write for ``kernels`` (module, op, provider, kernel calls, MACs,
-    and for a step the leading provider does not run the reason), without writing anything: the
-    same providers choose and emit the kernels."""
-    from corten.targets import get_target
-
-    g = _Generator(ep, plan, name, get_target(target) if isinstance(target, str) else target, _providers(kernels),
-                   node_sources=dict(node_sources or {}))
+    """The steps :func:`emit_c` would write for ``deployment`` (module, op, provider, kernel calls,
+    MACs, and for a step the leading provider does not run the reason), without writing anything:
+    the same providers choose and emit the kernels.  A target (name) with ``kernels`` (default
+    "cmsis-nn") may stand for the deployment."""
+    if not isinstance(deployment, Deployment) and kernels is None:
+        kernels = "cmsis-nn"
+    d = _deployment(deployment, kernels)
+    g = _Generator(ep, plan, name, d.target, d.providers, node_sources=dict(node_sources or {}))
     g.io_nodes()
     g.statements()
     return tuple(g.step_info)

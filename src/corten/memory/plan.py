@@ -42,8 +42,9 @@ from torch.export import ExportedProgram
 from corten.memory.placement import Buffer, align_up, pack
 from corten.memory.tensors import MemoryPlanError, ProgramTensors, analyse
 from corten.errors import UsageError
-from corten.providers import chain_label, choose_provider, resolve_providers
-from corten.targets import Target, get_target
+from corten.deployment import Deployment
+from corten.providers import choose_provider
+from corten.targets import Target
 
 ALIGNMENT = 16
 REGIONS = ("arena", "input", "output")
@@ -201,10 +202,6 @@ def plot_timeline(plan: "MemoryPlan", path, budget: int | None = None):
     return path
 
 
-def _resolve_target(target: Target | str) -> Target:
-    return get_target(target) if isinstance(target, str) else target
-
-
 def step_scratch_bytes(prog: ProgramTensors, target: Target, providers) -> tuple[list[int], list[str]]:
     """(scratch bytes of each step, the provider running it): each node's first supporting provider
     of the chain (:func:`corten.providers.choose_provider`, the emitter's choice) and its
@@ -268,23 +265,24 @@ def in_place_merges(prog: ProgramTensors) -> dict[str, str]:
     return merges
 
 
-def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = True,
-                alignment: int = ALIGNMENT, kernels="cmsis-nn", in_place_cats: bool = False) -> MemoryPlan:
-    """Plan every int8 activation and scratch buffer of the lowered program ``ep`` for ``target``.
+def plan_memory(ep: ExportedProgram, deployment: "Deployment | Target | str", *, in_place: bool = True,
+                alignment: int = ALIGNMENT, kernels=None, in_place_cats: bool = False) -> MemoryPlan:
+    """Plan every int8 activation and scratch buffer of the lowered program ``ep`` for a
+    :class:`~corten.deployment.Deployment`: its core's ISA and its kernel providers (each step gets
+    the scratch of the provider that runs it: CMSIS-NN's ``*_get_buffer_size*`` formulas for the
+    ISA; Corten's portable kernels take none but the LSTM's).
 
-    ``ep`` may also be a :class:`corten.program.Program` (its ``.ep`` is planned).  ``target`` is a
-    :class:`~corten.targets.Target` or a target name.  ``in_place=False`` turns off in-place adds
-    (for measurements).  ``kernels`` names the kernel providers the C library is emitted for
-    (:func:`corten.providers.resolve_providers`: "cmsis-nn", "portable", a provider chain): each
-    step gets the scratch of the provider that runs it (CMSIS-NN's ``*_get_buffer_size*`` formulas
-    for the target's ISA; Corten's portable kernels take none but the LSTM's).  ``in_place_cats``: place the band outputs of a banded schedule
-    straight into their ``quantized_cat`` (:func:`corten.memory.tensors.analyse`)."""
+    ``ep`` may also be a :class:`corten.program.Program` (its ``.ep`` is planned).  Conveniences: a
+    :class:`~corten.targets.Target` or target name with ``kernels`` (a provider name or chain,
+    default "cmsis-nn") instead of the deployment.  ``in_place=False`` turns off in-place adds
+    (for measurements).  ``in_place_cats``: place the band outputs of a banded schedule straight
+    into their ``quantized_cat`` (:func:`corten.memory.tensors.analyse`)."""
     try:
-        providers = resolve_providers(kernels)
+        deployment = Deployment.coerce(deployment, kernels, default_kernels="cmsis-nn")
     except UsageError as e:
         raise MemoryPlanError(f"memory plan: {e}") from None
+    providers, target = deployment.providers, deployment.target
     ep = getattr(ep, "ep", ep)
-    target = _resolve_target(target)
     prog = analyse(ep, in_place_cats=in_place_cats)
     scratch_sizes, step_providers = step_scratch_bytes(prog, target, providers)
     live = live_bytes_per_step(prog, scratch_sizes)
@@ -337,7 +335,7 @@ def plan_memory(ep: ExportedProgram, target: Target | str, *, in_place: bool = T
         copies=list(prog.copies),
         target=target.name,
         isa=target.isa,
-        kernels=chain_label(providers),
+        kernels=deployment.kernels,
         step_providers=step_providers,
         strategy=strategy,
         placed_cats=tuple(prog.placed_cats),

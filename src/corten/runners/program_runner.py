@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from corten.errors import CmsisNnNotFoundError, UsageError
-from corten.providers import chain_label, resolve_providers
+from corten.deployment import Deployment
 from corten.runners.common import CRunResult, harness_defines
 
 
@@ -137,15 +137,17 @@ class ProgramRunner:
         self._cleanup()
         self._emitted.clear()
 
-    def library(self, kernels, target) -> object:
-        providers = resolve_providers(kernels)
-        key = (tuple(providers), target.name)
-        if key not in self._emitted:
-            out = self.workdir / f"{_dir_name(chain_label(providers))}-{target.name}" / "lib"
-            self._emitted[key] = self.program.emit_c(out, kernels=providers, target=target.name)
-        return self._emitted[key]
+    def library(self, deployment: Deployment, target=None) -> object:
+        """The program's C library for ``deployment`` (emitted once per core and providers); a
+        ``kernels`` spec with a ``target`` (name or Target) stands for ``Deployment.of(target, kernels)``."""
+        if not isinstance(deployment, Deployment):
+            deployment = Deployment.of(target or self.program.target, deployment)
+        if deployment.key not in self._emitted:
+            out = self.workdir / f"{_dir_name(deployment.kernels)}-{deployment.core}" / "lib"
+            self._emitted[deployment.key] = self.program.emit_c(out, deployment=deployment)
+        return self._emitted[deployment.key]
 
-    def run(self, inputs: tuple[torch.Tensor, ...], on: str, kernels, target, cmsis_nn_path=None,
+    def run(self, inputs: tuple[torch.Tensor, ...], on: str, deployment: Deployment, cmsis_nn_path=None,
             progress=True, cflags: tuple[str, ...] = (), profile: bool = False,
             cycles: bool = False) -> tuple[list[torch.Tensor], CRun]:
         """One C run; ``profile``: the instrumented build (``-DCORTEN_PROFILE``, the harness reads the
@@ -155,7 +157,7 @@ class ProgramRunner:
 
         if on not in ("host", "qemu"):
             raise UsageError(f"on must be 'host' or 'qemu', got {on!r}")
-        lib = self.library(kernels, target)
+        lib = self.library(deployment)
         sources, includes = list(lib.sources), list(lib.include_dirs)
         cflags = ("-O2", *cflags)  # the caller's flags last: they override (-O0, -g, -fsanitize=...)
         if on == "host":
@@ -176,15 +178,15 @@ class ProgramRunner:
             defines.update(CORTEN_PROFILE="1", CORTEN_PROFILE_HOOK=f"{lib.name}_profile_step",
                            CORTEN_PROFILE_STEPS=str(len(lib.steps)))
         kwargs = {} if progress else {"progress": lambda *a, **k: None}
-        run_dir = self.workdir / f"{_dir_name(lib.kernels)}-{target.name}" / f"run-{on}{'-profile' if profile else ''}"
+        run_dir = self.workdir / f"{_dir_name(lib.kernels)}-{deployment.core}" / f"run-{on}{'-profile' if profile else ''}"
         run_dir.mkdir(parents=True, exist_ok=True)
         if on == "host":
             res = run_on_host(sources, includes, defines, data, lib.output_bytes, run_dir, cflags=cflags, **kwargs)
         else:
-            res = run_on_qemu(sources, includes, defines, data, lib.output_bytes, target.name, run_dir,
+            res = run_on_qemu(sources, includes, defines, data, lib.output_bytes, deployment, run_dir,
                               cflags=cflags, cycles=cycles, **kwargs)
         outs = [c_bytes_to_tensor(res.output[t.offset:t.offset + t.nbytes], t.shape, t.bits) for t in lib.outputs]
-        return outs, CRun(on, target.name if on == "qemu" else None, lib.kernels, res.wall_s, res.instructions, res)
+        return outs, CRun(on, deployment.core if on == "qemu" else None, lib.kernels, res.wall_s, res.instructions, res)
 
 
 def _dir_name(label: str) -> str:

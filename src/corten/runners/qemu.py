@@ -1,15 +1,7 @@
 """Build a model library with arm-none-eabi-gcc and run it on an emulated Cortex-M board.
 
-Boards (QEMU 7.2 machine types; memory maps checked with ``info mtree``)::
-
-    target      machine     core clock  VECTORS+CODE            CONST (weights)        RAM (data, bss/arena, heap, stack)
-    cortex-m3   mps2-an385  25 MHz      SSRAM1 0x00000000 4 MiB PSRAM 0x21000000 16 MiB SSRAM2/3 0x20000000 4 MiB
-    cortex-m4   mps2-an386  25 MHz      SSRAM1 0x00000000 4 MiB PSRAM 0x21000000 16 MiB SSRAM2/3 0x20000000 4 MiB
-    cortex-m7   mps2-an500  25 MHz      SSRAM1 0x00000000 4 MiB PSRAM 0x60000000 16 MiB SSRAM2/3 0x20000000 4 MiB
-    cortex-m33  mps2-an505  20 MHz      SSRAM1 0x10000000 4 MiB PSRAM 0x80000000 12 MiB PSRAM    0x80c00000 4 MiB
-                                        (Secure alias; reset VTOR_S = 0x10000000)
-    cortex-m55  mps3-an547  32 MHz      vectors: ITCM 0x0 512 KiB; code+const: DDR 0x60000000 64 MiB;
-                                        RAM: SRAM 2 0x21000000 4 MiB
+The boards (QEMU machine, core clock, memory map) are the ``board`` column of the one target table,
+:data:`corten.targets.TARGETS`; their linker scripts are ``boards/<machine>.ld`` here.
 
 Instruction counting
 --------------------
@@ -33,11 +25,11 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UnsupportedTargetError
-from ..targets import TARGETS, Target, get_target
+from ..deployment import Deployment
+from ..errors import UnsupportedTargetError  # noqa: F401  (re-exported)
+from ..targets import ICOUNT_SHIFT, TARGETS, Board, MemoryRegion, Target, board_for, get_target  # noqa: F401
 from .common import (
     HARNESS_DIR,
     HARNESS_MAIN,
@@ -66,95 +58,17 @@ BOARDS_DIR = RUNNERS_DIR / "boards"
 BOARD_SOURCES = (BOARDS_DIR / "startup.c", BOARDS_DIR / "timer_systick.c")
 ELF_NAME = "corten_harness.elf"
 MAP_NAME = "corten_harness.map"
-ICOUNT_SHIFT = 0  # 2**0 ns of virtual time per instruction
-NS_PER_INSTRUCTION = 2**ICOUNT_SHIFT
+# The boards of the target table (corten.targets.TARGETS), by target name.
+BOARDS: dict[str, Board] = {t.name: t.board for t in TARGETS.values() if t.board is not None}
 
 
-@dataclass(frozen=True)
-class MemoryRegion:
-    name: str
-    origin: int
-    size: int
-    holds: str  # which sections the Corten linker script puts there
-
-
-@dataclass(frozen=True)
-class Board:
-    """A QEMU machine that emulates one Cortex-M target, with Corten's linker script for it."""
-
-    target: str  # Corten target name, e.g. "cortex-m55"
-    machine: str  # qemu-system-arm -M value
-    core_clock_hz: int  # SysTick clock (CLKSOURCE=1) in QEMU
-    memory: tuple[MemoryRegion, ...]
-
-    @property
-    def linker_script(self) -> Path:
-        return BOARDS_DIR / f"{self.machine}.ld"
-
-    @property
-    def instructions_per_tick(self) -> float:
-        return 1e9 / (self.core_clock_hz * NS_PER_INSTRUCTION)
-
-    def describe(self) -> str:
-        return f"{self.target} on QEMU {self.machine}"
-
-
-_KIB = 1024
-_MIB = 1024 * 1024
-
-
-def _mps2_memory(psram_origin: int) -> tuple[MemoryRegion, ...]:
-    return (
-        MemoryRegion("ZBT SSRAM1", 0x00000000, 4 * _MIB, "vector table, .text"),
-        MemoryRegion("PSRAM", psram_origin, 16 * _MIB, ".rodata (weights), .data load image"),
-        MemoryRegion("ZBT SSRAM2/3", 0x20000000, 4 * _MIB, ".data, .bss (arena), heap, stack"),
-    )
-
-
-BOARDS: dict[str, Board] = {
-    b.target: b
-    for b in (
-        Board("cortex-m3", "mps2-an385", 25_000_000, _mps2_memory(0x21000000)),
-        Board("cortex-m4", "mps2-an386", 25_000_000, _mps2_memory(0x21000000)),
-        Board("cortex-m7", "mps2-an500", 25_000_000, _mps2_memory(0x60000000)),
-        Board(
-            "cortex-m33",
-            "mps2-an505",
-            20_000_000,
-            (
-                MemoryRegion("ZBT SSRAM1 (Secure alias)", 0x10000000, 4 * _MIB, "vector table, .text"),
-                MemoryRegion("PSRAM", 0x80000000, 12 * _MIB, ".rodata (weights), .data image"),
-                MemoryRegion("PSRAM", 0x80C00000, 4 * _MIB, ".data, .bss (arena), heap, stack"),
-            ),
-        ),
-        Board(
-            "cortex-m55",
-            "mps3-an547",
-            32_000_000,
-            (
-                MemoryRegion("ITCM", 0x00000000, 512 * _KIB, "vector table"),
-                MemoryRegion("DDR", 0x60000000, 64 * _MIB, ".text, .rodata (weights), .data image"),
-                MemoryRegion("SRAM 2", 0x21000000, 4 * _MIB, ".data, .bss (arena), heap, stack"),
-            ),
-        ),
-    )
-}
+def linker_script(board: Board) -> Path:
+    """Corten's linker script of ``board``."""
+    return BOARDS_DIR / f"{board.machine}.ld"
 
 
 def runnable_targets() -> list[str]:
     return list(BOARDS)
-
-
-def board_for(target: str) -> Board:
-    """The QEMU board for a Corten target name; clear errors for unknown or board-less targets."""
-    get_target(target)  # raises ValueError for names that are not Corten targets at all
-    try:
-        return BOARDS[target]
-    except KeyError:
-        raise UnsupportedTargetError(
-            f"target {target!r} has no QEMU board; runnable targets: {', '.join(BOARDS)} "
-            f"(all targets can still be built: {', '.join(TARGETS)})"
-        ) from None
 
 
 def float_abi_flags(target: Target) -> list[str]:
@@ -199,7 +113,7 @@ def arm_build_command(
         *(str(s) for s in BOARD_SOURCES),
         *link_inputs,
         f"-L{BOARDS_DIR}",
-        f"-T{board.linker_script}",
+        f"-T{linker_script(board)}",
         "-Wl,--gc-sections",
         f"-Wl,-Map={elf.with_name(MAP_NAME)}",
         "-o",
@@ -245,7 +159,7 @@ def run_on_qemu(
     defines: dict[str, str],
     input_bytes: bytes,
     output_size: int,
-    target: str,
+    target: "str | Deployment",
     workdir: Path,
     timeout_s: float = 600.0,
     cflags: Sequence[str] = ("-O2",),
@@ -255,7 +169,8 @@ def run_on_qemu(
     main: Path | None = None,
     cycles: bool = False,
 ) -> CRunResult:
-    """Build sources + harness for ``target`` and run one inference on its QEMU board.
+    """Build sources + harness for ``target`` (a target name, or a :class:`corten.deployment.Deployment`
+    and its board) and run one inference on its QEMU board.
 
     ``wall_s`` is the host wall-clock time of the whole QEMU run; ``instructions`` counts the
     inference call alone (module docstring: method and error). Raises UnsupportedTargetError for
@@ -265,7 +180,7 @@ def run_on_qemu(
     ``cycles``: also log the executed blocks and estimate the inference's cycles
     (:mod:`corten.runners.cycles`; ``result.cycles``, per step in a profile build).
     """
-    board = board_for(target)
+    board = target.require_board() if isinstance(target, Deployment) else board_for(target)
     where = board.describe()
     workdir = prepare_workdir(Path(workdir), input_bytes)
     full_defines = complete_defines(defines, len(input_bytes), output_size, custom_main=main is not None)
@@ -325,7 +240,7 @@ def run_on_qemu(
         from .cycles import estimate as estimate_cycles
 
         try:
-            estimate = estimate_cycles(trace, target, full_defines["CORTEN_RUN"],
+            estimate = estimate_cycles(trace, board.target, full_defines["CORTEN_RUN"],
                                        full_defines.get("CORTEN_PROFILE_HOOK"))
         finally:
             trace.unlink(missing_ok=True)
