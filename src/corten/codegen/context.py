@@ -43,10 +43,11 @@ class ProgramEmitter(Protocol):
         """The value of a constant argument node."""
 
     def constant_array(self, node: torch.fx.Node, dtype: torch.dtype | None = None,
-                       pretty: str | None = None) -> str:
-        """The C array name of a constant argument (registered once)."""
+                       pretty: str | None = None, bits: int = 0) -> str:
+        """The C array name of a constant argument (registered once; ``bits=4``: int4 values packed
+        two per byte, see :func:`corten.codegen.emitter.pack_nibbles`)."""
 
-    def derived_array(self, key: str, tensor: torch.Tensor, pretty: str | None = None) -> str:
+    def derived_array(self, key: str, tensor: torch.Tensor, pretty: str | None = None, bits: int = 0) -> str:
         """Register an extra constant array under ``key``; its C name."""
 
     def node_prefix(self, node: torch.fx.Node) -> str:
@@ -180,23 +181,25 @@ class EmitContext(NodeView):
         return self.emitter.scratch_expr(self.node)
 
     # ------------------------------------------------------------------ constants
-    def const(self, name: str, dtype: torch.dtype | None = None) -> str:
+    def const(self, name: str, dtype: torch.dtype | None = None, bits: int = 0) -> str:
         """C array name of the constant argument ``name`` (None arguments give ``NULL``):
-        ``<model>_<module path>_<name>``, e.g. ``net_features_3_conv_1_weight``."""
+        ``<model>_<module path>_<name>``, e.g. ``net_features_3_conv_1_weight``.  ``bits=4``: the
+        values (int4, in an int8 tensor) are written packed two per byte (CMSIS-NN's s4 layout)."""
         value = self.arg(name)
         if value is None:
             return "NULL"
-        return self.emitter.constant_array(value, dtype, self.emitter.node_prefix(self.node) + "_" + name)
+        return self.emitter.constant_array(value, dtype, self.emitter.node_prefix(self.node) + "_" + name, bits)
 
     def constant(self, node: torch.fx.Node, suffix: str, dtype: torch.dtype | None = None) -> str:
         """C array name of a constant node read by this op (an element of a list argument, e.g. a cat's
         ``inputs``): ``<model>_<module path>_<suffix>``."""
         return self.emitter.constant_array(node, dtype, self.emitter.node_prefix(self.node) + "_" + suffix)
 
-    def derived_const(self, suffix: str, tensor: torch.Tensor) -> str:
-        """Register an extra constant array (named after this node's module and ``suffix``); returns its name."""
+    def derived_const(self, suffix: str, tensor: torch.Tensor, bits: int = 0) -> str:
+        """Register an extra constant array (named after this node's module and ``suffix``; ``bits=4``:
+        int4 values packed two per byte); returns its name."""
         return self.emitter.derived_array(f"{self.node.name}_{suffix}", tensor,
-                                       self.emitter.node_prefix(self.node) + "_" + suffix)
+                                          self.emitter.node_prefix(self.node) + "_" + suffix, bits)
 
     # ------------------------------------------------------------------ statements
     def _record(self, function: str, args: Sequence[Any], checked: bool) -> KernelCall:

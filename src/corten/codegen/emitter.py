@@ -187,15 +187,45 @@ class StepInfo:
         return self.provider in (FALLBACK, "")
 
 
+PACKED_BITS = (4,)  # sub-byte element widths the constant writer packs
+
+
+def pack_nibbles(values: torch.Tensor) -> torch.Tensor:
+    """int4 values (an integer tensor in [-8, 7]) packed two per byte, as CMSIS-NN's s4 kernels read
+    them: element 2k in the low nibble and element 2k+1 in the high nibble of byte k (weights
+    ``[0x1, 0x2, 0x3, 0x4]`` are the bytes ``[0x21, 0x43]``, arm_nnfunctions.h); an odd count leaves
+    the last high nibble 0.  Returned as int8 (the C array's type)."""
+    flat = values.reshape(-1).to(torch.int64)
+    if flat.numel() and (int(flat.min()) < -8 or int(flat.max()) > 7):
+        raise CodegenError(f"int4 constant values must be in [-8, 7], got [{int(flat.min())}, {int(flat.max())}]")
+    nib = (flat & 0xF).tolist() + [0] * (flat.numel() % 2)
+    packed = [lo | (hi << 4) for lo, hi in zip(nib[0::2], nib[1::2])]
+    return torch.tensor(packed, dtype=torch.uint8).view(torch.int8) if packed else torch.zeros(0, dtype=torch.int8)
+
+
 @dataclass
 class _Array:
     cname: str
-    tensor: torch.Tensor  # contiguous, int8 or int32
+    tensor: torch.Tensor  # the values: contiguous, int8/16/32/64
+    bits: int = 0  # 4: the values are int4, packed two per byte (pack_nibbles); 0: the tensor's own width
+
+    @property
+    def data(self) -> torch.Tensor:
+        """The C array's elements (the packed bytes of a sub-byte array)."""
+        return pack_nibbles(self.tensor) if self.bits == 4 else self.tensor
 
     @property
     def ctype(self) -> str:
         return {torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int32_t",
-                torch.int64: "int64_t"}[self.tensor.dtype]
+                torch.int64: "int64_t"}[self.data.dtype]
+
+    @property
+    def length(self) -> int:
+        return max(1, self.data.numel())
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
 
 
 @dataclass
@@ -243,24 +273,29 @@ class _Generator:
         self._used_names.add(name)
         return name
 
-    def _add_array(self, key: str, tensor: torch.Tensor, pretty: str | None = None) -> str:
+    def _add_array(self, key: str, tensor: torch.Tensor, pretty: str | None = None, bits: int = 0) -> str:
         if key in self.arrays:
             return self.arrays[key].cname
         if tensor.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64):
             raise CodegenError(f"constant {key!r} has dtype {tensor.dtype}; only int8/16/32/64 constants "
                                "can be emitted (was the program lowered by Corten?)")
+        if bits and bits not in PACKED_BITS:
+            raise CodegenError(f"constant {key!r}: {bits}-bit elements cannot be packed (only {PACKED_BITS})")
+        if bits:
+            pack_nibbles(tensor)  # CodegenError naming the range when a value does not fit
         cname = self._unique(f"{self.name}_{c_identifier(pretty or key).strip('_') or 'const'}")
-        self.arrays[key] = _Array(cname, tensor.detach().contiguous().cpu())
+        self.arrays[key] = _Array(cname, tensor.detach().contiguous().cpu(), bits)
         return cname
 
-    def constant_array(self, node: torch.fx.Node, dtype: torch.dtype | None = None, pretty: str | None = None) -> str:
+    def constant_array(self, node: torch.fx.Node, dtype: torch.dtype | None = None, pretty: str | None = None,
+                       bits: int = 0) -> str:
         tensor = self.constant_value(node)
         if dtype is not None and tensor.dtype != dtype:
             raise CodegenError(f"constant {node.name!r} has dtype {tensor.dtype}, expected {dtype}")
-        return self._add_array(node.name, tensor, pretty)
+        return self._add_array(node.name, tensor, pretty, bits)
 
-    def derived_array(self, key: str, tensor: torch.Tensor, pretty: str | None = None) -> str:
-        return self._add_array(key, tensor, pretty)
+    def derived_array(self, key: str, tensor: torch.Tensor, pretty: str | None = None, bits: int = 0) -> str:
+        return self._add_array(key, tensor, pretty, bits)
 
     # ------------------------------------------------------------------ naming
     def module_path(self, node: torch.fx.Node) -> str:
@@ -566,13 +601,15 @@ def _bytes(t: torch.Tensor) -> bytes:
 
 # ----------------------------------------------------------------------------- file writers
 def _format_array(arr: _Array) -> str:
-    values = arr.tensor.reshape(-1).numpy().astype(np.int64)
+    values = arr.data.reshape(-1).numpy().astype(np.int64)
     per_line = 16 if arr.ctype == "int8_t" else 8
     lines = []
     for i in range(0, len(values), per_line):
         lines.append("    " + ", ".join(c_int(v) for v in values[i:i + per_line].tolist()) + ",")
     shape = "x".join(str(d) for d in arr.tensor.shape) or "scalar"
-    return (f"/* {shape} {arr.ctype} */\n"
+    kind = (f"int{arr.bits}, packed {8 // arr.bits} per {arr.ctype}: element 2k in the low nibble of byte k, "
+            "2k+1 in the high one (CMSIS-NN's s4 layout)") if arr.bits else arr.ctype
+    return (f"/* {shape} {kind} */\n"
             f"const {arr.ctype} {arr.cname}[{max(1, len(values))}] CORTEN_CONST_ALIGNED = {{\n" +
             ("\n".join(lines) if lines else "    0,") + "\n};\n")
 
@@ -906,7 +943,7 @@ _PROFILE_MACRO = """\
 
 def _constants_header(g: _Generator) -> str:
     guard = f"{g.macro}_CONSTANTS_H"
-    decls = "\n".join(f"extern const {a.ctype} {a.cname}[{max(1, a.tensor.numel())}];" for a in g.arrays.values())
+    decls = "\n".join(f"extern const {a.ctype} {a.cname}[{a.length}];" for a in g.arrays.values())
     return (f"/* {g.name}_constants.h - constant arrays of {g.name} (internal; generated by Corten). */\n"
             f"#ifndef {guard}\n#define {guard}\n\n#include <stdint.h>\n\n{decls}\n\n#endif /* {guard} */\n")
 
@@ -964,8 +1001,8 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     for line in op_lines:
         hasher.update(line.encode() + b"\n")
     for key, arr in g.arrays.items():
-        hasher.update(f"{key} {arr.ctype} {tuple(arr.tensor.shape)}\n".encode())
-        hasher.update(_bytes(arr.tensor))
+        hasher.update(f"{key} {arr.ctype} {tuple(arr.tensor.shape)}{f' int{arr.bits}' if arr.bits else ''}\n".encode())
+        hasher.update(_bytes(arr.data))
     out_node = output_tensor(dequant)
     out_shape = tuple(g._shape(out_node))
     in_offs, out_offs = g.io_offsets()
@@ -980,7 +1017,7 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         input_bytes=max(t.offset + t.nbytes for t in inputs), output_bytes=max(t.offset + t.nbytes for t in outputs),
         inputs=inputs, outputs=outputs,
         arena_bytes=int(plan.arena_bytes), arena_align=int(getattr(plan, "alignment", 16) or 16),
-        constant_bytes=sum(a.tensor.numel() * a.tensor.element_size() for a in g.arrays.values()),
+        constant_bytes=sum(a.nbytes for a in g.arrays.values()),
         program_hash=hasher.hexdigest()[:HASH_CHARS],
     )
 

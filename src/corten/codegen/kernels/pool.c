@@ -127,44 +127,49 @@ int corten_avg_pool2d_s8(const corten_pool_params *params, const corten_dims *in
     return CORTEN_OK;
 }
 
-int corten_max_pool2d_s8(const corten_pool_params *params, const corten_dims *input_dims, const int8_t *input,
-                         const corten_dims *output_dims, int8_t *output)
-{
-    int32_t b, oy, ox;
-    if (!corten_pool_args_ok(params, input_dims, input, output_dims, output)) {
-        return CORTEN_ERROR_ARGUMENT;
+/* Max pooling is the same for every element width: CORTEN_MAX_POOL defines it once (``lowest``: the
+ * type's smallest value, ``clamp``: the clamp to [act_min, act_max] narrowing to ``type``). */
+#define CORTEN_MAX_POOL(name, type, lowest, clamp)                                                         \
+    int name(const corten_pool_params *params, const corten_dims *input_dims, const type *input,           \
+             const corten_dims *output_dims, type *output)                                                 \
+    {                                                                                                      \
+        int32_t b, oy, ox;                                                                                 \
+        if (!corten_pool_args_ok(params, input_dims, (const int8_t *)(const void *)input, output_dims,    \
+                                 (const int8_t *)(const void *)output)) {                                  \
+            return CORTEN_ERROR_ARGUMENT;                                                                  \
+        }                                                                                                  \
+        for (b = 0; b < input_dims->n; b++) {                                                              \
+            const int32_t ch = input_dims->c;                                                              \
+            const type *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;              \
+            for (oy = 0; oy < output_dims->h; oy++) {                                                      \
+                for (ox = 0; ox < output_dims->w; ox++) {                                                  \
+                    const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);      \
+                    type *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch; \
+                    int32_t c;                                                                             \
+                    if (win.ky_end <= win.ky_begin || win.kx_end <= win.kx_begin) {                        \
+                        return CORTEN_ERROR_ARGUMENT;                                                      \
+                    }                                                                                      \
+                    for (c = 0; c < ch; c++) {                                                             \
+                        int32_t best = (lowest);                                                           \
+                        int32_t ky, kx;                                                                    \
+                        for (ky = win.ky_begin; ky < win.ky_end; ky++) {                                   \
+                            const int32_t iy = win.iy0 + ky * params->dilation_h;                          \
+                            for (kx = win.kx_begin; kx < win.kx_end; kx++) {                               \
+                                const int32_t ix = win.ix0 + kx * params->dilation_w;                      \
+                                const int32_t v = in_batch[((ptrdiff_t)iy * input_dims->w + ix) * ch + c]; \
+                                best = v > best ? v : best;                                                \
+                            }                                                                              \
+                        }                                                                                  \
+                        out_px[c] = clamp(best, params->activation_min, params->activation_max);           \
+                    }                                                                                      \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+        return CORTEN_OK;                                                                                  \
     }
-    for (b = 0; b < input_dims->n; b++) {
-        const int32_t ch = input_dims->c;
-        const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;
-        for (oy = 0; oy < output_dims->h; oy++) {
-            for (ox = 0; ox < output_dims->w; ox++) {
-                const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);
-                int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch;
-                int32_t c;
-                if (win.ky_end <= win.ky_begin || win.kx_end <= win.kx_begin) {
-                    return CORTEN_ERROR_ARGUMENT;
-                }
-                for (c = 0; c < ch; c++) {
-                    int32_t best = -128;
-                    int32_t ky, kx;
-                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
-                        const int32_t iy = win.iy0 + ky * params->dilation_h;
-                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
-                            const int32_t ix = win.ix0 + kx * params->dilation_w;
-                            const int32_t v = in_batch[((ptrdiff_t)iy * input_dims->w + ix) * ch + c];
-                            best = v > best ? v : best;
-                        }
-                    }
-                    out_px[c] = corten_pool_clamp(best, params->activation_min, params->activation_max);
-                }
-            }
-        }
-    }
-    return CORTEN_OK;
-}
 
-/* PyTorch's adaptive window i of `out` along a dim of `size`: [floor(i*size/out), ceil((i+1)*size/out)). */
+CORTEN_MAX_POOL(corten_max_pool2d_s8, int8_t, -128, corten_pool_clamp)
+
 /*
  * 16x8 pools (arm_avgpool_s16 / arm_max_pool_s16 arithmetic) on int16 values (zero point 0): the
  * average sums in int32 (a window has fewer than 65,536 taps) and rounds as the int8 one; every
@@ -212,42 +217,9 @@ int corten_avg_pool2d_s16(const corten_pool_params *params, const corten_dims *i
     return CORTEN_OK;
 }
 
-int corten_max_pool2d_s16(const corten_pool_params *params, const corten_dims *input_dims, const int16_t *input,
-                          const corten_dims *output_dims, int16_t *output)
-{
-    int32_t b, oy, ox, c, ky, kx;
-    if (!corten_pool_args_ok(params, input_dims, (const int8_t *)(const void *)input, output_dims,
-                             (const int8_t *)(const void *)output)) {
-        return CORTEN_ERROR_ARGUMENT;
-    }
-    for (b = 0; b < input_dims->n; b++) {
-        const int32_t ch = input_dims->c;
-        const int16_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;
-        for (oy = 0; oy < output_dims->h; oy++) {
-            for (ox = 0; ox < output_dims->w; ox++) {
-                const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);
-                int16_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch;
-                if (win.ky_end <= win.ky_begin || win.kx_end <= win.kx_begin) {
-                    return CORTEN_ERROR_ARGUMENT;
-                }
-                for (c = 0; c < ch; c++) {
-                    int32_t best = -32768;
-                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
-                        const int32_t iy = win.iy0 + ky * params->dilation_h;
-                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
-                            const int32_t ix = win.ix0 + kx * params->dilation_w;
-                            const int32_t v = in_batch[((ptrdiff_t)iy * input_dims->w + ix) * ch + c];
-                            best = v > best ? v : best;
-                        }
-                    }
-                    out_px[c] = corten_pool_clamp_s16(best, params->activation_min, params->activation_max);
-                }
-            }
-        }
-    }
-    return CORTEN_OK;
-}
+CORTEN_MAX_POOL(corten_max_pool2d_s16, int16_t, -32768, corten_pool_clamp_s16)
 
+/* PyTorch's adaptive window i of `out` along a dim of `size`: [floor(i*size/out), ceil((i+1)*size/out)). */
 static int32_t corten_adaptive_start(int32_t i, int32_t size, int32_t out)
 {
     return (int32_t)(((int64_t)i * size) / out);
