@@ -114,7 +114,7 @@ class Profile:
         if self.baseline is not None:
             lines.append(f"uninstrumented run: {self.baseline:,.0f} {unit}; sum of the steps = "
                          f"{100 * self.ratio:.2f}% of it")
-        portable = [r for r in self.rows if r.portable and r.macs]
+        portable = [r for r in self.rows if r.portable and r.cost]  # steps that ran portable kernel code
         if self.kernels != "portable" and portable:
             cost = sum(r.cost for r in portable)
             lines.append(f"portable kernels in this {_build_title(self.kernels)} build: {len(portable)} compute "
