@@ -68,7 +68,16 @@ def _ann(node):
     return node.meta["quantization_annotation"]
 
 
+def _resolved(spec):
+    """The spec a ``SharedQuantizationSpec`` stands for (its links followed to a real spec)."""
+    while isinstance(spec, SharedQuantizationSpec):
+        e = spec.edge_or_node
+        spec = _ann(e[1]).input_qspec_map[e[0]] if isinstance(e, tuple) else _ann(e).output_qspec
+    return spec
+
+
 def _is_activation_spec(spec) -> bool:
+    spec = _resolved(spec)
     return (isinstance(spec, QuantizationSpec) and spec.dtype == torch.int8 and spec.quant_min == -128
             and spec.quant_max == 127 and spec.qscheme == torch.per_tensor_affine)
 
@@ -105,15 +114,14 @@ def test_add_and_shared_ops_annotation(annotated):
     assert len(_ann(add).input_qspec_map) == 2
     assert all(_is_activation_spec(s) for s in _ann(add).input_qspec_map.values())
     assert _is_activation_spec(_ann(add).output_qspec)
-    # the pool shares its input edge's qparams; the flatten after it joins that group, and every
-    # shared spec points at the group's root (one link: see quantizer._share_with_roots)
+    # the pool shares its input edge's qparams, the flatten after it joins that group, and that
+    # tensor is the add's output: one group whose members all point at its first member, the add's
+    # output, in one link (see quantizer._share_with_roots)
     pool = _node(annotated, aten.max_pool2d.default)
-    root = (pool.args[0], pool)
-    assert _is_activation_spec(_ann(pool).input_qspec_map[pool.args[0]])
-    for target in (aten.max_pool2d.default, aten.flatten.using_ints):
-        node = _node(annotated, target)
-        out = _ann(node).output_qspec
-        assert isinstance(out, SharedQuantizationSpec) and out.edge_or_node == root
+    assert pool.args[0] is add
+    members = [_ann(pool).input_qspec_map[add]] + [_ann(_node(annotated, t)).output_qspec
+                                                    for t in (aten.max_pool2d.default, aten.flatten.using_ints)]
+    assert all(isinstance(s, SharedQuantizationSpec) and s.edge_or_node is add for s in members)
 
 
 def test_every_lowered_op_is_annotated():

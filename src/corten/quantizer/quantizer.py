@@ -390,34 +390,43 @@ def _declare_input_ranges(model: GraphModule, ranges: dict[int, tuple[float, flo
             ann.input_qspec_map[inputs[idx]] = specs[spec.dtype]
 
 
+_IMPLICIT_SHARING_ATTRS = ("dtype", "is_dynamic", "quant_min", "quant_max", "qscheme", "ch_axis", "scale", "zero_point")
+
+
+def _same_quantization(a, b) -> bool:
+    """torchao's test for sharing one tensor's observer between its uses: each attribute equal or
+    absent from both specs."""
+    missing = object()
+    return all(getattr(a, k, missing) == getattr(b, k, missing) for k in _IMPLICIT_SHARING_ATTRS)
+
+
 def _share_with_roots(model: GraphModule) -> None:
-    """Give every sharing group one root spec and point each ``SharedQuantizationSpec`` straight at
-    it.  A group is a tree of ``SharedQuantizationSpec`` links, merged with the trees of the same
-    tensor's other such trees (of its output, its other input edges) whose roots are the very same
-    spec object - the groups torchao forms anyway.  torchao's union-find
-    (``_get_edge_or_node_to_group_id``) merges a tensor's uses before it has followed the chains'
-    later links; on a tensor concatenated with itself at several levels (``t0 = cat([x, x]);
-    t1 = cat([t0, x]); cat([t1, t0])``) a group's root then ended up holding a shared spec that led
-    back into its own group (RecursionError).  With one real spec per group and one-link pointers
-    its cycle check (``_union``) sees every case.  Qparams are unchanged: only identical specs merge."""
+    """Rewrite the annotations so each observer group has one member holding a real spec (its first
+    member in graph order) and every other member a ``SharedQuantizationSpec`` pointing straight at it.
+
+    The groups are exactly torchao's: ``SharedQuantizationSpec`` links, joined by its implicit
+    sharing of one tensor's uses (its output and its input edges into ops allowing implicit sharing)
+    when their specs quantize alike.  torchao's union-find (``_get_edge_or_node_to_group_id``) joins
+    in graph order and can make a member holding a shared spec the root of its own target's tree
+    (``t0 = cat([x, x]); t1 = cat([t0, x]); cat([t1, t0])``, or a multi-head attention block's
+    transposes and matmuls): resolving that spec then never ends (RecursionError).  With every link
+    one step to the group's first member its cycle check (``_union``) reverses each such join, so the
+    first member stays root.  Observers are unchanged: torchao builds a group's observer from the spec
+    of its first member, which is the spec that member now holds."""
     def spec_of(e):
+        ann = (e[1] if isinstance(e, tuple) else e).meta.get("quantization_annotation")
+        if ann is None:
+            return None
+        return ann.input_qspec_map.get(e[0]) if isinstance(e, tuple) else ann.output_qspec
+
+    def set_spec(e, spec):
+        ann = (e[1] if isinstance(e, tuple) else e).meta["quantization_annotation"]
         if isinstance(e, tuple):
-            ann = e[1].meta.get("quantization_annotation")
-            return None if ann is None else ann.input_qspec_map.get(e[0])
-        ann = e.meta.get("quantization_annotation")
-        return None if ann is None else ann.output_qspec
+            ann.input_qspec_map[e[0]] = spec
+        else:
+            ann.output_qspec = spec
 
-    def tree_root(e):
-        seen = set()
-        while e not in seen:
-            seen.add(e)
-            nxt = spec_of(e)
-            if not isinstance(nxt, SharedQuantizationSpec):
-                return e
-            e = nxt.edge_or_node
-        return None  # a cycle in the annotations themselves: leave it as written
-
-    entries = []  # every annotated edge and node, in graph order
+    entries = []  # every annotated edge and node, in the order torchao visits them
     for node in model.graph.nodes:
         ann = node.meta.get("quantization_annotation")
         if ann is not None:
@@ -425,40 +434,57 @@ def _share_with_roots(model: GraphModule) -> None:
             if ann.output_qspec is not None:
                 entries.append(node)
     order = {e: k for k, e in enumerate(entries)}
-    roots = {e: tree_root(e) for e in entries}
-    parent = {r: r for r in roots.values() if r is not None}
+    parent = {e: e for e in entries}
 
-    def find(r):
-        while parent[r] != r:
-            parent[r] = parent[parent[r]]
-            r = parent[r]
-        return r
+    def find(e):
+        while parent[e] != e:
+            parent[e] = parent[parent[e]]
+            e = parent[e]
+        return e
 
-    size: dict = {}
-    for r in roots.values():
-        size[r] = size.get(r, 0) + 1
-    uses: dict[Node, list] = {}  # tensor -> the tree roots of its uses (its output and input edges)
-    for e in entries:  # (a lone spec - no shared spec points at it - is left as it is)
-        if roots[e] is not None and spec_of(roots[e]) is not None and size[roots[e]] > 1:
-            uses.setdefault(e[0] if isinstance(e, tuple) else e, []).append(roots[e])
-    for rs in uses.values():
-        for r in rs[1:]:
-            a, b = find(rs[0]), find(r)
-            if a != b and spec_of(a) is spec_of(b):  # the earlier one stays root: torchao makes
-                a, b = (a, b) if order[a] < order[b] else (b, a)  # observers in this order
-                parent[b] = a
+    def union(a, b):
+        a, b = find(a), find(b)
+        if a != b:
+            a, b = (a, b) if order[a] < order[b] else (b, a)
+            parent[b] = a
+
+    for e in entries:  # explicit sharing
+        spec = spec_of(e)
+        if isinstance(spec, SharedQuantizationSpec):
+            if spec.edge_or_node not in parent:
+                return  # a link to an unannotated edge: torchao reports it as written
+            union(e, spec.edge_or_node)
+
+    def real_spec(e):  # the one non-shared spec of an explicit tree (None on a cycle of links)
+        seen = set()
+        spec = spec_of(e)
+        while isinstance(spec, SharedQuantizationSpec) and e not in seen:
+            seen.add(e)
+            e = spec.edge_or_node
+            spec = spec_of(e)
+        return None if isinstance(spec, SharedQuantizationSpec) else spec
+
+    real = {e: real_spec(e) for e in entries}
+    for e in entries:  # implicit sharing between one tensor's uses
+        if not isinstance(e, tuple) or not e[1].meta["quantization_annotation"].allow_implicit_sharing:
+            continue
+        arg, n = e
+        for other in [(arg, u) for u in arg.users if u is not n] + [arg]:
+            if other in parent and real[e] is not None and real[other] is not None \
+                    and _same_quantization(real[e], real[other]):
+                union(e, other)
+
+    groups: dict = {}
     for e in entries:
-        r = roots[e]
-        if r is None or spec_of(r) is None:
-            continue
-        group_root = find(r)
-        if e == group_root:
-            continue
-        shared = SharedQuantizationSpec(group_root)
-        if isinstance(e, tuple):
-            e[1].meta["quantization_annotation"].input_qspec_map[e[0]] = shared
-        else:
-            e.meta["quantization_annotation"].output_qspec = shared
+        groups.setdefault(find(e), []).append(e)
+    for first, members in groups.items():
+        if not any(isinstance(spec_of(m), SharedQuantizationSpec) for m in members) \
+                or any(real[m] is None or isinstance(real[m], DerivedQuantizationSpec) for m in members):
+            continue  # no links to follow, or a group torchao resolves (or reports) as written
+        set_spec(first, real[first])
+        link = SharedQuantizationSpec(first)
+        for m in members[1:]:
+            set_spec(m, link)
 
 
 def _observe_outputs_unclipped(model: GraphModule) -> None:
