@@ -153,3 +153,51 @@ def test_where_implementation_host(name):
 def test_where_implementation_qemu():
     warnings.simplefilter("ignore")
     _tester("leaky").test_implementation(on=("qemu",), n_inputs=1, targets=["cortex-m55", "cortex-m4"])
+
+
+class Masks(nn.Module):
+    """Comparison results returned by the program (ExecuTorch's suite returns them): a mask beside
+    the values, a tensor-tensor comparison, a dict output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return {"y": y * 2, "positive": y > 0.1, "below": x < y[:, :3]}
+
+
+@needs_gcc
+def test_comparison_results_are_program_outputs_byte_exact():
+    """A bool output is the comparison's bytes as they are: ``uint8_t`` 0/1 in C (``_BOOL`` in the
+    header, no dequantize helper), ``torch.bool`` from run/run_c; equal on the host and QEMU M4."""
+    import corten
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    model = Masks().eval()
+    calib = [(torch.randn(1, 3, 5, 5),) for _ in range(4)]
+    prog = corten.compile(model, calib[0], calibration=calib)
+    assert prog.unlowered_ops() == []
+    x = torch.randn(1, 3, 5, 5)
+    want = prog.run_int8(x)
+    assert [t.dtype for t in want] == [torch.int8, torch.bool, torch.bool]
+    on = ("host", "qemu") if shutil.which("qemu-system-arm") and shutil.which("arm-none-eabi-gcc") else ("host",)
+    for where in on:
+        got = prog.c_run(x, on=where, target="cortex-m4").outputs
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), where
+    out, ref = prog.run_c(x), model(x)
+    assert out["positive"].dtype == torch.bool
+    # exact on y's int8 grid: it differs from float only where y is within a rounding of 0.1
+    # (output y * 2 has about twice y's scale: one of its steps bounds y's rounding)
+    y = model.conv(x)
+    near = (y - 0.1).abs() < float(prog.outputs[0].scale)
+    assert torch.equal(out["positive"][~near], ref["positive"][~near])
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        prog.emit_c(d)
+        h = "\n".join(p.read_text() for p in Path(d).glob("*.h"))
+    assert "_OUTPUT1_BOOL 1" in h and "uint8_t *positive;" in h and "dequantize_output1" not in h

@@ -32,7 +32,8 @@ from corten.quantizer.observers import observer_class, range_search_once
 from corten.quantizer.qat import convert_qat, is_qat_module
 from corten.targets import get_target
 
-# the one kind of integer program output: argmax/argmin indices (int32 in the C library, ops/reduce.py)
+# the program outputs that are not float: argmax/argmin indices (int32 in the C library, ops/reduce.py)
+# and comparison results (bool: uint8_t 0/1 in the C library, ops/compare.py)
 INDEX_OUTPUT_OPS = (torch.ops.aten.argmax.default, torch.ops.aten.argmin.default)
 
 
@@ -208,12 +209,12 @@ def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) 
             continue  # a None leaf (output_tree refused the other values)
         path = next(paths)
         if not val.dtype.is_floating_point and not (isinstance(a, torch.fx.Node) and a.op == "call_function"
-                                                    and a.target in INDEX_OUTPUT_OPS):
+                                                    and (a.target in INDEX_OUTPUT_OPS or val.dtype == torch.bool)):
             raise CaptureError(f"{model_name}.forward returns a {val.dtype} tensor as output {i} ({path}: "
                                f"{op_display_name(a.target) if a.op == 'call_function' else a.op} at "
                                f"{source_location(a)}); Corten programs return float tensors computed in int8: "
-                               "return float tensors or argmax/argmin indices (int32 in C) and do other comparisons "
-                               "and index computations after the program, in the caller")
+                               "return float tensors, argmax/argmin indices (int32 in C) or comparison results (bool: "
+                               "uint8_t 0/1 in C) and do other index computations after the program, in the caller")
     return tree
 
 

@@ -60,6 +60,7 @@ class IOTensor:
     zero_point: int
     offset: int
     element_bytes: int = 1  # 1: int8, 2: int16 (TFLite's 16x8 edges), 4: int32 indices (argmax/argmin outputs)
+    boolean: bool = False  # a comparison result returned as it is: uint8_t, 0 or 1 (no quantization)
     # an input the library takes as its first layer reads it (memory.views.input_layout_reshape):
     # the forward's argument shape; ``shape`` is then the reshaped 4-D tensor the bytes hold (NHWC)
     source_shape: tuple[int, ...] | None = None
@@ -70,7 +71,7 @@ class IOTensor:
 
     @property
     def ctype(self) -> str:
-        return {1: "int8_t", 2: "int16_t", 4: "int32_t"}[self.element_bytes]
+        return "uint8_t" if self.boolean else {1: "int8_t", 2: "int16_t", 4: "int32_t"}[self.element_bytes]
 
     @property
     def bits(self) -> int:
@@ -80,21 +81,38 @@ class IOTensor:
     def int32(self) -> bool:
         return self.element_bytes == 4
 
+    @property
+    def quantized(self) -> bool:
+        """False for the outputs returned as computed: int32 indices and uint8_t comparison results."""
+        return not (self.int32 or self.boolean)
+
+
+# the program outputs returned as computed, not dequantized: argmax/argmin indices (int32) and
+# comparison results (bool: one byte, 0 or 1)
+UNQUANTIZED_OUTPUT_DTYPES = (torch.int32, torch.bool)
+
 
 def is_index_output(node) -> bool:
-    """True for a program output that is not dequantized: int32 indices (``quantized_argmax``)."""
+    """True for a program output that is not dequantized: int32 indices (``quantized_argmax``) or a
+    comparison's bool result (``quantized_compare``)."""
     val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return (isinstance(node, torch.fx.Node) and node.op == "call_function" and op_name_of(node.target) is not None
-            and isinstance(val, torch.Tensor) and val.dtype == torch.int32)
+            and isinstance(val, torch.Tensor) and val.dtype in UNQUANTIZED_OUTPUT_DTYPES)
+
+
+def _is_bool(node) -> bool:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype == torch.bool
 
 
 def output_tensor(out: torch.fx.Node) -> torch.fx.Node:
-    """The tensor whose bytes a program output holds: the int8 input of its dequantize, or the int32 indices."""
+    """The tensor whose bytes a program output holds: the int8 input of its dequantize, or the int32
+    indices / bool comparison result itself."""
     return out if is_index_output(out) else out.args[0]
 
 
 def output_qparams(out: torch.fx.Node) -> tuple[float, int]:
-    """(scale, zero point) of a program output; indices have none (1.0, 0)."""
+    """(scale, zero point) of a program output; indices and comparison results have none (1.0, 0)."""
     return (1.0, 0) if is_index_output(out) else (float(out.args[1]), int(out.args[2]))
 
 
@@ -416,7 +434,7 @@ class _Generator:
             for n in nodes:
                 val = n.meta.get("val")
                 elem = val.element_size() if isinstance(val, torch.Tensor) and val.dtype == torch.int16 else 1
-                size = 4 if is_index_output(n) else elem
+                size = _output_bytes(n) if is_index_output(n) else elem
                 total = -(-total // size) * size  # int32 indices (int16 values) start on a multiple of 4 (2)
                 offs.append(total)
                 total += self._nbytes(n)
@@ -589,6 +607,13 @@ def _edge_bytes(q_or_dq) -> int:
     return int(bits) // 8
 
 
+def _output_bytes(out) -> int:
+    """Element bytes of a program output: int32 indices 4, truth values 1, else its dequantize's width."""
+    if is_index_output(out):
+        return 1 if _is_bool(out) else 4
+    return _edge_bytes(out)
+
+
 def _storage_is_logical(shape) -> bool:
     from corten.memory.views import storage_is_logical
 
@@ -655,6 +680,8 @@ def _io_block(p: str, t: IOTensor, what: str, offset: bool) -> str:
              f"#define {p}_SCALE {_float_literal(t.scale)}", f"#define {p}_ZERO_POINT {t.zero_point}"]
     if t.int32:  # argmax/argmin: int32 indices, no quantization (scale 1, zero point 0)
         lines.insert(1, f"#define {p}_INT32 1 /* int32_t indices, {int(np.prod(t.shape))} values */")
+    if t.boolean:  # a comparison result: one byte per element, 0 (false) or 1 (true), no quantization
+        lines.insert(1, f"#define {p}_BOOL 1 /* uint8_t truth values (0 or 1), {int(np.prod(t.shape))} values */")
     if offset:
         lines.insert(1, f"#define {p}_OFFSET {t.offset} /* in the packed buffer of {{name}}_run */")
     return "\n".join(lines)
@@ -760,7 +787,7 @@ def _header(g: _Generator, lib: dict, n_steps: int) -> str:
     blocks = [_io_block(f"{m}_INPUT", ins[0], f"Input{' 0 (' + in_names[0] + ')' if multi else ''}", False),
               _io_block(f"{m}_OUTPUT", outs[0], f"Output{' 0' if multi else ''}{f' ({out_names[0]})' if named else ''}",
                         False)]
-    helpers = [_quant_helper(n, m, "input", "", ins[0])] + ([] if outs[0].int32 else
+    helpers = [_quant_helper(n, m, "input", "", ins[0])] + ([] if not outs[0].quantized else
                                                             [_quant_helper(n, m, "output", "", outs[0])])
     if multi:
         blocks.append(f"/* Several inputs/outputs: {n}_run_io takes one pointer each ({n}_inputs / {n}_outputs);\n"
@@ -769,7 +796,7 @@ def _header(g: _Generator, lib: dict, n_steps: int) -> str:
         for kind, tensors, names in (("INPUT", ins, in_names), ("OUTPUT", outs, out_names)):
             for i, t in enumerate(tensors):
                 blocks.append(_io_block(f"{m}_{kind}{i}", t, f"{kind.title()} {i} ({names[i]})", True).replace("{name}", n))
-                if not t.int32:  # (int32 indices need no dequantize helper)
+                if t.quantized:  # (indices and truth values need no dequantize helper)
                     helpers.append(_quant_helper(n, m, kind.lower(), str(i), t))
     # typed I/O structs for every model (a single-tensor one too): one named pointer per input / output
     in_fields = "\n".join(f"    const {t.ctype} *{nm}; /* {m}_INPUT{i if multi else ''}_BYTES bytes */"
@@ -917,7 +944,7 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
                         + (["arena == NULL"] if arena_bytes > 0 else []))
     args = ", ".join([f"inputs->{x}" if t.bits == 8 else f"(const int8_t *)(const void *)inputs->{x}"
                       for x, t in zip(in_names, ins)]
-                     + [f"outputs->{x}" if t.bits == 8 else f"(int8_t *)(void *)outputs->{x}"
+                     + [f"outputs->{x}" if t.bits == 8 and not t.boolean else f"(int8_t *)(void *)outputs->{x}"
                         for x, t in zip(out_names, outs)] + ["(int8_t *)arena"])
     io = (f"\nint {n}_run_io(const {n}_inputs *inputs, const {n}_outputs *outputs, uint8_t *arena, size_t arena_bytes)\n{{\n"
           f"    if ({nulls}) {{\n        return {m}_ERROR_NULL_POINTER;\n    }}\n"
@@ -1009,7 +1036,7 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     # an input the program never reads keeps its bytes in the buffer, with scale 1 and zero point 0
     inputs = tuple(_input_tensor(g, ph, q, off) for ph, q, off in zip(g.user_inputs, quants, in_offs))
     outputs = tuple(IOTensor(tuple(g._shape(output_tensor(d))), *output_qparams(d), off,
-                             4 if is_index_output(d) else _edge_bytes(d))
+                             _output_bytes(d), boolean=_is_bool(d))
                     for d, off in zip(dequants, out_offs))
     lib = dict(
         input_shape=inputs[0].shape, input_scale=inputs[0].scale, input_zero_point=inputs[0].zero_point,

@@ -1,8 +1,9 @@
 """Comparisons and selection: ``quantized_compare`` (eq, ne, lt, le, gt, ge) and ``quantized_where``.
 
 **How a comparison result is represented**: a ``torch.bool`` tensor - one byte per element, 0 or 1,
-in the same storage order as an int8 activation (NHWC for 4-D) - that only a ``quantized_where``
-reads (a comparison is not a program output and is not dequantized).  ``mode``: 0 eq, 1 ne, 2 lt,
+in the same storage order as an int8 activation (NHWC for 4-D) - read by a ``quantized_where`` or
+returned by the program as it is (never dequantized: a ``uint8_t`` output of 0s and 1s in C, the
+header's ``<NAME>_OUTPUT<i>_BOOL`` macro marks it; ``run``/``run_c`` give a ``torch.bool`` tensor).  ``mode``: 0 eq, 1 ne, 2 lt,
 3 le, 4 gt, 5 ge, comparing the int8 values ``input1 OP input2`` with numpy broadcasting.
 
 * tensor OP tensor: the quantizer puts both operands on one grid (shared qparams, as TFLite's
