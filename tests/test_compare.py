@@ -113,6 +113,21 @@ class LeakyWhere(nn.Module):
         return torch.clamp(y, min=z - 1.0, max=z)
 
 
+class ClampParams(nn.Module):
+    """``clamp`` with per-channel parameter bounds (ExecuTorch's suite: constant tensor bounds), and
+    one activation bound beside a constant one."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.lo = nn.Parameter(torch.linspace(-1.0, -0.2, 4).reshape(1, 4, 1, 1))
+        self.hi = nn.Parameter(torch.linspace(0.3, 1.2, 4).reshape(1, 4, 1, 1))
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.clamp(y, min=self.lo, max=self.hi) + torch.clamp(y, min=y * 0.5, max=self.hi)
+
+
 IO = {"quantize_per_tensor": 1, "dequantize_per_tensor": 1}
 MODELS = {
     "leaky": (lambda: LeakyWhere("leaky"), {**IO, "quantized_conv2d": 1, "quantized_compare": 1, "quantized_mul": 1,
@@ -120,6 +135,8 @@ MODELS = {
     "scalar": (lambda: LeakyWhere("scalar"), {**IO, "quantized_conv2d": 1, "quantized_compare": 1,
                                               "quantized_where": 1}),
     # the sigmoid (fixed 1/256 grid) is requantized onto the clamp's shared grid by a second table
+    "clamp_params": (ClampParams, {**IO, "quantized_conv2d": 1, "quantized_maximum": 2, "quantized_minimum": 2,
+                                   "quantized_mul": 1, "quantized_add": 1}),
     "clamp_tensor": (lambda: LeakyWhere("clamp"), {**IO, "quantized_conv2d": 1, "quantized_lut": 2,
                                                    "quantized_sub": 1, "quantized_maximum": 1,
                                                    "quantized_minimum": 1}),

@@ -594,6 +594,29 @@ def _prelu(node: Node) -> Rewrite | Refusal:
     return Rewrite(prelu, [x, w])
 
 
+@rewrites(aten.clamp.Tensor)
+def _clamp_constant_bounds(node: Node) -> Rewrite | Refusal:
+    """``clamp(x, min=t1, max=t2)`` with a constant bound (a parameter or buffer) -> ``maximum`` then
+    ``minimum``: a constant tensor is an operand those take on the shared grid (bounds that are
+    activations keep the clamp, lowered as the same two ops)."""
+    x = node.args[0]
+    lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+    hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+    bounds = [b for b in (lo, hi) if b is not None]
+    if not any(isinstance(b, Node) and b.op == "get_attr" for b in bounds):
+        return Refusal("no constant bound: the clamp of activations is lowered as it is")
+    has_lo, has_hi = lo is not None, hi is not None
+
+    def clamp(xv, *bs):
+        bs = list(bs)
+        if has_lo:
+            xv = torch.maximum(xv, bs.pop(0))
+        if has_hi:
+            xv = torch.minimum(xv, bs.pop(0))
+        return xv
+    return Rewrite(clamp, [x, *bounds])
+
+
 @rewrites(aten.softmax.int, aten._softmax.default)
 def _masked_softmax(node: Node) -> Rewrite | Refusal:
     fill = node.args[0]
