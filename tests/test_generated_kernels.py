@@ -240,3 +240,46 @@ def test_out_of_line_border_segments(isa, tmp_path, monkeypatch):
     specs = random_specs(77, 12, ("conv", "depthwise"))
     xs = layer_inputs(specs)
     assert np.array_equal(run_layers_host(specs, isa, xs, tmp_path), expected_bytes(specs, xs))
+
+
+def _matvec_spec(rng: random.Random, ci: int, co: int, n: int = 1) -> gen.LayerSpec:
+    w = torch.randint(-128, 128, (co, 1, 1, ci), dtype=torch.int8)
+    bias = torch.randint(-5000, 5000, (co,), dtype=torch.int64)
+    return _finish(rng, "conv", n, 1, 1, ci, 1, 1, co, 1, 1, (1, 1), (0, 0), w, bias, rng.randint(-127, 128))
+
+
+def matvec_specs() -> list[gen.LayerSpec]:
+    """Matrix-vector layers (one row per batch, C_in % 4 == 0): every C_out % 4 tail, odd and even
+    numbers of four-input groups, batches of 1x1 images, extreme weights (the last one)."""
+    rng = random.Random(11)
+    specs = [_matvec_spec(rng, ci, co, n) for ci, co, n in
+             [(4, 1, 1), (8, 2, 1), (12, 3, 1), (16, 4, 1), (20, 5, 2), (64, 7, 1), (128, 8, 1), (36, 13, 3)]]
+    specs.append(_matvec_spec(rng, 16, 6))
+    specs[-1].weight.fill_(-128)
+    return specs
+
+
+def matvec_inputs(specs) -> list[torch.Tensor]:
+    xs = layer_inputs(specs, seed=5)
+    xs[-1].fill_(-128)
+    return xs
+
+
+@needs_gcc
+def test_matvec_layers_equal_reference(tmp_path):
+    specs = matvec_specs()
+    assert all(gen.is_matvec(s) for s in specs)
+    assert "CG_MATVEC4" in layers_source(specs, "dsp")
+    xs = matvec_inputs(specs)
+    got = run_layers_host(specs, "dsp", xs, tmp_path)
+    assert np.array_equal(got, expected_bytes(specs, xs))
+
+
+def test_matvec_weights_interleave_four_filters():
+    w = torch.arange(2 * 4 * 8, dtype=torch.int16).reshape(8, 8).to(torch.int8)  # 8 filters of 8 inputs
+    flat = gen.matvec_weights(w[:6])  # 6 filters: padded to 8 with zero filters
+    assert flat.numel() == 8 * 8
+    # group 0, first four inputs: filters 0..3, each (w0, w2, w1, w3)
+    assert flat[:16].tolist() == [0, 2, 1, 3, 8, 10, 9, 11, 16, 18, 17, 19, 24, 26, 25, 27]
+    # group 1 (filters 4..7), inputs 4..7: filters 6 and 7 are zero
+    assert flat[-16:].tolist() == [36, 38, 37, 39, 44, 46, 45, 47] + [0] * 8

@@ -51,3 +51,29 @@ def test_generated_beats_portable_and_reports_choices():
     assert convs and all(s.provider == "generated" and s.kernel.startswith(f"{prog.name}_gen_") for s in convs)
     pool = [s for s in steps if s.op == "quantized_avg_pool2d"]
     assert pool and all(s.provider == "portable" and s.reason for s in pool)
+
+
+def test_per_layer_rule_yields_to_a_later_provider(monkeypatch):
+    """The per-layer preference rule: the generator supports deep-ae's linear layers, and runs them
+    unless YIELDS_TO names a later provider of the chain for their class on the core's ISA path; the
+    chain then gives them to that provider, the reports say why; the planner chooses the same."""
+    from corten.codegen import generated as gen
+    from corten.providers import resolve_providers
+
+    prog, _ = compiled("deep-ae")
+    chain = ("generated", "cmsis-nn")
+    assert [p.name for p in resolve_providers("generated+cmsis-nn")] == ["generated", "cmsis-nn", "portable"]
+    steps = [s for s in prog.kernel_choices(chain, "cortex-m4") if s.op == "quantized_linear"]
+    assert steps and all(s.provider == "generated" and "matrix-vector" in s.note for s in steps)
+    monkeypatch.setitem(gen.YIELDS_TO, ("dsp", "matvec"), ("cmsis-nn",))
+    steps = [s for s in prog.kernel_choices(chain, "cortex-m4") if s.op == "quantized_linear"]
+    assert steps and all(s.provider == "cmsis-nn" and "yields to CMSIS-NN" in s.reason for s in steps)
+    report = prog.choices_report("generated+cmsis-nn", "cortex-m4")
+    assert "cmsis-nn" in report and "yields to CMSIS-NN" in report
+    # without the named provider in the chain the generator keeps the layer; other ISA paths are unaffected
+    assert all(s.provider == "generated" for s in prog.kernel_choices("generated", "cortex-m4")
+               if s.op == "quantized_linear")
+    assert all(s.provider == "generated" for s in prog.kernel_choices(chain, "cortex-m3")
+               if s.op == "quantized_linear")
+    plan = prog.memory_for(deployment=prog.deployment(chain, "cortex-m4"))
+    assert plan.arena_bytes > 0

@@ -323,6 +323,20 @@ def cmd_profile(args) -> int:
     return 0 if prof.outputs_match else 1
 
 
+KERNELS_HELP = ("a kernel provider, or a chain of them joined by '+' (generated+cmsis-nn: CMSIS-NN for the layers "
+                "the generator does not take or yields); portable ends every chain")
+
+
+def _kernels_arg(text: str) -> str:
+    """``--kernels``: a provider name or a ``+``-joined chain of them."""
+    names = provider_names()
+    bad = [k for k in text.split("+") if k not in names]
+    if bad or not text:
+        raise argparse.ArgumentTypeError(f"unknown kernel provider {', '.join(bad) or text!r}: one of {names}, "
+                                         "or several joined by '+'")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     from corten.targets import TARGETS
 
@@ -352,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--name", default=None, help="C identifier for the program (default: from MODEL)")
     c.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     c.add_argument("--emit-c", action="store_true", help="also write the C model library to DIR/c")
-    c.add_argument("--kernels", default="portable", choices=provider_names())
+    c.add_argument("--kernels", default="portable", type=_kernels_arg, help=KERNELS_HELP)
     c.add_argument("--max-arena", type=int, default=None, metavar="BYTES",
                    help="arena budget: search a banded schedule (row tiles, recomputed halos) that fits; "
                         "fail naming the smallest arena found")
@@ -366,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a compiled program's C library on the host or QEMU and compare bytes")
     r.add_argument("dir", help="directory written by `corten compile --out DIR`")
     r.add_argument("--on", default="host", choices=["host", "qemu"])
-    r.add_argument("--kernels", default="portable", choices=provider_names())
+    r.add_argument("--kernels", default="portable", type=_kernels_arg, help=KERNELS_HELP)
     r.add_argument("--target", default=None, help="QEMU target (default: the program's)")
     r.add_argument("--input", default=None, metavar="FILE.npy", help="float32 input (default: seeded random)")
     r.add_argument("--seed", type=int, default=0)
@@ -378,8 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "time on the host)")
     pr.add_argument("dir", help="directory written by `corten compile --out DIR`")
     pr.add_argument("--on", default="qemu", choices=["host", "qemu"])
-    pr.add_argument("--kernels", default="portable", choices=provider_names(),
-                    help="cmsis-nn needs CMSIS_NN_PATH (a CMSIS-NN source tree)")
+    pr.add_argument("--kernels", default="portable", type=_kernels_arg,
+                    help=KERNELS_HELP + "; cmsis-nn needs CMSIS_NN_PATH (a CMSIS-NN source tree)")
     pr.add_argument("--target", default=None, help="QEMU target (default: the program's)")
     pr.add_argument("--input", default=None, metavar="FILE.npy", help="float32 input (default: seeded random)")
     pr.add_argument("--seed", type=int, default=0)

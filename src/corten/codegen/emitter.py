@@ -198,6 +198,7 @@ class StepInfo:
     reason: str = ""  # why the build's leading provider does not run this step ("" when it does)
     provider: str = FALLBACK  # the provider whose kernel runs the step ("" for the generator's own byte copy)
     calls: tuple = ()  # the step's KernelCalls (function, arguments, parameter structs)
+    note: str = ""  # how the kernel computes the step (KernelStep.note: a generated kernel's strategy)
 
     @property
     def portable(self) -> bool:
@@ -534,7 +535,7 @@ class _Generator:
         source = self.source_line(node)
         kernel = step.kernel
         self.step_info.append(StepInfo(index, node.name, module, what, source, kernel, op_cost(node).macs,
-                                       reason, step.provider, step.calls))
+                                       reason, step.provider, step.calls, step.note))
         ins = ", ".join(self._layout(i) for i in inputs)
         where = f" ({source})" if source else ""
         return (f"/* Step {index}: {module or '(forward)'} - {what}{where}\n"
@@ -1142,6 +1143,23 @@ def fallback_report(steps: Sequence[StepInfo], title: str = "CMSIS-NN") -> str:
     for s in portable:
         lines.append(f"  step {s.step:>3}  {(s.module or '(forward)')[:32]:<32} {s.op[:26]:<26} {s.kernel:<30} "
                      f"{s.reason}")
+    return "\n".join(lines)
+
+
+def choices_report(steps: Sequence[StepInfo], kernels: str) -> str:
+    """Which provider and kernel run each compute step of a build with the provider chain
+    ``kernels`` (``"generated+cmsis-nn+portable"``), and why: the kernel's own note (a generated
+    kernel's strategy) or why the providers before it do not run the step (report.txt, profile)."""
+    compute = [s for s in steps if s.macs or s.provider not in (FALLBACK, "")]
+    counts: dict[str, int] = {}
+    for s in compute:
+        counts[s.provider or FALLBACK] = counts.get(s.provider or FALLBACK, 0) + 1
+    lines = [f"Kernel choices ({kernels} chain), {len(compute)} compute step(s): "
+             + ", ".join(f"{n} {p}" for p, n in counts.items())]
+    for s in compute:
+        why = "; ".join(x for x in (s.note, s.reason) if x) or "-"
+        lines.append(f"  step {s.step:>3}  {(s.module or '(forward)')[:28]:<28} {s.op[:24]:<24} "
+                     f"{(s.provider or FALLBACK):<10} {s.kernel[:34]:<34} {why}")
     return "\n".join(lines)
 
 

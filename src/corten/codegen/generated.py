@@ -356,7 +356,74 @@ def extended_weights(spec: LayerSpec, j0: int, j1: int, d: int) -> torch.Tensor:
     return w.reshape(co, -1)
 
 
+MATVEC_ROWS = 4  # filters per pass of the matrix-vector kernel (CG_MATVEC4)
+
+
+def is_matvec(spec: LayerSpec) -> bool:
+    """A dense layer with one output pixel per batch (a linear layer over one row, a 1x1 conv of a
+    1x1 image) whose row length is a multiple of 4: the matrix-vector kernel's shape."""
+    return (spec.kind == "conv" and spec.kh == spec.kw == 1 and spec.ho * spec.wo == 1 and spec.h * spec.w == 1
+            and spec.c_in % 4 == 0)
+
+
+def matvec_weights(weight: torch.Tensor) -> torch.Tensor:
+    """int16 flat array for ``CG_MATVEC4``: filters in groups of four (zero filters pad the last
+    group), per four inputs the widened four of each filter of the group (``(w0, w2), (w1, w3)``)."""
+    co = weight.shape[0]
+    rows = -(-co // MATVEC_ROWS) * MATVEC_ROWS
+    wide = widened_weights(weight)  # [C_out, K]
+    k = wide.shape[1]
+    wide = torch.cat([wide, torch.zeros(rows - co, k, dtype=wide.dtype)])
+    return wide.reshape(rows // MATVEC_ROWS, MATVEC_ROWS, k // 4, 4).permute(0, 2, 1, 3).reshape(-1).contiguous()
+
+
+def _matvec(spec, fname, array, biases, short, x_expr, y_expr) -> GeneratedLayer:
+    """A DSP matrix-vector layer: four filters per pass over the input row (CG_MATVEC4), the
+    epilogue of the four values before their stores; the last pass of C_out % 4 filters runs on
+    zero-padded weights, biases and epilogue constants and stores only its real outputs."""
+    co, k, r = spec.c_out, spec.c_in, MATVEC_ROWS
+    rows = -(-co // r) * r
+    pad = rows - co
+    w16 = array("gen_weight16", matvec_weights(spec.weight.to(torch.int8).reshape(co, k)))
+    bias = torch.cat([biases[0].to(torch.int32), torch.zeros(pad, dtype=torch.int32)])
+    b_name = array("gen_bias", bias.contiguous())
+    mult = torch.cat([spec.multiplier.to(torch.int64), torch.zeros(pad, dtype=torch.int64)])
+    shift = torch.cat([spec.shift.to(torch.int64), torch.zeros(pad, dtype=torch.int64)])
+    q_name = array("gen_q", epilogue_table(mult, shift, short))
+    ep = f"{epilogue_mode(short, spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
+
+    def pass_(o: str, stores: int, ind: str) -> list[str]:
+        lines = ["{",
+                 "    int32_t acc[4];",
+                 f"    acc[0] = {b_name}[{o}]; acc[1] = {b_name}[{o} + 1]; acc[2] = {b_name}[{o} + 2]; "
+                 f"acc[3] = {b_name}[{o} + 3];",
+                 f"    CG_MATVEC4(x, {w16} + {o} * {k}, {k}, acc);",
+                 "    {"]
+        lines += [f"        const int8_t v{i} = cg_output(acc[{i}], {q_name} + 4 * ({o} + {i}), {ep});"
+                  for i in range(stores)]
+        lines += [f"        y[{o} + {i}] = v{i};" for i in range(stores)]
+        lines += ["    }", "}"]
+        return [ind + ln for ln in lines]
+
+    body = [f"void {fname}(const int8_t *in, int8_t *out)", "{", "    int32_t b;",
+            f"    for (b = 0; b < {spec.n * spec.h * spec.w}; b++) {{",
+            f"        const int8_t *x = in + b * {k};",
+            f"        int8_t *y = out + b * {co};",
+            "        int32_t o;",
+            f"        for (o = 0; o < {co - co % r}; o += {r}) "]
+    body[-1] += "\n".join(pass_("o", r, "        ")).lstrip()
+    if co % r:
+        body += pass_(str(co - co % r), co % r, "        ")
+    body += ["    }", "}", ""]
+    what = (f"generated dsp matrix-vector: {r} filters per pass over pre-widened interleaved weights, "
+            f"{'short' if short else 'general'} epilogue")
+    return GeneratedLayer("\n".join(body), f"{fname}({x_expr}, {y_expr});", what, short,
+                          {"gen_weight16": w16, "gen_bias": b_name, "gen_q": q_name})
+
+
 def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> GeneratedLayer:
+    if isa == "dsp" and is_matvec(spec):
+        return _matvec(spec, fname, array, biases, short, x_expr, y_expr)
     c, co, kw, k = spec.c_in, spec.c_out, spec.kw, spec.kh * spec.kw * spec.c_in
     sh, sw = spec.stride
     ph, pw = spec.padding
@@ -655,6 +722,37 @@ def structural_reason(view) -> str | None:
     return None
 
 
+def layer_class(view) -> str:
+    """The shape class of a node the generator supports (a ``NodeView``): ``"matvec"`` (one output
+    row per batch: a linear layer over one row, a 1x1 conv of a 1x1 image), ``"pointwise"`` (1x1,
+    stride 1, no padding), ``"conv"`` (other dense convolutions, the first layer), ``"depthwise"``;
+    the per-layer preference table :data:`YIELDS_TO` is keyed by it."""
+    op = view.op_name
+    if op == "quantized_depthwise_conv2d":
+        return "depthwise"
+    if op == "quantized_linear":
+        val = view.arg("input").meta["val"]
+        return "matvec" if int(val.numel()) == int(val.shape[-1]) else "pointwise"
+    n, h, w, _ = view.nhwc(view.arg("input"))
+    _, ho, wo, _ = view.nhwc()
+    weight = view.arg("weight").meta["val"]
+    kh, kw = int(weight.shape[1]), int(weight.shape[2])
+    if ho * wo == 1 and h * w == 1 and kh == kw == 1:
+        return "matvec"
+    from corten.ops._common import pads4
+
+    pointwise = (kh == kw == 1 and tuple(int(s) for s in view.arg("stride")) == (1, 1)
+                 and not any(int(p) for p in pads4(view.arg("padding"))))
+    return "pointwise" if pointwise else "conv"
+
+
+# The per-layer preference rule (Provider.yields_to): on an ISA path, the layer classes for which a
+# later provider of the chain has the faster kernel, so the generator lets it run them when it is
+# in the chain and supports the node - measured per layer with `corten profile` on QEMU
+# (benchmarks/bench_kernels.py gives the totals).  A class not listed is generated.
+YIELDS_TO: dict[tuple[str, str], tuple[str, ...]] = {}
+
+
 def spec_of(ctx) -> tuple[LayerSpec | None, str | None]:
     """The :class:`LayerSpec` of a node being emitted (an ``EmitContext``), or ``(None, reason)``
     when the generator does not handle it."""
@@ -714,7 +812,7 @@ class GeneratedStep(KernelStep):
 class GeneratedProvider(Provider):
     """``kernels="generated"``: Corten's per-layer kernels (see the module docstring), first in the
     chain; ``("generated", "cmsis-nn")`` keeps CMSIS-NN for the layers the generator does not take
-    or does not win on (:data:`LOSES_TO`), the portable kernels end every chain."""
+    or does not win on (:meth:`yields_to`, :data:`YIELDS_TO`), the portable kernels end every chain."""
 
     name = "generated"
     title = "Corten's generated kernels"
@@ -727,6 +825,17 @@ class GeneratedProvider(Provider):
     def scratch_bytes(self, node, target) -> int:
         return 0
 
+    def yields_to(self, node, target, later) -> str | None:
+        from corten.providers import NodeView
+
+        isa, cls = isa_path(target), layer_class(NodeView(node, target))
+        for name in YIELDS_TO.get((isa, cls), ()):
+            for p in later:
+                if p.name == name and p.supports(node, target) is None:
+                    return (f"yields to {p.title}: its kernel is faster for {cls} layers on the {isa} path "
+                            "(generated.YIELDS_TO, measured)")
+        return None
+
     def emit(self, ctx) -> KernelStep:
         import dataclasses
 
@@ -736,11 +845,11 @@ class GeneratedProvider(Provider):
         reason = reason or why_not(spec)
         if reason is not None:  # (a value-dependent refusal: the accumulator bound) - the portable kernel
             step = PORTABLE.emit(ctx)
-            return dataclasses.replace(step, uses_portable=True)
+            return dataclasses.replace(step, uses_portable=True, note=f"generated kernel declined: {reason}")
         fname = f"{ctx.emitter.name}_gen_{ctx.emitter.node_prefix(ctx.node)}"
         layer = generate(spec, isa_path(ctx.target), fname, ctx.derived_const, ctx.input("input"), ctx.out())
         code = ctx.invoke(fname, ctx.input("input"), ctx.out()) + ";"
-        return GeneratedStep(self.name, tuple(ctx.calls), f"/* {layer.what} */\n{code}",
+        return GeneratedStep(self.name, tuple(ctx.calls), f"/* {layer.what} */\n{code}", note=layer.what,
                              functions=f"/* {ctx.node.name}: {layer.what} */\n{layer.functions}")
 
     def includes(self, name: str) -> tuple[str, ...]:

@@ -70,6 +70,7 @@ class KernelStep:
     calls: tuple[KernelCall, ...]
     code: str
     uses_portable: bool = False  # the calls include Corten's portable helpers of the node's family
+    note: str = ""  # how the kernel computes the step, for the reports (e.g. a generated kernel's strategy)
 
     @property
     def kernel(self) -> str:
@@ -163,6 +164,14 @@ class Provider:
     def scratch_bytes(self, node: torch.fx.Node, target: Any) -> int:
         """Bytes of scratch buffer this provider's kernel for ``node`` needs (the memory plan reserves them)."""
         return 0
+
+    def yields_to(self, node: torch.fx.Node, target: Any, later: Sequence["Provider"]) -> str | None:
+        """The per-layer preference rule: ``supports`` cannot see the rest of the chain, so once this
+        provider supports ``node``, :func:`choose_provider` asks it whether it lets one of the
+        ``later`` providers (those after it in the chain) run the node instead because that one is
+        faster for this layer.  None: this provider runs it; else the reason (naming the later
+        provider, which must support the node), shown by the reports as the step's reason."""
+        return None
 
     def emit(self, ctx: Any) -> KernelStep:
         """The step computing ``ctx.node`` (only called for nodes :meth:`supports` accepts)."""
@@ -330,7 +339,10 @@ FALLBACK = "portable"  # the provider with a kernel for every op: the end of eve
 def resolve_providers(kernels: "str | Provider | Sequence[str | Provider]") -> tuple[Provider, ...]:
     """The ordered providers of a build: a name or provider means that one first, then Corten's
     portable kernels for whatever it does not support (``"cmsis-nn"`` -> CMSIS-NN, portable); a
-    sequence is taken as it is (portable appended when missing, so that every op has a kernel)."""
+    sequence - or names joined by ``+``, as :func:`chain_label` writes a chain - is taken as it is
+    (portable appended when missing, so that every op has a kernel)."""
+    if isinstance(kernels, str) and "+" in kernels:  # a chain by its label: "generated+cmsis-nn"
+        kernels = tuple(kernels.split("+"))
     if isinstance(kernels, (str, Provider)):
         kernels = (kernels,)
     if not isinstance(kernels, (list, tuple)) or not kernels:
@@ -357,11 +369,14 @@ def chain_label(providers: Sequence[Provider]) -> str:
 
 
 def choose_provider(providers: Sequence[Provider], node: torch.fx.Node, target: Any) -> tuple[Provider, str]:
-    """(the first provider supporting ``node``, why the ones before it do not - "" for the first).
+    """(the first provider supporting ``node`` and not yielding it to a later one - see
+    :meth:`Provider.yields_to` -, why the ones before it do not run it - "" for the first).
     :class:`UsageError` when none does."""
     reasons = []
-    for p in providers:
+    for i, p in enumerate(providers):
         reason = p.supports(node, target)
+        if reason is None:
+            reason = p.yields_to(node, target, tuple(providers[i + 1:]))
         if reason is None:
             if len(reasons) == 1:
                 return p, reasons[0][1]

@@ -40,6 +40,7 @@ class ProfileRow:
     node: str = ""  # graph node name
     provider: str = "portable"  # the kernel provider running the step ("" for the generator's own copy)
     cycles: float | None = None  # estimated cycles (profile(..., cycles=True); corten.runners.cycles)
+    why: str = ""  # how the kernel computes the step and why the providers before it do not (StepInfo)
 
     @property
     def portable(self) -> bool:
@@ -120,6 +121,10 @@ class Profile:
             lines.append(f"portable kernels in this {_build_title(self.kernels)} build: {len(portable)} compute "
                          "step(s), "
                          f"{100 * cost / total:.1f}% of the total")
+        chosen = [r for r in self.rows if r.why and (r.macs or r.provider not in ("portable", ""))]
+        if chosen and self.kernels != "portable":  # which library (and generated strategy) ran each layer, why
+            lines.append(f"kernel choices ({self.kernels}):")
+            lines += [f"  step {r.step:>3}  {r.provider or 'portable':<10} {r.kernel[:34]:<34} {r.why}" for r in chosen]
         if self.outputs_match is not None:
             lines.append(f"outputs byte-identical to the Python reference: {'YES' if self.outputs_match else 'NO'}")
         return "\n".join(lines)
@@ -174,7 +179,8 @@ def profile_rows(steps, costs, cycles=None) -> list[ProfileRow]:
     """One row per step; ``cycles``: the estimated cycles of each step (a profile build's estimate)."""
     cyc = list(cycles) if cycles is not None else [None] * len(steps)
     cyc += [None] * (len(steps) - len(cyc))
-    return [ProfileRow(s.step, s.module, s.op, s.kernel, s.macs, c, s.source, s.node, s.provider, k)
+    return [ProfileRow(s.step, s.module, s.op, s.kernel, s.macs, c, s.source, s.node, s.provider, k,
+                       "; ".join(x for x in (getattr(s, "note", ""), s.reason) if x))
             for s, c, k in zip(steps, costs, cyc)]
 
 
