@@ -277,7 +277,8 @@ def _higher_order_reason(op) -> str:
     if "grad" in name:
         return "a grad-mode region in forward: remove the `with torch.set_grad_enabled(...)` around the layers"
     if name in ("cond", "while_loop", "scan", "map_impl", "map"):
-        return ("data-dependent control flow cannot be compiled to a fixed sequence of kernels; compute both "
+        return ("data-dependent control flow cannot be compiled to a fixed sequence of kernels (a cond on a "
+                "constant and a loop whose condition reads only constants are: unrolled); compute both "
                 "branches and select with arithmetic, or move the control flow outside the model")
     return (f"torch.export kept it as the higher-order op {name!r} (a sub-graph region), which Corten cannot "
             "compile: write the layers inside it as plain calls in forward")

@@ -34,6 +34,7 @@ import contextlib
 import torch
 from torch import nn
 
+from corten.capture.control_flow import unroll_constant_control_flow
 from corten.errors import CaptureError
 
 __all__ = ["CaptureError", "capture", "capture_module", "remove_guards_fn", "GUARDS_FN_NAME"]
@@ -109,12 +110,13 @@ def capture(model: nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> torch
                 # graph is the plain ops (inference graphs never need gradients)
                 with torch.no_grad():
                     ep = torch.export.export(model, example_inputs)
-        return ep
     except Exception as exc:  # torch raises many types (UserError, Unsupported, RuntimeError, ...)
         raise CaptureError(
             f"torch.export could not capture {type(model).__name__}: {type(exc).__name__}: "
             f"{_first_line(exc)}. Make forward() traceable (no data-dependent Python control flow, "
             "no unsupported ops) and check it runs on the example inputs") from exc
+    unroll_constant_control_flow(ep)  # cond on a constant, loops with a constant trip count
+    return ep
 
 
 def autocast_leaves_float32(device_type: str, dtype, enabled: bool) -> bool:
