@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import corten
@@ -173,7 +174,9 @@ REFUSED = {
     "argmax_without_dim": (lambda s, x: s.fc(x).argmax(), UnsupportedOpsError, "flatten the dims first"),
     "argmax_feeding_an_op": (lambda s, x: s.fc(x).argmax(1).float(), UnsupportedOpsError,
                              "can only be a program output"),
-    "bool_output": (lambda s, x: s.fc(x) > 0, CaptureError, "torch.bool"),
+    "bool_count_output": (lambda s, x: (s.fc(x) > 0).sum(1), CaptureError, "torch.int64"),
+    "pool_indices_arithmetic": (lambda s, x: F.max_pool1d(s.fc(x).unsqueeze(1), 2, return_indices=True)[1] + 1,
+                                CaptureError, "torch.int64"),
     "sort_indices_output": (lambda s, x: s.fc(x).sort(1)[1], CaptureError, "torch.int64"),
     "max_indices_arithmetic": (lambda s, x: s.fc(x).max(1)[1] * 2, CaptureError, "torch.int64"),
 }

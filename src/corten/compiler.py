@@ -20,7 +20,7 @@ import torch
 from corten.capture import capture, remove_guards_fn
 from corten.capture.outputs import OutputTree, flatten_outputs, output_tree, tensor_leaves
 from corten.errors import UnsupportedOpsError, UsageError
-from corten.fx_nodes import get_attr
+from corten.fx_nodes import get_attr, node_arg
 from corten.lowering import CortenPassManager, unlowered_nodes
 from corten.program import Program, check_program_name
 from corten.compare import record_provenance
@@ -34,7 +34,8 @@ from corten.targets import get_target
 
 # the program outputs that are not float: argmax/argmin indices (int32 in the C library, ops/reduce.py)
 # and comparison results (bool: uint8_t 0/1 in the C library, ops/compare.py)
-INDEX_OUTPUT_OPS = (torch.ops.aten.argmax.default, torch.ops.aten.argmin.default)
+INDEX_OUTPUT_OPS = (torch.ops.aten.argmax.default, torch.ops.aten.argmin.default,
+                    torch.ops.corten.max_pool2d_indices.default)
 
 
 def unguarded_module(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
@@ -219,27 +220,47 @@ def check_exported_ops(exported: torch.export.ExportedProgram, model_name: str) 
 
 
 MAX_WITH_INDICES = {torch.ops.aten.max.dim: torch.ops.aten.argmax.default,
-                    torch.ops.aten.min.dim: torch.ops.aten.argmin.default}
+                    torch.ops.aten.min.dim: torch.ops.aten.argmin.default,
+                    torch.ops.aten.max_pool2d_with_indices.default: torch.ops.corten.max_pool2d_indices.default}
+
+
+def _indices_args(src: torch.fx.Node) -> tuple:
+    """The arguments of the indices-only op replacing ``src``'s (values, indices)."""
+    if src.target == torch.ops.aten.max_pool2d_with_indices.default:
+        two = lambda v: [int(x) for x in (list(v) * 2 if len(list(v)) == 1 else v)]  # noqa: E731
+        kernel = two(src.args[1])
+        stride = two(node_arg(src, "stride") or kernel)
+        return (src.args[0], kernel, stride, two(node_arg(src, "padding")), two(node_arg(src, "dilation")),
+                bool(node_arg(src, "ceil_mode")))
+    keepdim = src.args[2] if len(src.args) > 2 else src.kwargs.get("keepdim", False)
+    return (src.args[0], src.args[1], bool(keepdim))
 
 
 def max_indices_as_argmax(gm: torch.fx.GraphModule) -> bool:
     """``x.max(dim)[1]`` / ``torch.max(x, 1).indices`` (``min`` alike) returned by the program is
     ``argmax(x, dim)``: the same first index of the extreme value, and the one integer output Corten
-    returns (int32 in C).  The values, when also used, keep their ``max.dim`` node."""
+    returns (int32 in C); ``max_pool2d(x, ..., return_indices=True)[1]`` is ``corten.max_pool2d_indices``
+    (int32 in C).  The values, when also used, keep their node."""
     changed = False
     outs = set(a for a in _flat_outputs(gm.graph) if isinstance(a, torch.fx.Node))
     for get in list(outs):
         src = get.args[0] if get.op == "call_function" and get.target is operator.getitem else None
         if not (isinstance(src, torch.fx.Node) and src.target in MAX_WITH_INDICES and get.args[1] == 1):
             continue
-        x, dim = src.args[0], src.args[1]
-        keepdim = src.args[2] if len(src.args) > 2 else src.kwargs.get("keepdim", False)
         with gm.graph.inserting_after(get):
-            arg = gm.graph.call_function(MAX_WITH_INDICES[src.target], (x, dim, bool(keepdim)))
+            arg = gm.graph.call_function(MAX_WITH_INDICES[src.target], _indices_args(src))
         arg.meta.update({k: v for k, v in get.meta.items()})
         arg.meta["stack_trace"] = src.meta.get("stack_trace")
         get.replace_all_uses_with(arg)
         gm.graph.erase_node(get)
+        if src.target == torch.ops.aten.max_pool2d_with_indices.default:  # the values: a plain max pool
+            for values in [u for u in src.users if u.target is operator.getitem and u.args[1] == 0]:
+                with gm.graph.inserting_after(values):
+                    pool = gm.graph.call_function(torch.ops.aten.max_pool2d.default, _indices_args(src))
+                pool.meta.update(values.meta)
+                pool.meta["stack_trace"] = src.meta.get("stack_trace")
+                values.replace_all_uses_with(pool)
+                gm.graph.erase_node(values)
         if not src.users:
             gm.graph.erase_node(src)
         changed = True

@@ -199,6 +199,56 @@ def _(input, kernel_size, stride, padding, activation_min, activation_max, dilat
     return _empty(input, ho, wo)
 
 
+def max_pool_window_argmax(input, kernel_size, stride, padding, dilation, ceil_mode) -> torch.Tensor:
+    """``[N, C, OH, OW]`` int64: ``iy * W + ix`` of the first largest tap of each window (taps in
+    row-major window order, padding never wins) - torch's ``max_pool2d(..., return_indices=True)``
+    indices, on any ordered values (int8 or float)."""
+    kh, kw = kernel_size
+    top, left, bottom, right = pads4(padding)
+    h, w = int(input.shape[2]), int(input.shape[3])
+    ho = pool_out_size(h, kh, stride[0], top, bottom, dilation[0], ceil_mode)
+    wo = pool_out_size(w, kw, stride[1], left, right, dilation[1], ceil_mode)
+    low = torch.finfo(torch.float64).min
+    x = _nhwc_padded(input, kernel_size, stride, padding, ho, wo, low, torch.float64, dilation)
+    taps = _window_view(x, kernel_size, stride, ho, wo, dilation).reshape(x.shape[0], ho, wo, kh * kw, -1)
+    k = taps.argmax(dim=3)  # the first maximum (torch.argmax's tie rule)
+    oy = torch.arange(ho).reshape(1, ho, 1, 1) * stride[0] - top
+    ox = torch.arange(wo).reshape(1, 1, wo, 1) * stride[1] - left
+    index = (oy + (k // kw) * dilation[0]) * w + ox + (k % kw) * dilation[1]
+    return index.permute(0, 3, 1, 2)
+
+
+@torch.library.custom_op("corten::quantized_max_pool2d_indices", mutates_args=())
+def quantized_max_pool2d_indices(input: torch.Tensor, kernel_size: list[int], stride: list[int],
+                                 padding: list[int], dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+    """int32 ``iy * W + ix`` of each window's first largest int8 value (a program output only)."""
+    ho, wo = _check("quantized_max_pool2d_indices", input, kernel_size, stride, padding, -128, 127,
+                    dilation, ceil_mode)
+    index = max_pool_window_argmax(input, kernel_size, stride, padding, dilation, ceil_mode)
+    return index.to(torch.int32).contiguous(memory_format=torch.channels_last)
+
+
+@quantized_max_pool2d_indices.register_fake
+def _(input, kernel_size, stride, padding, dilation, ceil_mode):
+    ho, wo = _check("quantized_max_pool2d_indices", input, kernel_size, stride, padding, -128, 127,
+                    dilation, ceil_mode)
+    return torch.empty((input.shape[0], input.shape[1], ho, wo), dtype=torch.int32,
+                       device=input.device).contiguous(memory_format=torch.channels_last)
+
+
+@torch.library.custom_op("corten::max_pool2d_indices", mutates_args=())
+def max_pool2d_indices(input: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
+                       dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+    """The float graph's spelling of ``max_pool2d(..., return_indices=True)[1]`` returned by the
+    program (see :func:`corten.compiler.max_indices_as_argmax`): torch's int64 indices."""
+    return F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices=True)[1]
+
+
+@max_pool2d_indices.register_fake
+def _(input, kernel_size, stride, padding, dilation, ceil_mode):
+    return F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices=True)[1]
+
+
 # ----------------------------------------------------------------------------- adaptive pools
 def adaptive_bounds(size: int, out: int) -> list[tuple[int, int]]:
     """PyTorch's adaptive windows along one dim: ``[floor(i * size / out), ceil((i + 1) * size / out))``."""
@@ -254,7 +304,7 @@ quantized_adaptive_max_pool2d = _adaptive_op("quantized_adaptive_max_pool2d", Fa
 
 
 OPS = ("quantized_avg_pool2d", "quantized_max_pool2d", "quantized_adaptive_avg_pool2d",
-       "quantized_adaptive_max_pool2d")
+       "quantized_adaptive_max_pool2d", "quantized_max_pool2d_indices")
 family = register_family(OpFamily(FAMILY, OPS, doc=__doc__))
 
 
@@ -371,6 +421,23 @@ def lower_max_pool2d(m: Match):
     lo, hi = m.activation_bounds
     extra = [dilation, ceil_mode] if (dilation != [1, 1] or ceil_mode) else []
     return m.call("quantized_max_pool2d", m.inputs[0].node, kernel, stride, padding, lo, hi, *extra)
+
+
+annotates("shared", torch.ops.corten.max_pool2d_indices.default)  # int64 output: no qparams
+
+
+@lowers(torch.ops.corten.max_pool2d_indices.default)
+def lower_max_pool2d_indices(m: Match):
+    """``max_pool2d(..., return_indices=True)[1]`` returned by the program -> ``quantized_max_pool2d_indices``
+    (int32 indices of the int8 maxima: equal to torch's where the int8 values do not tie)."""
+    n = m.node
+    kernel, stride, padding, dilation = (_ints(v) for v in n.args[1:5])
+    if any(u.op != "output" for u in n.users):
+        raise LoweringError("max-pool indices feeding other ops are not supported: the int32 indices can only be "
+                            "a program output (do index arithmetic in the caller)")
+    _check_pool_padding("max_pool2d", kernel, padding)
+    return m.call("quantized_max_pool2d_indices", m.inputs[0].node, kernel, stride, padding, dilation,
+                  bool(n.args[5]))
 
 
 # ----------------------------------------------------------------------------- 1-D pooling
@@ -555,6 +622,29 @@ def _pool_portable(ctx) -> str:
         ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c"]),
         ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c"]),
         ctx.call(fn, "&params", "&input_dims", x, "&output_dims", out))
+
+
+CMSIS_NN.declines("quantized_max_pool2d_indices", reason="CMSIS-NN has no max pool returning indices")
+
+
+@PORTABLE.kernel("quantized_max_pool2d_indices")
+def _max_pool_indices_portable(ctx) -> str:
+    """``corten_max_pool2d_indices_s8``: the max pool's window walk, writing int32 ``iy * W + ix``."""
+    x = ctx.arg("input")
+    n, c, h, w = ctx.shape(x)
+    (kh, kw), (sh, sw) = ctx.arg("kernel_size"), ctx.arg("stride")
+    top, left, bottom, right = pads4(ctx.arg("padding"))
+    dh, dw = ctx.arg("dilation")
+    ho, wo = ctx.shape(ctx.node)[2:]
+    fields = dict(kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw, pad_h=top, pad_w=left, activation_min=-128,
+                  activation_max=127, pad_bottom=bottom, pad_right=right, dilation_h=dh, dilation_w=dw,
+                  count_include_pad=0, divisor_override=0, zero_point=0)
+    return ctx.block(
+        ctx.params("corten_pool_params", "params", {k: int(v) for k, v in fields.items()}),
+        ctx.dims("input_dims", "corten_dims", n, h, w, c),
+        ctx.dims("output_dims", "corten_dims", n, ho, wo, c),
+        ctx.call("corten_max_pool2d_indices_s8", "&params", "&input_dims", ctx.input("input"), "&output_dims",
+                 ctx.out()))
 
 
 CMSIS_NN.declines("quantized_adaptive_avg_pool2d", "quantized_adaptive_max_pool2d",

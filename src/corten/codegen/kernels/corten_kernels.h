@@ -178,6 +178,12 @@ int corten_avg_pool2d_s8(const corten_pool_params *params, const corten_dims *in
 int corten_max_pool2d_s8(const corten_pool_params *params, const corten_dims *input_dims, const int8_t *input,
                          const corten_dims *output_dims, int8_t *output);
 
+/** The max pool's indices (torch's return_indices=True): element [n, oy, ox, c] (NHWC) is the int32
+ *  iy * W + ix of the window's first largest value (taps in row-major window order; padding never
+ *  wins), written at byte 4 * its index (any alignment), as corten_argmax_s8. */
+int corten_max_pool2d_indices_s8(const corten_pool_params *params, const corten_dims *input_dims,
+                                 const int8_t *input, const corten_dims *output_dims, int8_t *indices);
+
 /** Adaptive average / max pool with PyTorch's windows [floor(i*in/out), ceil((i+1)*in/out)), NHWC. */
 int corten_adaptive_avg_pool2d_s8(int32_t activation_min, int32_t activation_max, const corten_dims *input_dims,
                                   const int8_t *input, const corten_dims *output_dims, int8_t *output);

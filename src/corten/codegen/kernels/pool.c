@@ -7,6 +7,7 @@
  * (sum > 0 ? sum + d / 2 : sum - d / 2) / d with C's truncating division, d the window's divisor.
  */
 #include <stddef.h>
+#include <string.h>
 
 #include "corten_internal.h"
 #include "corten_kernels.h"
@@ -169,6 +170,45 @@ int corten_avg_pool2d_s8(const corten_pool_params *params, const corten_dims *in
     }
 
 CORTEN_MAX_POOL(corten_max_pool2d_s8, int8_t, -128, corten_pool_clamp)
+
+int corten_max_pool2d_indices_s8(const corten_pool_params *params, const corten_dims *input_dims, const int8_t *input,
+                                 const corten_dims *output_dims, int8_t *indices)
+{
+    int32_t b, oy, ox, c, ky, kx;
+    if (indices == NULL ||
+        !corten_pool_args_ok(params, input_dims, input, output_dims, indices)) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (b = 0; b < input_dims->n; b++) {
+        const int32_t ch = input_dims->c;
+        const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;
+        for (oy = 0; oy < output_dims->h; oy++) {
+            for (ox = 0; ox < output_dims->w; ox++) {
+                const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);
+                int8_t *out_px = indices + 4 * ((((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch);
+                if (win.ky_end <= win.ky_begin || win.kx_end <= win.kx_begin) {
+                    return CORTEN_ERROR_ARGUMENT;
+                }
+                for (c = 0; c < ch; c++) {
+                    int32_t best = -129, at = 0; /* the first tap always wins over -129 */
+                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
+                        const int32_t iy = win.iy0 + ky * params->dilation_h;
+                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
+                            const int32_t ix = win.ix0 + kx * params->dilation_w;
+                            const int32_t v = in_batch[((ptrdiff_t)iy * input_dims->w + ix) * ch + c];
+                            if (v > best) { /* strictly larger: the first maximum stays */
+                                best = v;
+                                at = iy * input_dims->w + ix;
+                            }
+                        }
+                    }
+                    memcpy(out_px + 4 * c, &at, sizeof at); /* int32, little-endian like the targets */
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}
 
 /*
  * 16x8 pools (arm_avgpool_s16 / arm_max_pool_s16 arithmetic) on int16 values (zero point 0): the
