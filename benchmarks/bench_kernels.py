@@ -2,6 +2,7 @@
 
     python benchmarks/bench_kernels.py [--models ds-cnn resnet8 mv1-0.25-96 deep-ae mv2-0.35-96] [--mv2]
         [--targets cortex-m4 cortex-m55] [--flavours portable cmsis-nn generated] [--write-readme README.md]
+        [--save rows.json] [--load rows_of_an_earlier_run.json ...]
 
 For every model and target it compiles the zoo model once, runs each kernel flavour's C library
 on QEMU in this one process - ``portable``, ``cmsis-nn`` (only when ``CMSIS_NN_PATH`` points at a
@@ -18,6 +19,7 @@ the M4 rows of the four MLPerf Tiny models.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import time
@@ -104,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--targets", nargs="*", default=["cortex-m4", "cortex-m55"])
     ap.add_argument("--flavours", nargs="*", default=["portable", "cmsis-nn", "generated"])
     ap.add_argument("--write-readme", default=None, metavar="README.md")
+    ap.add_argument("--save", default=None, metavar="ROWS.json", help="also write the measured rows as JSON")
+    ap.add_argument("--load", nargs="*", default=[], metavar="ROWS.json",
+                    help="rows measured by earlier runs (--save), put before this run's in the table; with "
+                         "--models (nothing) only those (e.g. M4 and M55 measured in two processes)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     cmsis = os.environ.get("CMSIS_NN_PATH")
@@ -112,9 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     if not cmsis:
         print("CMSIS_NN_PATH not set: no CMSIS-NN baseline (ratios need it)")
     models = list(args.models) + (["mv2"] if args.mv2 else [])
-    rows = []
+    rows = [r for path in args.load for r in json.loads(Path(path).read_text())]
     for name in models:
         rows += run_model(name, args.targets, args.flavours, cmsis)
+    if args.save:
+        Path(args.save).write_text(json.dumps(rows, indent=1))
+    order = {m: i for i, m in enumerate(MODELS + ["mv2"])}
+    rows.sort(key=lambda r: (order.get(r["model"], len(order)), r["target"]))  # (stable: flavours keep their order)
     text = table(rows)
     print(text)
     bad = [r for r in rows if not r["equal"]]

@@ -283,3 +283,31 @@ def test_matvec_weights_interleave_four_filters():
     assert flat[:16].tolist() == [0, 2, 1, 3, 8, 10, 9, 11, 16, 18, 17, 19, 24, 26, 25, 27]
     # group 1 (filters 4..7), inputs 4..7: filters 6 and 7 are zero
     assert flat[-16:].tolist() == [36, 38, 37, 39, 44, 46, 45, 47] + [0] * 8
+
+
+def narrow_specs() -> list[gen.LayerSpec]:
+    """Dense layers whose kernel rows are narrower than a 16-byte vector (C_in 1..3: first layers),
+    with padding, strides and windows of up to 256 bytes: the Helium path copies their windows."""
+    rng = random.Random(23)
+    out = []
+    for ci, (kh, kw), (sh, sw), (ph, pw), co in [(1, (10, 4), (2, 2), (4, 1), 8), (3, (3, 3), (2, 2), (1, 1), 4),
+                                                  (2, (5, 5), (1, 1), (2, 2), 12), (1, (3, 3), (1, 2), (0, 1), 16)]:
+        h, w = rng.randint(kh, kh + 6), rng.randint(kw, kw + 5)
+        ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+        weight = torch.randint(-128, 128, (co, kh, kw, ci), dtype=torch.int8)
+        bias = torch.randint(-5000, 5000, (co,), dtype=torch.int64)
+        spec = _finish(rng, "conv", 1, h, w, ci, ho, wo, co, kh, kw, (sh, sw), (ph, pw), weight, bias,
+                       rng.randint(-127, 128))
+        spec.multiplier.clamp_(min=0)
+        out.append(spec)
+    return out
+
+
+@needs_gcc
+def test_narrow_row_windows_equal_reference(tmp_path):
+    specs = narrow_specs()
+    short = [gen.short_epilogue_ok(gen.accumulator_bound(s, gen.folded_biases(s, gen.segments(s)[1])),
+                                   s.multiplier, s.shift) for s in specs]
+    assert sum(gen.mve_gathers_windows(s, "mve", ok) for s, ok in zip(specs, short)) >= 2
+    xs = layer_inputs(specs, seed=9)
+    assert np.array_equal(run_layers_host(specs, "mve", xs, tmp_path), expected_bytes(specs, xs))

@@ -421,9 +421,91 @@ def _matvec(spec, fname, array, biases, short, x_expr, y_expr) -> GeneratedLayer
                           {"gen_weight16": w16, "gen_bias": b_name, "gen_q": q_name})
 
 
+def mve_interleaved_weights(weight: torch.Tensor) -> torch.Tensor:
+    """int8 flat array for ``cg_conv_2x4_mvei``: OHWI filters in groups of four (C_out % 4 == 0), per
+    group and kernel row, per 16 inputs of the row (``kW * C_in``, the last chunk zero-padded) 16
+    bytes of each of the four filters."""
+    co, kh, kw, ci = weight.shape
+    run = kw * ci
+    chunks = -(-run // 16)
+    w = torch.zeros(co, kh, chunks * 16, dtype=torch.int8)
+    w[:, :, :run] = weight.reshape(co, kh, run)
+    return w.reshape(co // 4, 4, kh, chunks, 16).permute(0, 2, 3, 1, 4).reshape(-1).contiguous()
+
+
+MVE_WINDOW_MAX = 256  # bytes of a window the Helium path gathers into a stack buffer (narrow rows)
+
+
+def mve_gathers_windows(spec: LayerSpec, isa: str, short: bool) -> bool:
+    """Whether a Helium dense layer copies each window into a buffer (rows narrower than one 16-byte
+    vector - the first layer: C_in 1..3 - would leave most lanes of every row's load empty)."""
+    k = spec.kh * spec.kw * spec.c_in
+    return (isa == "mve" and short and spec.c_out % 4 == 0 and spec.kind == "conv" and spec.kh > 1
+            and spec.kw * spec.c_in < 16 and k <= MVE_WINDOW_MAX)
+
+
+def _windows_mve(spec, fname, array, segs, biases, x_expr, y_expr) -> GeneratedLayer:
+    """A Helium dense layer with narrow kernel rows: per pair of output pixels, the window's rows
+    inside the input are copied into a zeroed stack buffer of two windows (zeros where the window leaves the
+    input: the segment's folded bias accounts for those taps), then one dot product of ``kH * kW *
+    C_in`` inputs per filter (cg_conv_2x4_mvei over one row: 16 inputs per vector)."""
+    c, co, kw, k = spec.c_in, spec.c_out, spec.kw, spec.kh * spec.kw * spec.c_in
+    sh, sw = spec.stride
+    ph, pw = spec.padding
+    chunks, tail = divmod(k, 16)
+    kp = 16 * (chunks + (1 if tail else 0))
+    wi = array("gen_weight_mve", mve_interleaved_weights(spec.weight.to(torch.int8).reshape(co, 1, 1, k)))
+    b_name = array("gen_bias", biases.to(torch.int32).contiguous())
+    q_name = array("gen_q", epilogue_table(spec.multiplier, spec.shift, True, planar=True))
+    has_left = int(bool((spec.shift > 0).any()))
+    ep = f"{co}, {has_left}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
+    blocks = []
+    for s in segs:
+        run = (s.j1 - s.j0) * c
+        copies = []
+        for r in range(s.i1 - s.i0):
+            src = (r * spec.w) * c
+            dst = ((s.i0 + r) * kw + s.j0) * c
+            copies.append(f"memcpy(win + {dst}, xp + {src}, {run});")
+            copies.append(f"memcpy(win + {kp + dst}, xp + {src} + xs, {run});")
+        blocks.append("\n".join([
+            f"/* rows {s.oy0}..{s.oy1 - 1}, columns {s.ox0}..{s.ox1 - 1}: taps {s.i0}..{s.i1 - 1} x {s.j0}..{s.j1 - 1} */",
+            "{",
+            f"    const int32_t *bias = {b_name} + {s.cls * co};",
+            "    int32_t oy, ox, o;",
+            "    memset(win, 0, sizeof win);",
+            f"    for (oy = {s.oy0}; oy < {s.oy1}; oy++) {{",
+            f"        for (ox = {s.ox0}; ox < {s.ox1}; ox += 2) {{",
+            f"            const int32_t xs = ox + 1 < {s.ox1} ? {sw * c} : 0;",
+            f"            const int8_t *xp = x + ((oy * {sh} - {ph - s.i0}) * {spec.w} + (ox * {sw} - {pw - s.j0})) * {c};",
+            f"            int8_t *yp = y + (oy * {spec.wo} + ox) * {co};",
+            *("            " + cp for cp in copies),
+            f"            for (o = 0; o < {co}; o += 4) {{",
+            f"                cg_conv_2x4_mvei(win, {kp}, 0, {wi} + o * {kp}, 1, {chunks}, {tail}, bias + o, "
+            f"{q_name} + o, {ep}, yp + o, yp + (xs ? {co} : 0) + o);",
+            "            }",
+            "        }",
+            "    }",
+            "}"]))
+    in_size, out_size = spec.h * spec.w * c, spec.ho * spec.wo * co
+    body = "\n".join("        " + ln for b in blocks for ln in b.split("\n"))
+    fns = (f"void {fname}(const int8_t *in, int8_t *out)\n{{\n"
+           f"    int8_t win[{2 * kp}] __attribute__((aligned(16)));  /* two windows */\n"
+           "    int32_t b;\n"
+           f"    for (b = 0; b < {spec.n}; b++) {{\n"
+           f"        const int8_t *x = in + b * {in_size};\n"
+           f"        int8_t *y = out + b * {out_size};\n" + body + "\n    }\n}\n")
+    what = (f"generated mve {spec.kh}x{spec.kw} conv, narrow rows: each window copied into a buffer, 2 px x 4 ch "
+            f"tiles over {k} inputs, {len(biases)} bias class(es), short epilogue")
+    return GeneratedLayer(fns, f"{fname}({x_expr}, {y_expr});", what, True,
+                          {"gen_weight_mve": wi, "gen_bias": b_name, "gen_q": q_name})
+
+
 def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> GeneratedLayer:
     if isa == "dsp" and is_matvec(spec):
         return _matvec(spec, fname, array, biases, short, x_expr, y_expr)
+    if mve_gathers_windows(spec, isa, short):
+        return _windows_mve(spec, fname, array, segs, biases, x_expr, y_expr)
     c, co, kw, k = spec.c_in, spec.c_out, spec.kw, spec.kh * spec.kw * spec.c_in
     sh, sw = spec.stride
     ph, pw = spec.padding
@@ -463,15 +545,28 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
         return ["#pragma GCC unroll 16", "    for (r = 0; r < rows; r++) {", "        if (wt != NULL) {", f"            {wide}",
                 "        } else {", f"            {narrow}", "        }", "    }"]
 
+    if mve4:  # whole kernel rows read the interleaved table (cg_conv_2x4_mvei), border segments the int8 rows
+        arrays["gen_weight_mve"] = wi = array("gen_weight_mve", mve_interleaved_weights(spec.weight.to(torch.int8)))
+        chunks, tail = divmod(kw * c, 16)
+        row_bytes = 64 * (chunks + (1 if tail else 0))
+
     def tile_mve4(two_px: bool) -> str:
         xs = f"{sw * c}" if two_px else "0"
+        tail_args = (f"bias + o, {q_name} + o, {co}, {int(bool((spec.shift > 0).any()))}, {spec.output_offset}, "
+                     f"{spec.act_min}, {spec.act_max}, yp + o, yp + {co if two_px else 0} + o);")
         lines = [
             "int32_t o;",
             "(void)wt; (void)woff; (void)wrow; (void)wk; (void)xback; (void)runp;",
-            f"for (o = 0; o < {co}; o += 4) {{",
-            f"    cg_conv_2x4_mve(xp, {xs}, {spec.w * c}, w8base + o * {k} + (i0 * {kw} + j0) * {c}, {k}, {kw * c}, "
-            f"rows, run, bias + o, {q_name} + o, {co}, {int(bool((spec.shift > 0).any()))}, {spec.output_offset}, "
-            f"{spec.act_min}, {spec.act_max}, yp + o, yp + {co if two_px else 0} + o);",
+            f"if (j0 == 0 && j1 == {kw}) {{",
+            f"    for (o = 0; o < {co}; o += 4) {{",
+            f"        cg_conv_2x4_mvei(xp, {xs}, {spec.w * c}, {wi} + (o / 4) * {spec.kh * row_bytes} + i0 * {row_bytes}, "
+            f"rows, {chunks}, {tail}, " + tail_args,
+            "    }",
+            "} else {",
+            f"    for (o = 0; o < {co}; o += 4) {{",
+            f"        cg_conv_2x4_mve(xp, {xs}, {spec.w * c}, w8base + o * {k} + (i0 * {kw} + j0) * {c}, {k}, {kw * c}, "
+            "rows, run, " + tail_args,
+            "    }",
             "}",
         ]
         return "\n".join("            " + ln for ln in lines) + "\n"
@@ -628,12 +723,77 @@ def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> 
     inline = None
     if isa == "dsp" and c0 and spec.kh * kw * 8 <= 1024:
         inline = lambda seg: _dw_dsp_segment(spec, seg, w16, q_name, b_name, ep, scalar_tail)  # noqa: E731
+    if isa == "mve" and c % 4 == 0:
+        def inline(seg):  # (the grouped table is written once a segment reads it)
+            if "gen_weight_mve" not in arrays:
+                arrays["gen_weight_mve"] = array("gen_weight_mve", grouped_depthwise_weights(spec.weight.to(torch.int8)))
+            return _dw_mve_segment(spec, seg, arrays["gen_weight_mve"], q_name, b_name)
     need_general = any(not _specialised(spec, s, segs) for s in segs)
     fns = (_seg_functions(fname, body, need_general) + "\n"
            + _driver(spec, fname, segs, b_name, c, inline if inline else None))
     what = (f"generated {isa} {spec.kh}x{spec.kw} depthwise: no im2col, {len(biases)} bias class(es), "
             f"{'short' if short else 'general'} epilogue")
     return GeneratedLayer(fns, f"{fname}({x_expr}, {y_expr});", what, short, arrays)
+
+
+def grouped_depthwise_weights(weight: torch.Tensor) -> torch.Tensor:
+    """int8 ``[C//4, kH*kW, 4]`` (C % 4 == 0): per group of four channels its taps in order, so a
+    group's window is one short block (``VLDRB.S32`` immediate offsets)."""
+    kh, kw, c = weight.shape
+    return weight.reshape(kh * kw, c // 4, 4).permute(1, 0, 2).contiguous()
+
+
+DW_MVE_PIXELS = 2  # output pixels per Helium depthwise step (each tap's weights loaded once for them)
+
+
+def _dw_mve_segment(spec: LayerSpec, s: Segment, wm: str, q_name: str, b_name: str) -> str:
+    """One segment of a Helium depthwise layer (C % 4 == 0) as its own loop nest: per four channels,
+    per tap one widening weight load shared by two output pixels, one widening input load, VMUL and
+    VADD per pixel (literal offsets), then the 4-lane short epilogue and narrowing stores."""
+    c, kw, ntaps = spec.c_in, spec.kw, spec.kh * spec.kw
+    sh, sw = spec.stride
+    ph, pw = spec.padding
+    has_left = int(bool((spec.shift > 0).any()))
+    ep = f"{c}, {has_left}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
+    taps = [(r, j) for r in range(s.i1 - s.i0) for j in range(s.j1 - s.j0)]
+
+    def step(npx: int) -> list[str]:
+        lines = [f"for (ch = 0; ch < {c}; ch += 4, wg += {ntaps * 4}) {{",
+                 "    const cg_v4 b = cg_v4_ld32(bias + ch);"]
+        lines += [f"    cg_v4 acc{p} = b;" for p in range(npx)]
+        for r, j in taps:
+            lines.append(f"    {{ const cg_v4 wv = cg_v4_ld8(wg + {((s.i0 + r) * kw + s.j0 + j) * 4});")
+            for p in range(npx):
+                lines.append(f"      acc{p} = cg_v4_mla(acc{p}, cg_v4_ld8(xp + ch + {(r * spec.w + j + p * sw) * c}), wv);")
+            lines.append("    }")
+        lines += [f"    acc{p} = cg_v4_out(acc{p}, {q_name} + ch, {ep});" for p in range(npx)]
+        lines += [f"    cg_v4_st8(yp + ch + {p * c}, acc{p});" for p in range(npx)]
+        lines.append("}")
+        return lines
+
+    n = DW_MVE_PIXELS
+    body = [
+        f"/* rows {s.oy0}..{s.oy1 - 1}, columns {s.ox0}..{s.ox1 - 1}: taps {s.i0}..{s.i1 - 1} x {s.j0}..{s.j1 - 1} */",
+        "{",
+        f"    const int32_t *bias = {b_name} + {s.cls * c};",
+        "    int32_t oy, ox;",
+        f"    for (oy = {s.oy0}; oy < {s.oy1}; oy++) {{",
+        f"        const int8_t *xp = x + ((oy * {sh} - {ph - s.i0}) * {spec.w} + ({s.ox0 * sw} - {pw - s.j0})) * {c};",
+        f"        int8_t *yp = y + (oy * {spec.wo} + {s.ox0}) * {c};",
+        f"        for (ox = {s.ox0}; ox + {n - 1} < {s.ox1}; ox += {n}, xp += {n * sw * c}, yp += {n * c}) {{",
+        f"            const int8_t *wg = {wm};",
+        "            int32_t ch;",
+        *("            " + ln for ln in step(n)),
+        "        }",
+        f"        for (; ox < {s.ox1}; ox++, xp += {sw * c}, yp += {c}) {{",
+        f"            const int8_t *wg = {wm};",
+        "            int32_t ch;",
+        *("            " + ln for ln in step(1)),
+        "        }",
+        "    }",
+        "}",
+    ]
+    return "\n".join("        " + ln for ln in body)
 
 
 def _dw_offsets_ok(spec: LayerSpec, s: Segment) -> bool:

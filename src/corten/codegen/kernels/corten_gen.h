@@ -505,6 +505,7 @@ CG_INLINE void cg_conv_2x4_mve(const int8_t *x, int32_t xs, int32_t x_row, const
         }
     }
     {
+        /* both pixels' values before the stores (int8 stores may alias the tables) */
         int32x4_t va = vdupq_n_s32(a0), vb = vdupq_n_s32(b0);
         va = vsetq_lane_s32(a1, va, 1);
         va = vsetq_lane_s32(a2, va, 2);
@@ -512,8 +513,92 @@ CG_INLINE void cg_conv_2x4_mve(const int8_t *x, int32_t xs, int32_t x_row, const
         vb = vsetq_lane_s32(b1, vb, 1);
         vb = vsetq_lane_s32(b2, vb, 2);
         vb = vsetq_lane_s32(b3, vb, 3);
-        vstrbq_s32(y0, cg_requant4_mve(va, q, c_total, has_left, out_offset, act_min, act_max));
-        vstrbq_s32(y1, cg_requant4_mve(vb, q, c_total, has_left, out_offset, act_min, act_max));
+        va = cg_requant4_mve(va, q, c_total, has_left, out_offset, act_min, act_max);
+        vb = cg_requant4_mve(vb, q, c_total, has_left, out_offset, act_min, act_max);
+        vstrbq_s32(y0, va);
+        vstrbq_s32(y1, vb);
+    }
+}
+
+/*
+ * cg_conv_2x4_mvei: cg_conv_2x4_mve for windows whose kernel rows are whole (``run`` = kW * C_in
+ * contiguous input bytes per row), with the four filters' weights interleaved in loop order: per
+ * kernel row, per 16 inputs, 16 bytes of each filter (the last chunk of a row zero-padded), so one
+ * pointer walks them.  The full chunks run in assembly, accumulators pinned to the even registers
+ * VMLADAVA needs: per 16 inputs 2 + 4 loads and 8 VMLADAVA (128 MACs) plus the loop's SUBS/BNE; the
+ * last ``tail`` (< 16) inputs of a row load predicated (zeros past the row), the weights are zero there.
+ */
+CG_INLINE void cg_conv_2x4_mvei(const int8_t *x, int32_t xs, int32_t x_row, const int8_t *w, int32_t rows,
+                                int32_t chunks, int32_t tail, const int32_t *bias, const int32_t *q, int32_t c_total,
+                                int has_left, int32_t out_offset, int32_t act_min, int32_t act_max, int8_t *y0,
+                                int8_t *y1)
+{
+    register int32_t a0 __asm__("r0") = bias[0];
+    register int32_t a1 __asm__("r2") = bias[1];
+    register int32_t a2 __asm__("r4") = bias[2];
+    register int32_t a3 __asm__("r6") = bias[3];
+    register int32_t b0 __asm__("r8") = a0;
+    register int32_t b1 __asm__("r10") = a1;
+    register int32_t b2 __asm__("r12") = a2;
+    register int32_t b3 __asm__("lr") = a3;
+    int32_t r;
+    for (r = 0; r < rows; r++) {
+        const int8_t *x0 = x + r * x_row, *x1 = x0 + xs;
+        int32_t n = chunks;
+        if (n > 0) {
+            __asm__("1:\n\t"
+                    "vldrb.8 q0, [%[x0]], #16\n\t"
+                    "vldrb.8 q1, [%[x1]], #16\n\t"
+                    "vldrb.8 q2, [%[w], #16]\n\t"
+                    "vldrb.8 q3, [%[w]], #64\n\t"
+                    "vmladava.s8 %[a0], q0, q3\n\t"
+                    "vmladava.s8 %[b0], q1, q3\n\t"
+                    "vmladava.s8 %[a1], q0, q2\n\t"
+                    "vmladava.s8 %[b1], q1, q2\n\t"
+                    "vldrb.8 q2, [%[w], #-32]\n\t"
+                    "vldrb.8 q3, [%[w], #-16]\n\t"
+                    "vmladava.s8 %[a2], q0, q2\n\t"
+                    "vmladava.s8 %[b2], q1, q2\n\t"
+                    "vmladava.s8 %[a3], q0, q3\n\t"
+                    "vmladava.s8 %[b3], q1, q3\n\t"
+                    "subs %[n], %[n], #1\n\t"
+                    "bne 1b"
+                    : [x0] "+r"(x0), [x1] "+r"(x1), [w] "+r"(w), [n] "+r"(n), [a0] "+r"(a0), [a1] "+r"(a1),
+                      [a2] "+r"(a2), [a3] "+r"(a3), [b0] "+r"(b0), [b1] "+r"(b1), [b2] "+r"(b2), [b3] "+r"(b3)
+                    :
+                    : "q0", "q1", "q2", "q3", "memory", "cc");
+        }
+        if (tail) {
+            const mve_pred16_t p = vctp8q((uint32_t)tail);
+            const int8x16_t v0 = vldrbq_z_s8(x0, p), v1 = vldrbq_z_s8(x1, p);
+            int8x16_t wv = vldrbq_s8(w);
+            a0 = vmladavaq_s8(a0, v0, wv);
+            b0 = vmladavaq_s8(b0, v1, wv);
+            wv = vldrbq_s8(w + 16);
+            a1 = vmladavaq_s8(a1, v0, wv);
+            b1 = vmladavaq_s8(b1, v1, wv);
+            wv = vldrbq_s8(w + 32);
+            a2 = vmladavaq_s8(a2, v0, wv);
+            b2 = vmladavaq_s8(b2, v1, wv);
+            wv = vldrbq_s8(w + 48);
+            a3 = vmladavaq_s8(a3, v0, wv);
+            b3 = vmladavaq_s8(b3, v1, wv);
+            w += 64;
+        }
+    }
+    {
+        /* both pixels' values before the stores (int8 stores may alias the tables) */
+        int32x4_t va = vdupq_n_s32(a0), vb = vdupq_n_s32(b0);
+        va = vsetq_lane_s32(a1, va, 1);
+        va = vsetq_lane_s32(a2, va, 2);
+        va = vsetq_lane_s32(a3, va, 3);
+        vb = vsetq_lane_s32(b1, vb, 1);
+        vb = vsetq_lane_s32(b2, vb, 2);
+        vb = vsetq_lane_s32(b3, vb, 3);
+        va = cg_requant4_mve(va, q, c_total, has_left, out_offset, act_min, act_max);
+        vb = cg_requant4_mve(vb, q, c_total, has_left, out_offset, act_min, act_max);
+        vstrbq_s32(y0, va);
+        vstrbq_s32(y1, vb);
     }
 }
 #else
@@ -539,6 +624,96 @@ CG_INLINE void cg_conv_2x4_mve(const int8_t *x, int32_t xs, int32_t x_row, const
             (px ? y1 : y0)[f] = cg_output(acc, qc, 2, out_offset, act_min, act_max);
         }
     }
+}
+CG_INLINE void cg_conv_2x4_mvei(const int8_t *x, int32_t xs, int32_t x_row, const int8_t *w, int32_t rows,
+                                int32_t chunks, int32_t tail, const int32_t *bias, const int32_t *q, int32_t c_total,
+                                int has_left, int32_t out_offset, int32_t act_min, int32_t act_max, int8_t *y0,
+                                int8_t *y1)
+{
+    const int32_t row_bytes = 64 * (chunks + (tail ? 1 : 0)), run = 16 * chunks + tail;
+    int32_t f, px;
+    (void)has_left;
+    for (px = 0; px < 2; px++) {
+        for (f = 0; f < 4; f++) {
+            int32_t acc = bias[f], r, i, qc[4];
+            for (r = 0; r < rows; r++) {
+                for (i = 0; i < run; i++) {
+                    acc += x[px * xs + r * x_row + i] * w[r * row_bytes + (i / 16) * 64 + f * 16 + i % 16];
+                }
+            }
+            qc[0] = q[f];
+            qc[1] = -q[2 * c_total + f];
+            qc[2] = q[3 * c_total + f];
+            qc[3] = q[c_total + f];
+            (px ? y1 : y0)[f] = cg_output(acc, qc, 2, out_offset, act_min, act_max);
+        }
+    }
+}
+#endif
+
+/* ------------------------------------------------------------------ four int32 lanes */
+/*
+ * cg_v4: four int32 lanes for the generated Helium depthwise segments - the MVE intrinsics on
+ * Helium cores, the same values in C elsewhere (host tests of the "mve" path's C):
+ * cg_v4_ld8 (four int8 -> int32, VLDRB.S32), cg_v4_ld32 (VLDRW), cg_v4_mla (acc + x * w: VMUL, VADD),
+ * cg_v4_st8 (narrowing store, VSTRB.32), cg_v4_out (the short epilogue, cg_requant4_mve).
+ */
+#ifdef CG_HAVE_MVE
+typedef int32x4_t cg_v4;
+#define cg_v4_ld8(p) vldrbq_s32(p)
+#define cg_v4_ld32(p) vldrwq_s32(p)
+#define cg_v4_mla(acc, x, w) vaddq_s32((acc), vmulq_s32((x), (w))) /* (no vector x vector VMLA in MVE) */
+#define cg_v4_st8(p, v) vstrbq_s32((p), (v))
+#define cg_v4_out(acc, q, c_total, has_left, out_offset, act_min, act_max)                                    \
+    cg_requant4_mve((acc), (q), (c_total), (has_left), (out_offset), (act_min), (act_max))
+#else
+typedef struct {
+    int32_t v[4];
+} cg_v4;
+CG_INLINE cg_v4 cg_v4_ld8(const int8_t *p)
+{
+    cg_v4 r;
+    int k;
+    for (k = 0; k < 4; k++) {
+        r.v[k] = p[k];
+    }
+    return r;
+}
+CG_INLINE cg_v4 cg_v4_ld32(const int32_t *p)
+{
+    cg_v4 r;
+    memcpy(r.v, p, sizeof r.v);
+    return r;
+}
+CG_INLINE cg_v4 cg_v4_mla(cg_v4 acc, cg_v4 x, cg_v4 w)
+{
+    int k;
+    for (k = 0; k < 4; k++) {
+        acc.v[k] += x.v[k] * w.v[k];
+    }
+    return acc;
+}
+CG_INLINE void cg_v4_st8(int8_t *p, cg_v4 v)
+{
+    int k;
+    for (k = 0; k < 4; k++) {
+        p[k] = (int8_t)v.v[k];
+    }
+}
+CG_INLINE cg_v4 cg_v4_out(cg_v4 acc, const int32_t *q, int32_t c_total, int has_left, int32_t out_offset,
+                          int32_t act_min, int32_t act_max)
+{
+    int k;
+    (void)has_left;
+    for (k = 0; k < 4; k++) {
+        int32_t qc[4];
+        qc[0] = q[k];
+        qc[1] = -q[2 * c_total + k];
+        qc[2] = q[3 * c_total + k];
+        qc[3] = q[c_total + k];
+        acc.v[k] = cg_output(acc.v[k], qc, 2, out_offset, act_min, act_max);
+    }
+    return acc;
 }
 #endif
 
