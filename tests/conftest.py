@@ -73,3 +73,14 @@ def pytest_terminal_summary(terminalreporter, config):
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than ~10 s (still part of `make test`; deselect with "
                                        "-m 'not slow' for a quick local run)")
+
+
+_DURATIONS = os.environ.get("CORTEN_TEST_DURATIONS")  # a file: one "seconds<TAB>test id" line per test phase
+
+
+def pytest_runtest_logreport(report):
+    """With ``CORTEN_TEST_DURATIONS=FILE``, append each test phase's duration to FILE (for finding where
+    the suite's time goes: ``sort -rn FILE``, or summed per file)."""
+    if _DURATIONS and report.duration > 0.05:
+        with open(_DURATIONS, "a") as f:
+            f.write(f"{report.duration:.2f}\t{report.when}\t{report.nodeid}\n")
