@@ -81,6 +81,6 @@ _DURATIONS = os.environ.get("CORTEN_TEST_DURATIONS")  # a file: one "seconds<TAB
 def pytest_runtest_logreport(report):
     """With ``CORTEN_TEST_DURATIONS=FILE``, append each test phase's duration to FILE (for finding where
     the suite's time goes: ``sort -rn FILE``, or summed per file)."""
-    if _DURATIONS and report.duration > 0.05:
+    if _DURATIONS and report.duration > 0.05 and not os.environ.get("PYTEST_XDIST_WORKER"):  # (the controller's copy)
         with open(_DURATIONS, "a") as f:
             f.write(f"{report.duration:.2f}\t{report.when}\t{report.nodeid}\n")
