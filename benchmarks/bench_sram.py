@@ -7,6 +7,7 @@ CMSIS-NN), executed instructions on QEMU (M55 and M4; portable kernels, and CMSI
 set) and the compile time with and without the budget.
 
     PYTHONPATH=src python benchmarks/bench_sram.py [--no-qemu | --compile-only] [--models mv2-0.35-96,mv1-0.25-96,mv2]
+        [--budget mv2=184320 ...] [--qemu-kernels cmsis-nn]
 """
 from __future__ import annotations
 
@@ -28,9 +29,17 @@ def main() -> None:
     ap.add_argument("--models", default="mv2-0.35-96,mv1-0.25-96,mv2")
     ap.add_argument("--no-qemu", action="store_true")
     ap.add_argument("--compile-only", action="store_true", help="arena and compile times only (no C runs)")
+    ap.add_argument("--budget", action="append", default=[], metavar="MODEL=BYTES",
+                    help="another budget for a model (default: %s)" % BUDGETS)
+    ap.add_argument("--qemu-kernels", default=None, help="comma-separated kernel flavours of the QEMU runs")
     args = ap.parse_args()
+    for spec in args.budget:
+        model_name, _, nbytes = spec.partition("=")
+        BUDGETS[model_name] = int(nbytes)
     cmsis = os.environ.get("CMSIS_NN_PATH")
     flavours = ("portable", "cmsis-nn") if cmsis else ("portable",)
+    if args.qemu_kernels:
+        flavours = tuple(args.qemu_kernels.split(","))
     warnings.simplefilter("ignore")
     for name in args.models.split(","):
         budget = BUDGETS[name]

@@ -55,10 +55,20 @@ def replay_on_planned_bytes(ep, plan, x):
     step by step on byte buffers filled with garbage (scratch re-filled at each step), every
     tensor read from and written to where the plan put it.  Every read must see exactly the bytes
     the reference computes for that tensor (so nothing live was overwritten), every view and
-    every in-place cat must already hold its bytes where the plan says, and the outputs match."""
+    every in-place cat must already hold its bytes where the plan says, and the outputs match.
+    With memory regions, each region's arena is a buffer of its own (of the region's planned bytes,
+    within its capacity)."""
     gen = torch.Generator().manual_seed(5)
     garbage = lambda n: torch.randint(-128, 128, (n,), generator=gen, dtype=torch.int8)  # noqa: E731
-    bufs = {("arena", 0): garbage(plan.arena_bytes)}
+    if plan.regions:
+        assert sum(r.nbytes for r in plan.regions) == plan.arena_bytes
+        assert all(r.capacity is None or r.nbytes <= r.capacity for r in plan.regions)
+        bufs = {("arena", r.name): garbage(r.nbytes) for r in plan.regions}
+    else:
+        bufs = {("arena", ""): garbage(plan.arena_bytes)}
+    for a in list(plan.tensors.values()) + list(plan.scratch.values()):  # every arena buffer inside its region
+        if a.region == "arena":
+            assert a.offset + a.nbytes <= bufs[("arena", a.memory)].numel(), a
     for a in plan.tensors.values():
         if a.region != "arena":
             k = (a.region, a.index)
@@ -66,7 +76,7 @@ def replay_on_planned_bytes(ep, plan, x):
 
     def at(name):
         a = plan.tensors[name]
-        return bufs[(a.region, a.index if a.region != "arena" else 0)], a.offset, a.nbytes
+        return bufs[(a.region, a.index if a.region != "arena" else a.memory)], a.offset, a.nbytes
 
     ref, placed = {}, set(plan.placed_cats)
     user_inputs = list(ep.graph_signature.user_inputs)
@@ -102,7 +112,7 @@ def replay_on_planned_bytes(ep, plan, x):
             continue
         if n.name in plan.scratch:
             s = plan.scratch[n.name]
-            bufs[("arena", 0)][s.offset:s.offset + s.nbytes] = garbage(s.nbytes)
+            bufs[("arena", s.memory)][s.offset:s.offset + s.nbytes] = garbage(s.nbytes)
         buf[off:off + nb] = c_bytes(y)
     return outputs
 

@@ -12,6 +12,7 @@ Plans are verified two ways, both independent of the planner's own bookkeeping:
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -334,12 +335,32 @@ ELEMENTWISE = {"quantized_add", "quantized_sub", "quantized_mul", "quantized_div
                "quantized_minimum", "quantized_lut"}  # ops whose output byte k reads only operand byte k
 
 
+def flat(plan, a: TensorAlloc) -> TensorAlloc:
+    """An arena buffer at its address in the memory regions laid end to end (each region's arena
+    after the previous ones'), so that buffers of different regions never share an address; the
+    offset as it is without regions."""
+    base = {r.name: sum(q.nbytes for q in plan.regions[:k]) for k, r in enumerate(plan.regions)}
+    return dataclasses.replace(a, offset=a.offset + base.get(a.memory, 0)) if a.region == "arena" else a
+
+
 def check_plan(ep, plan, target):
+    """With memory regions: every arena buffer inside its region's arena (within its capacity), and
+    the checks below on the regions laid end to end (:func:`flat`)."""
     life, steps = graph_lifetimes(ep)
     assert plan.step_nodes == [n.name for n in steps]
     assert set(plan.tensors) == set(life)
     al = plan.alignment
     assert al == 16
+    if plan.regions:
+        size = {r.name: r.nbytes for r in plan.regions}
+        assert sum(size.values()) == plan.arena_bytes
+        for r in plan.regions:
+            assert r.nbytes % al == 0 and (r.capacity is None or r.nbytes <= r.capacity), r
+        for t, a in [*plan.tensors.items(), *plan.scratch.items()]:
+            if a.region == "arena":
+                assert a.memory in size and a.offset + a.nbytes <= size[a.memory], (t, a)
+        plan = dataclasses.replace(plan, tensors={t: flat(plan, a) for t, a in plan.tensors.items()},
+                                   scratch={t: flat(plan, a) for t, a in plan.scratch.items()})
     arena = {t: a for t, a in plan.tensors.items() if a.region == "arena"}
     for t, a in list(arena.items()) + list(plan.scratch.items()):
         assert a.offset % al == 0 and a.offset >= 0 and a.offset + a.nbytes <= plan.arena_bytes, (t, a)
@@ -411,14 +432,17 @@ def simulate(ep, plan, x, seed=0):
     """Run the program on the planned byte buffers; return the dequantized outputs."""
     gen = torch.Generator().manual_seed(seed)
     garbage = lambda n: torch.randint(-128, 128, (n,), generator=gen, dtype=torch.int8)  # noqa: E731
-    buffers = {("arena", 0): garbage(plan.arena_bytes)}
+    if plan.regions:  # one buffer per memory region's arena
+        buffers = {("arena", r.name): garbage(r.nbytes) for r in plan.regions}
+    else:
+        buffers = {("arena", ""): garbage(plan.arena_bytes)}
     for a in plan.tensors.values():
         if a.region != "arena":
             key = (a.region, a.index)
             buffers[key] = garbage(max(a.nbytes, buffers[key].numel() if key in buffers else 0))
 
     def region(a: TensorAlloc):
-        return buffers[(a.region, a.index if a.region != "arena" else 0)]
+        return buffers[(a.region, a.index if a.region != "arena" else a.memory)]
 
     def read(node):
         a = plan.tensors[node.name]
@@ -442,7 +466,7 @@ def simulate(ep, plan, x, seed=0):
         else:
             if n.name in plan.scratch:
                 s = plan.scratch[n.name]
-                buffers[("arena", 0)][s.offset:s.offset + s.nbytes] = garbage(s.nbytes)
+                buffers[("arena", s.memory)][s.offset:s.offset + s.nbytes] = garbage(s.nbytes)
             args = [read(a) if isinstance(a, torch.fx.Node) and a.name in plan.tensors
                     else env[a.name] if isinstance(a, torch.fx.Node) else a for a in n.args]
             y = n.target(*args)

@@ -1,7 +1,7 @@
 """Corten: compile PyTorch models to bit-exact int8 programs for Arm Cortex-M (CMSIS-NN)."""
 from corten import ops  # noqa: F401  (registers the corten:: ops)
 from corten import codegen  # noqa: F401  (registers the kernel provider kernels="generated")
-from corten.deployment import Deployment  # noqa: F401  (core, kernel providers, board, budgets)
+from corten.deployment import ArenaRegion, Deployment  # noqa: F401  (core, kernel providers, board, budgets, memory regions)
 from corten.errors import (  # noqa: F401  (``except corten.CortenError`` catches every refusal)
     BudgetError, CortenError, QuantizationError, QuantizationWarning, UnsupportedOpsError, UsageError)
 

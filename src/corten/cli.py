@@ -141,6 +141,12 @@ def cmd_compile(args) -> int:
             prog = corten_compile(model, example_inputs, target=args.target, calibration=calibration,
                                   seed=args.seed, name=name, progress=True, observer=args.observer,
                                   precision=_precision_arg(args.precision))
+        if args.memory or args.weights_section:  # the board's memory map (UsageError -> exit code 2)
+            prog = prog.with_memory(args.memory, args.weights_section)
+            if not prog.unlowered_ops():
+                from corten.memory import check_budget
+
+                check_budget(prog.memory_for(args.kernels), None, None)  # a region that does not fit -> exit code 2
         if (args.max_arena is not None or args.max_flash is not None) and not prog.unlowered_ops():
             # searches a banded schedule when the arena is over --max-arena; BudgetError -> exit code 2
             prog = prog.fit_budget(args.max_arena, args.max_flash, args.kernels)
@@ -372,6 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "fail naming the smallest arena found")
     c.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw the memory timeline (live bytes per step, lower bound, budget) as a PNG")
+    c.add_argument("--memory", default=None, metavar="REGIONS",
+                   help="the arena's RAM regions, fastest first: 'dtcm=32K,sram=rest' (NAME=SIZE[@SECTION][:MEMORY]); "
+                        "scratch and small tensors go to the fastest; one C arena per region in its section")
+    c.add_argument("--weights-section", default=None, metavar="SECTION",
+                   help="linker section of the weights: '.ext_flash', or per module path prefix "
+                        "'features=.ext_flash,classifier=.itcm_rodata' (with --emit-c: c/<name>_sections.ld)")
     c.add_argument("--max-flash", type=int, default=None, metavar="BYTES",
                    help="fail if the constants (weights etc.) are larger")
     c.add_argument("--force", action="store_true",

@@ -735,6 +735,8 @@ def compile(
     precision_target_db: float = AUTO_TARGET_DB,
     input_ranges: dict | None = None,
     deployment: Any = None,
+    memory: Any = None,
+    weights_section: Any = None,
 ) -> Program:
     """Compile ``model`` to a Corten int8 program for ``target`` (runs every :class:`Pipeline` stage).
 
@@ -777,7 +779,18 @@ def compile(
     ``deployment`` (:class:`corten.deployment.Deployment`): the core, kernels and budgets in one
     value; it replaces ``target`` and ``kernels``, and gives ``max_arena``/``max_flash`` unless they
     are passed.
+    ``memory``: the board's RAM regions for the arena, fastest first - ``{"dtcm": 32 * 1024, "sram":
+    None}`` (None / "rest": no limit), or :class:`corten.ArenaRegion` s with a speed rank, linker
+    section and MEMORY name (:func:`corten.deployment.parse_memory`).  The planner puts scratch and
+    small activations in the fastest region, the rest where it fits; the C library declares one
+    arena per region in its section; a region that does not fit raises :class:`BudgetError` naming
+    it.  ``weights_section``: the linker section of the constant arrays, one for all
+    (``".ext_flash"``) or per module path prefix (``{"features": ".ext_flash"}``).  Both also come
+    from ``deployment``; the C library's ``<name>_sections.ld`` is the GCC linker-script fragment.
     """
+    from corten.deployment import parse_memory, parse_weights_section
+
+    regions, sections = parse_memory(memory), parse_weights_section(weights_section)
     if input_ranges is not None and (is_qat_module(model) or precision == "auto"):
         raise UsageError("input_ranges applies to post-training int8/int16 compiles (not a QAT module or "
                          "precision='auto')")
@@ -789,15 +802,19 @@ def compile(
         target, kernels = deployment.target.name, deployment.providers
         max_arena = deployment.max_arena if max_arena is None else max_arena
         max_flash = deployment.max_flash if max_flash is None else max_flash
+        regions = regions or deployment.memory
+        sections = sections or deployment.weights_sections
     if isinstance(precision, str) and precision == "auto":
         prog = _compile_auto(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
                              progress, max_arena, max_flash, kernels, precision_target_db)
     else:
         prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
                         precision, input_ranges)
-    if (max_arena is None and max_flash is None) or prog.unlowered_ops():
+    if regions or sections:
+        prog = prog.with_memory([r.to_json() for r in regions] or None, dict(sections) or None)
+    if (max_arena is None and max_flash is None and not regions) or prog.unlowered_ops():
         return prog
-    return prog.fit_budget(max_arena, max_flash, kernels)
+    return prog.fit_budget(max_arena, max_flash, kernels)  # (BudgetError naming a memory region that does not fit)
 
 
 def _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,

@@ -269,8 +269,27 @@ class Program:
         if deployment is not None:
             d = Deployment.coerce(deployment, kernels)
             return d.with_target(target) if target is not None and target != d.core else d
+        # the memory regions and weights sections of corten.compile(memory=, weights_section=)
         return Deployment.of(self.target if target is None else get_target(target),
-                             default_kernels if kernels is None else kernels)
+                             default_kernels if kernels is None else kernels, memory=self.info.get("memory"),
+                             weights_section=self.info.get("weights_section"))
+
+    def with_memory(self, memory=None, weights_section=None) -> "Program":
+        """This program for another memory map: the arena's regions (``memory=``, see
+        :func:`corten.deployment.parse_memory`; None: one arena) and the weights' linker sections
+        (:func:`corten.deployment.parse_weights_section`).  The same graph; new plans and C."""
+        from corten.deployment import parse_memory, parse_weights_section
+
+        info = dict(self.info)
+        info.pop("memory", None)
+        info.pop("weights_section", None)
+        regions = parse_memory(memory)
+        if regions:
+            info["memory"] = [r.to_json() for r in regions]
+        if weights_section is not None:
+            info["weights_section"] = dict(parse_weights_section(weights_section))
+        return Program(self.ep, self.target, name=self.name, stages=dict(self.stages), unlowered=self.unlowered,
+                       info=info, output_tree=self.output_tree)
 
     @property
     def memory(self):

@@ -37,7 +37,7 @@ import torch
 from corten.codegen import build_files
 from corten.codegen.context import CodegenError, EmitContext, c_identifier, c_int, library_name_problem, nhwc
 from corten.errors import UsageError
-from corten.deployment import Deployment
+from corten.deployment import Deployment, weights_section_for
 from corten.ops.registry import family_of, is_lowered_node, op_cost, op_name_of
 from corten.providers import FALLBACK, KernelCall, KernelStep, Provider, chain_label, choose_provider
 
@@ -140,13 +140,15 @@ class EmittedLibrary:
     output_bytes: int  # all outputs, packed
     inputs: tuple[IOTensor, ...]
     outputs: tuple[IOTensor, ...]
-    arena_bytes: int
+    arena_bytes: int  # the caller's arena (0 when the library owns its memory regions' arenas)
     arena_align: int
     constant_bytes: int
     program_hash: str
     steps: tuple["StepInfo", ...] = ()  # one per step of <name>_run (module, op, kernel, MACs)
     providers: tuple[str, ...] = ()  # the provider chain's names, in order
     extra_sources: tuple[Path, ...] = ()  # C files of providers other than portable's shared kernels
+    regions: tuple = ()  # the memory regions' arenas the library owns (corten.memory.RegionPlan), fastest first
+    linker_fragment: Path | None = None  # <name>_sections.ld: sections of the regions' arenas and the weights
 
     @property
     def links_cmsis_nn(self) -> bool:
@@ -227,6 +229,7 @@ class _Array:
     cname: str
     tensor: torch.Tensor  # the values: contiguous, int8/16/32/64
     bits: int = 0  # 4: the values are int4, packed two per byte (pack_nibbles); 0: the tensor's own width
+    section: str | None = None  # its linker section (Deployment.weights_sections); None: .rodata
 
     @property
     def data(self) -> torch.Tensor:
@@ -261,6 +264,7 @@ class _Generator:
     step_info: list = field(default_factory=list)  # per step: StepInfo
     emitted: dict = field(default_factory=dict)  # provider name -> [KernelStep] it emitted
     output_names: tuple = ()  # C names of the outputs (context.output_field_names); () = output0, output1, ...
+    weights_sections: tuple = ()  # (module path prefix, linker section) rules of the constants
 
     def __post_init__(self):
         self.macro = self.name.upper()
@@ -269,7 +273,8 @@ class _Generator:
         self._prefixes: dict[str, str] = {}
         self._arena_names: dict[str, str] = {}
         self._scratch_names: dict[str, str] = {}
-        self.arena_pointers: dict[str, tuple[int, int, str]] = {}  # C name -> (offset, bytes, node), first use first
+        self.arena_pointers: dict[str, tuple[int, int, str, str]] = {}  # C name -> (offset, bytes, node, base)
+        self._emitting: torch.fx.Node | None = None  # the node whose kernel is being emitted
         self._used_names: set[str] = set()
         sig = self.ep.graph_signature
         self._const_keys = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
@@ -303,7 +308,9 @@ class _Generator:
         if bits:
             pack_nibbles(tensor)  # CodegenError naming the range when a value does not fit
         cname = self._unique(f"{self.name}_{c_identifier(pretty or key).strip('_') or 'const'}")
-        self.arrays[key] = _Array(cname, tensor.detach().contiguous().cpu(), bits)
+        section = (weights_section_for(self.weights_sections, self.module_path(self._emitting))
+                   if self.weights_sections and self._emitting is not None else None)
+        self.arrays[key] = _Array(cname, tensor.detach().contiguous().cpu(), bits, section)
         return cname
 
     def constant_array(self, node: torch.fx.Node, dtype: torch.dtype | None = None, pretty: str | None = None,
@@ -361,12 +368,15 @@ class _Generator:
         """C name stem of a node's constants, unique within the model (see :meth:`_named`)."""
         return self._named(self._prefixes, node)
 
-    def arena_pointer(self, node: torch.fx.Node, offset: int, nbytes: int, scratch: bool = False) -> str:
+    def arena_pointer(self, node: torch.fx.Node, offset: int, nbytes: int, scratch: bool = False,
+                      memory: str = "") -> str:
         """The named pointer of the arena bytes of ``node``'s tensor (or scratch): ``act_<module path>``
-        (``scratch_<module path>``), declared at the top of ``<name>_steps`` as ``act + offset``."""
+        (``scratch_<module path>``), declared at the top of ``<name>_steps`` as ``act + offset`` (with
+        memory regions: ``<name>_arena_<region> + offset``)."""
         names = self._scratch_names if scratch else self._arena_names
         name = self._named(names, node, "scratch_" if scratch else "act_")
-        self.arena_pointers[name] = (int(offset), int(nbytes), node.name)
+        base = region_arena_symbol(self.name, memory) if memory else "act"
+        self.arena_pointers[name] = (int(offset), int(nbytes), node.name, base)
         return name
 
     # ------------------------------------------------------------------ memory
@@ -391,7 +401,7 @@ class _Generator:
         # each program input / output has its own pointer (in<i> / out<i>) inside <name>_steps, each
         # arena tensor a named one (act_<module path>)
         if a.region == "arena":
-            return self.arena_pointer(self._owner(node), a.offset, a.nbytes)
+            return self.arena_pointer(self._owner(node), a.offset, a.nbytes, memory=getattr(a, "memory", ""))
         base = f"{'in' if a.region == 'input' else 'out'}{int(getattr(a, 'index', 0))}"
         offset = int(a.offset)
         return f"({base} + {offset})" if offset else f"({base})"
@@ -402,7 +412,8 @@ class _Generator:
             return "NULL", 0
         if a.region != "arena":
             raise CodegenError(f"scratch of {node.name!r} is in region {a.region!r}; scratch must be in the arena")
-        return f"(void *){self.arena_pointer(node, a.offset, a.nbytes, scratch=True)}", int(a.nbytes)
+        return (f"(void *){self.arena_pointer(node, a.offset, a.nbytes, scratch=True, memory=getattr(a, 'memory', ''))}",
+                int(a.nbytes))
 
     # ------------------------------------------------------------------ program walk
     def io_nodes(self) -> tuple[list[torch.fx.Node | None], list[torch.fx.Node]]:
@@ -486,7 +497,9 @@ class _Generator:
             index += 1
             ctx = EmitContext(node, name, provider.name, self.target, self, step=index)
             inputs = [a for a in node.args if isinstance(a, torch.fx.Node) and a.op != "placeholder"]
+            self._emitting = node  # (the module path picks its constants' section)
             step = provider.emit(ctx)
+            self._emitting = None
             if not isinstance(step, KernelStep):
                 raise CodegenError(f"provider {provider.name!r} returned {type(step).__name__} for node {node.name!r}; "
                                    "emit must return a corten.providers.KernelStep")
@@ -635,8 +648,9 @@ def _format_array(arr: _Array) -> str:
     shape = "x".join(str(d) for d in arr.tensor.shape) or "scalar"
     kind = (f"int{arr.bits}, packed {8 // arr.bits} per {arr.ctype}: element 2k in the low nibble of byte k, "
             "2k+1 in the high one (CMSIS-NN's s4 layout)") if arr.bits else arr.ctype
+    section = f" CORTEN_SECTION(\"{arr.section}\")" if arr.section else ""
     return (f"/* {shape} {kind} */\n"
-            f"const {arr.ctype} {arr.cname}[{max(1, len(values))}] CORTEN_CONST_ALIGNED = {{\n" +
+            f"const {arr.ctype} {arr.cname}[{max(1, len(values))}] CORTEN_CONST_ALIGNED{section} = {{\n" +
             ("\n".join(lines) if lines else "    0,") + "\n};\n")
 
 
@@ -855,7 +869,7 @@ extern "C" {{
 #define {m}_ARENA_ALIGN {lib['arena_align']}
 #define {m}_CONSTANT_BYTES {lib['constant_bytes']}
 #define {m}_NUM_STEPS {n_steps}
-
+{_region_header(g)}
 {body}
 
 /*
@@ -916,13 +930,15 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
     body = "\n".join(("    " + line) if line else line for line in body.split("\n"))
     params = ", ".join([f"const int8_t *in{i}" for i in range(len(ins))] + [f"int8_t *out{i}" for i in range(len(outs))]
                        + ["int8_t *act"])
-    pointers = "".join(f"    int8_t *const {name} = {f'act + {off}' if off else 'act'}; /* {nbytes} B, node '{node}' */\n"
-                       for name, (off, nbytes, node) in g.arena_pointers.items() if re.search(rf"\b{name}\b", body))
+    used = [(name, ptr) for name, ptr in g.arena_pointers.items() if re.search(rf"\b{name}\b", body)]
+    pointers = "".join(f"    int8_t *const {name} = {_base_plus(base, off)}; /* {nbytes} B, node '{node}' */\n"
+                       for name, (off, nbytes, node, base) in used)
     steps_fn = (f"/* The model's steps; in<i>/out<i> point at each program input/output, act at the arena:\n"
                 f" * one named pointer per arena tensor (act_<module path>) and scratch buffer (scratch_<...>). */\n"
                 f"static int {n}_steps({params})\n{{\n"
                 + pointers + ("\n" if pointers else "")
-                + ("" if pointers else "    (void)act;\n")  # e.g. a model without arena tensors
+                # e.g. a model without arena tensors, or with its arenas in memory regions
+                + ("" if any(base == "act" for _, (_, _, _, base) in used) else "    (void)act;\n")
                 + "".join(f"    (void)in{i}; /* an input the model never reads */\n" for i, t in enumerate(ins)
                           if not re.search(rf"\bin{i}\b", body))
                 + body + ("\n\n" if body else "") + f"    return {m}_OK;\n}}\n")
@@ -935,7 +951,7 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
            f"    if ({checks[0]}) {{\n        return {m}_ERROR_NULL_POINTER;\n    }}\n" + align +
            f"    return {n}_steps({call_args});\n}}\n")
     size_check = (f"    if (arena_bytes < (size_t){m}_ARENA_BYTES) {{\n        return {m}_ERROR_ARENA_TOO_SMALL;\n    }}\n"
-                  if arena_bytes > 0 else "    (void)arena_bytes; /* this model needs no arena */\n")
+                  if arena_bytes > 0 else "    (void)arena_bytes; /* this model needs no caller arena */\n")
     checked = (f"int {n}_run_checked(const int8_t *input, int8_t *output, uint8_t *arena, size_t arena_bytes)\n{{\n"
                + size_check + f"    return {n}_run(input, output, arena);\n}}\n")
     # every model has <name>_run_io (typed <name>_inputs / <name>_outputs)
@@ -955,7 +971,86 @@ def _source(g: _Generator, statements: list[str], lib: dict) -> str:
             f" * number {n}_run returns if that call fails), with the PyTorch module path, op and source\n"
             f" * line it comes from.  Generated file: do not edit.\n */\n"
             "#include <stddef.h>\n#include <stdint.h>\n\n" + "\n".join(includes) + "\n\n"
-            + _PROFILE_MACRO.format(m=m, n=n) + steps_fn + "\n" + run + "\n" + checked + io)
+            + _PROFILE_MACRO.format(m=m, n=n) + _region_arenas(g) + steps_fn + "\n" + run + "\n" + checked + io)
+
+
+def region_arena_symbol(name: str, region: str) -> str:
+    """The C array of a memory region's arena: ``<name>_arena_<region>``."""
+    return f"{name}_arena_{region}"
+
+
+def _base_plus(base: str, offset: int) -> str:
+    if base == "act":
+        return f"act + {offset}" if offset else "act"
+    return f"(int8_t *){base} + {offset}" if offset else f"(int8_t *){base}"
+
+
+def _planned_regions(plan: Any) -> list:
+    return [r for r in getattr(plan, "regions", ()) or () if r.nbytes > 0]
+
+
+def _region_arenas(g: _Generator) -> str:
+    """The arrays of the memory regions' arenas (the library owns them), each in its section."""
+    regions = _planned_regions(g.plan)
+    if not regions:
+        return ""
+    m, align = g.macro, int(getattr(g.plan, "alignment", 16) or 16)
+    lines = ["/* The arenas of the memory regions (fastest first), each in its linker section; the",
+             f" * fragment {g.name}_sections.ld places the sections in the board's memories. */",
+             "#if defined(__GNUC__) || defined(__clang__)",
+             f"#define {m}_IN_SECTION(s) __attribute__((section(s), aligned({align})))", "#else",
+             f"#define {m}_IN_SECTION(s)", "#endif"]
+    for r in regions:
+        lines.append(f"uint8_t {region_arena_symbol(g.name, r.name)}[{m}_ARENA_{r.name.upper()}_BYTES] "
+                     f"{m}_IN_SECTION({m}_ARENA_{r.name.upper()}_SECTION);")
+    return "\n".join(lines) + "\n\n"
+
+
+def _region_header(g: _Generator) -> str:
+    regions = _planned_regions(g.plan)
+    if not regions:
+        return ""
+    m = g.macro
+    lines = [f"/* Memory regions: the library owns one arena per region (below), so {m}_ARENA_BYTES is 0",
+             " * and the arena argument of the run functions is unused (pass NULL); one inference at a time.",
+             f" * Override a region's section with -D{m}_ARENA_<REGION>_SECTION=... */",
+             f"#define {m}_NUM_REGIONS {len(regions)}"]
+    for r in regions:
+        u = r.name.upper()
+        cap = f"{r.capacity:,} B" if r.capacity is not None else "no limit"
+        lines += [f"#define {m}_ARENA_{u}_BYTES {r.nbytes} /* region {r.name} ({cap}), speed rank {r.rank} */",
+                  f"#ifndef {m}_ARENA_{u}_SECTION", f'#define {m}_ARENA_{u}_SECTION "{r.section}"', "#endif",
+                  f"extern uint8_t {region_arena_symbol(g.name, r.name)}[{m}_ARENA_{u}_BYTES];"]
+    return "\n".join(lines) + "\n"
+
+
+def linker_fragment(g: _Generator) -> str | None:
+    """``<name>_sections.ld``: a GCC linker-script fragment placing the regions' arena sections and
+    the weights' sections in MEMORY regions (INCLUDE it inside SECTIONS, before .data and .bss)."""
+    regions = _planned_regions(g.plan)
+    weights = sorted({a.section for a in g.arrays.values() if a.section})
+    if not regions and not weights:
+        return None
+    align = int(getattr(g.plan, "alignment", 16) or 16)
+    memories = sorted({r.memory for r in regions} | {memory_region_of_section(s) for s in weights})
+    lines = [f"/* {g.name}_sections.ld - generated by Corten: where the memory regions' arenas and the weights of",
+             f" * {g.name} go.  INCLUDE it inside the SECTIONS {{ }} of your GCC linker script, before the",
+             " * .data and .bss output sections (so these rules match first), and name your MEMORY regions",
+             f" * (or REGION_ALIAS them): {', '.join(memories)}. */"]
+    for r in regions:
+        lines.append(f"{r.section} (NOLOAD) : ALIGN({align}) {{ *({r.section}) }} > {r.memory}"
+                     f"  /* arena of region {r.name}: {r.nbytes} B */")
+    for sec in weights:
+        nbytes = sum(a.nbytes for a in g.arrays.values() if a.section == sec)
+        lines.append(f"{sec} : ALIGN({CONST_ALIGN}) {{ KEEP(*({sec})) }} > {memory_region_of_section(sec)}"
+                     f"  /* weights: {nbytes} B */")
+    return "\n".join(lines) + "\n"
+
+
+def memory_region_of_section(section: str) -> str:
+    """The MEMORY region a weights section goes to in the fragment: its name without the leading
+    dot, upper case (``.ext_flash`` -> ``EXT_FLASH``)."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", section.lstrip(".")).upper()
 
 
 _PROFILE_MACRO = """\
@@ -978,12 +1073,15 @@ def _constants_header(g: _Generator) -> str:
 
 def _constants_source(g: _Generator) -> str:
     arrays = "\n".join(_format_array(a) for a in g.arrays.values())
+    sections = any(a.section for a in g.arrays.values())
     return (f"/* {g.name}_constants.c - weights, biases, multipliers, shifts and kernel sums of {g.name}.\n"
             " * Generated by Corten: do not edit. */\n"
             f'#include "{g.name}_constants.h"\n\n'
             "#if defined(__GNUC__) || defined(__clang__)\n"
             f"#define CORTEN_CONST_ALIGNED __attribute__((aligned({CONST_ALIGN})))\n"
-            "#else\n#define CORTEN_CONST_ALIGNED\n#endif\n\n" + arrays)
+            + ("#define CORTEN_SECTION(s) __attribute__((section(s)))\n" if sections else "")
+            + "#else\n#define CORTEN_CONST_ALIGNED\n"
+            + ("#define CORTEN_SECTION(s)\n" if sections else "") + "#endif\n\n" + arrays)
 
 
 # ----------------------------------------------------------------------------- public entry point
@@ -1018,7 +1116,7 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
                            "choose a writable directory") from None
 
     g = _Generator(ep, plan, name, target, providers, node_sources=dict(node_sources or {}),
-                   output_names=tuple(output_names or ()))
+                   output_names=tuple(output_names or ()), weights_sections=deployment.weights_sections)
     quants, dequants = g.io_nodes()
     quant, dequant = next(q for q in quants if q is not None), dequants[0]
     statements, op_lines = g.statements()
@@ -1044,7 +1142,8 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         output_shape=out_shape, output_scale=output_qparams(dequant)[0], output_zero_point=output_qparams(dequant)[1],
         input_bytes=max(t.offset + t.nbytes for t in inputs), output_bytes=max(t.offset + t.nbytes for t in outputs),
         inputs=inputs, outputs=outputs,
-        arena_bytes=int(plan.arena_bytes), arena_align=int(getattr(plan, "alignment", 16) or 16),
+        arena_bytes=0 if getattr(plan, "regions", None) else int(plan.arena_bytes),
+        arena_align=int(getattr(plan, "alignment", 16) or 16),
         constant_bytes=sum(a.nbytes for a in g.arrays.values()),
         program_hash=hasher.hexdigest()[:HASH_CHARS],
     )
@@ -1055,6 +1154,9 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         f"{name}_constants.h": _constants_header(g),
         f"{name}_constants.c": _constants_source(g),
     }
+    fragment = linker_fragment(g)
+    if fragment is not None:
+        files[f"{name}_sections.ld"] = fragment
     kernel_names: list[str] = []
     if g.uses(next(p for p in providers if p.name == FALLBACK)):
         kernel_names += list(KERNEL_HEADERS)
@@ -1107,7 +1209,8 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         kernel_files=tuple(kdir / k for k in kernel_names),
         cmake=out_dir / f"{name}.cmake", makefile=out_dir / "Makefile", kernels=g.kernels,
         steps=tuple(g.step_info), providers=tuple(p.name for p in providers),
-        extra_sources=tuple(out_dir / f for f in extra), **lib)
+        extra_sources=tuple(out_dir / f for f in extra), regions=tuple(_planned_regions(plan)),
+        linker_fragment=out_dir / f"{name}_sections.ld" if fragment is not None else None, **lib)
 
 
 def _deployment(deployment: Any, kernels: Any) -> Deployment:

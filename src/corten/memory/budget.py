@@ -14,6 +14,11 @@ def check_budget(plan: MemoryPlan, max_arena: int | None, max_flash: int | None)
         problems.append(f"arena needs {plan.arena_bytes:,} B of RAM but max_arena is {max_arena:,} B "
                         f"(over by {plan.arena_bytes - max_arena:,} B; the lower bound without in-place "
                         f"reuse is {plan.lower_bound_bytes:,} B)")
+    for r in getattr(plan, "regions", ()):
+        if r.over:
+            problems.append(f"memory region {r.name!r} needs {r.nbytes:,} B but has {r.capacity:,} B (over by "
+                            f"{r.over:,} B: the buffers no faster region holds do not fit it; give it more "
+                            "bytes or add a region after it)")
     if max_flash is not None and plan.constant_bytes > max_flash:
         problems.append(f"constant data (weights, biases, multipliers, shifts, kernel sums) needs "
                         f"{plan.constant_bytes:,} B of flash but max_flash is {max_flash:,} B "

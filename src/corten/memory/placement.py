@@ -52,20 +52,25 @@ def visiting_orders(buffers: list[Buffer]) -> dict[str, list[Buffer]]:
     }
 
 
+def fit_offset(placed: list[tuple[int, Buffer]], buf: Buffer) -> int:
+    """Best-fit offset of ``buf`` among the ``(offset, buffer)`` pairs already placed: the tightest
+    gap between the buffers it conflicts with, else on top of them."""
+    busy = sorted(((off, other) for off, other in placed if other.conflicts(buf)), key=lambda p: (p[0], p[1].size))
+    best_off, best_gap, top = None, None, 0
+    for off, other in busy:
+        gap = off - top
+        if gap >= buf.size and (best_gap is None or gap < best_gap):
+            best_off, best_gap = top, gap
+        top = max(top, off + other.size)
+    return top if best_off is None else best_off
+
+
 def best_fit(order: list[Buffer]) -> dict[str, int]:
     """Place the buffers in ``order``; each offset is a sum of (aligned) sizes."""
     placed: list[tuple[int, Buffer]] = []
     offsets: dict[str, int] = {}
     for buf in order:
-        busy = sorted(((off, other) for off, other in placed if other.conflicts(buf)),
-                      key=lambda p: (p[0], p[1].size))
-        best_off, best_gap, top = None, None, 0
-        for off, other in busy:
-            gap = off - top
-            if gap >= buf.size and (best_gap is None or gap < best_gap):
-                best_off, best_gap = top, gap
-            top = max(top, off + other.size)
-        offset = top if best_off is None else best_off
+        offset = fit_offset(placed, buf)
         offsets[buf.key] = offset
         placed.append((offset, buf))
     return offsets
@@ -86,3 +91,40 @@ def pack(buffers: list[Buffer]) -> tuple[dict[str, int], str]:
     if best is None:
         return {}, "size"
     return best[1], best[2]
+
+
+def hot_first(buffers: list[Buffer]) -> list[Buffer]:
+    """The order buffers claim the fastest memory region: kernel scratch first (read and written
+    over and over by its kernel), then activations from the smallest (small buffers give the most
+    accesses per byte of fast memory), ties by first use."""
+    return sorted(buffers, key=lambda b: (not b.key.startswith("scratch:"), b.size, b.first, b.key))
+
+
+def assign_regions(buffers: list[Buffer], capacities: list[int | None]) -> tuple[list[int], dict[str, int], str]:
+    """Split ``buffers`` over memory regions (``capacities`` in bytes, fastest first; None: no limit).
+
+    Each buffer, in :func:`hot_first` order, goes into the fastest region where it fits at its
+    best-fit offset; a buffer that fits nowhere goes into the last region (over its capacity: the
+    caller's budget check names it).  Each region is then repacked with :func:`pack` and keeps the
+    smaller of the two packings.  Returns (region index of each buffer, offsets within their
+    region, the packing strategy)."""
+    placed: list[list[tuple[int, Buffer]]] = [[] for _ in capacities]
+    where: dict[str, int] = {}
+    offsets: dict[str, int] = {}
+    for buf in hot_first(buffers):
+        for r, cap in enumerate(capacities):
+            off = fit_offset(placed[r], buf)
+            if cap is None or off + buf.size <= cap or r == len(capacities) - 1:
+                placed[r].append((off, buf))
+                where[buf.key], offsets[buf.key] = r, off
+                break
+    strategies = []
+    for r in range(len(capacities)):
+        members = [b for _, b in placed[r]]
+        repacked, strategy = pack(members)
+        if arena_size(members, repacked) <= arena_size(members, {b.key: o for o, b in placed[r]}):
+            offsets.update(repacked)
+            strategies.append(strategy)
+        else:
+            strategies.append("hot-first")
+    return [where[b.key] for b in buffers], offsets, "/".join(strategies)

@@ -29,6 +29,14 @@ Model (what the C generator implements):
   in-place can go below it, and with in-place the arena may.
 * **Alignment.**  Every arena offset is a multiple of ``alignment`` (16: safe for Helium 128-bit
   and DSP word accesses); sizes are rounded up to it for packing.
+* **Memory regions.**  With a deployment's ``memory`` (:class:`corten.deployment.ArenaRegion`:
+  DTCM, SRAM banks, ... fastest first) the arena is one buffer per region: every arena buffer
+  (a tensor's storage, merged in-place chains included, or a step's scratch) lives in exactly one
+  region (``TensorAlloc.memory``), offsets are from the start of that region's arena, and each
+  region is packed on its own.  Hot, small buffers (scratch, then the smallest activations) take
+  the fastest region first (:func:`corten.memory.placement.assign_regions`); ``plan.regions``
+  gives each region's bytes, and a region over its size is named by :func:`check_budget`.
+  ``arena_bytes`` is then the sum over the regions.
 * ``constant_bytes``: every constant tensor the program reads (weights, biases, multipliers,
   shifts, kernel sums): the flash the model's data needs.
 """
@@ -39,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.export import ExportedProgram
 
-from corten.memory.placement import Buffer, align_up, pack
+from corten.memory.placement import Buffer, align_up, assign_regions, pack
 from corten.memory.tensors import MemoryPlanError, ProgramTensors, analyse
 from corten.errors import UsageError
 from corten.deployment import Deployment
@@ -56,6 +64,24 @@ class TensorAlloc:
     offset: int  # bytes from the start of the region (arena, or caller buffer ``index``)
     nbytes: int
     index: int = 0  # caller buffer number for "input" / "output" (user input / output position)
+    memory: str = ""  # the memory region of an "arena" buffer ("": the one arena of a plan without regions)
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    """One memory region's arena: its planned bytes, its capacity (None: no limit), linker section."""
+
+    name: str
+    nbytes: int
+    capacity: int | None
+    section: str
+    memory: str  # the linker MEMORY region of the generated fragment
+    rank: int
+
+    @property
+    def over(self) -> int:
+        """Bytes over the capacity (0 when it fits)."""
+        return max(0, self.nbytes - self.capacity) if self.capacity is not None else 0
 
 
 @dataclass
@@ -81,6 +107,10 @@ class MemoryPlan:
     step_providers: list[str] = field(default_factory=list)  # the provider running each step
     placed_cats: tuple[str, ...] = ()  # quantized_cat nodes placed in place (no C code; see tensors.analyse)
     schedule: object = None  # the banded schedule (corten.memory.banding.Schedule) the program runs, if any
+    regions: list[RegionPlan] = field(default_factory=list)  # the memory regions' arenas ([]: one arena)
+
+    def region_of(self, name: str) -> RegionPlan | None:
+        return next((r for r in self.regions if r.name == name), None)
 
     @property
     def ratio(self) -> float:
@@ -128,6 +158,7 @@ class MemoryPlan:
             "max_scratch_bytes": max((a.nbytes for a in self.scratch.values()), default=0),
             "in_place_adds": len(self.in_place),
             "strategy": self.strategy,
+            **({"regions": {r.name: r.nbytes for r in self.regions}} if self.regions else {}),
         }
 
     def plot(self, path, budget: int | None = None):
@@ -144,6 +175,10 @@ class MemoryPlan:
             f"  alignment          {self.alignment:>12} B   steps {len(self.steps)}, in-place steps "
             f"{len(self.in_place)}, packing order '{self.strategy}'",
         ]
+        for r in self.regions:
+            cap = f"of {r.capacity:,} B" if r.capacity is not None else "(no limit)"
+            lines.append(f"  region {r.name:<11} {r.nbytes:>12,} B   {cap}, section {r.section} -> {r.memory}"
+                         + (f"  OVER by {r.over:,} B" if r.over else ""))
         if self.schedule is not None:
             lines += self.schedule.report_lines()
         if self.copies:
@@ -153,15 +188,16 @@ class MemoryPlan:
             return "\n".join(lines)
         lines.append(f"  peak: step {self.peak_step} '{self.peak_node}' ({self.step_ops[self.peak_step]}), "
                      f"{self.steps[self.peak_step]:,} B live")
+        where = (lambda a: f"  {a.memory}") if self.regions else (lambda a: "")
         lines.append(f"    {'tensor':<40} {'offset':>10} {'bytes':>10}  lifetime")
         for name in self.live_tensors(self.peak_step):
             a = self.tensors[name]
             first, last = self.lifetimes[name]
-            lines.append(f"    {name:<40} {a.offset:>10,} {a.nbytes:>10,}  steps {first}..{last}")
+            lines.append(f"    {name:<40} {a.offset:>10,} {a.nbytes:>10,}  steps {first}..{last}{where(a)}")
         scratch = self.scratch.get(self.peak_node)
         if scratch:
             lines.append(f"    {'(scratch)':<40} {scratch.offset:>10,} {scratch.nbytes:>10,}  "
-                         f"step {self.peak_step}")
+                         f"step {self.peak_step}{where(scratch)}")
         return "\n".join(lines)
 
 
@@ -182,6 +218,13 @@ def plot_timeline(plan: "MemoryPlan", path, budget: int | None = None):
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.step(range(len(plan.steps)), [b / 1024 for b in plan.steps], where="mid", label="live bytes per step")
     ax.axhline(plan.arena_bytes / 1024, color="tab:green", ls="-", lw=1, label=f"arena {plan.arena_bytes:,} B")
+    for r in plan.regions:  # each region's own live bytes and arena
+        live = region_live_bytes(plan, r.name)
+        line = ax.step(range(len(live)), [b / 1024 for b in live], where="mid", lw=1,
+                       label=f"region {r.name}: live bytes")[0]
+        ax.axhline(r.nbytes / 1024, color=line.get_color(), ls="-.", lw=1,
+                   label=f"region {r.name} arena {r.nbytes:,} B"
+                   + (f" of {r.capacity:,} B" if r.capacity is not None else ""))
     if before:
         ax.axhline(before / 1024, color="tab:red", ls=":", label=f"layer-by-layer lower bound {before:,} B")
     else:
@@ -200,6 +243,21 @@ def plot_timeline(plan: "MemoryPlan", path, budget: int | None = None):
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def region_live_bytes(plan: "MemoryPlan", region: str) -> list[int]:
+    """Bytes of ``region``'s arena live at each step (tensors, in-place sharing included, + scratch)."""
+    owners: dict[tuple[int, int], tuple[int, int]] = {}
+    for name, a in plan.tensors.items():
+        if a.region == "arena" and a.memory == region:
+            first, last = plan.lifetimes[name]
+            span = owners.setdefault((a.offset, a.nbytes), (first, last))
+            owners[(a.offset, a.nbytes)] = (min(span[0], first), max(span[1], last))
+    live = [sum(nb for (_, nb), (f, l) in owners.items() if f <= s <= l) for s in range(len(plan.steps))]
+    for node, a in plan.scratch.items():
+        if a.memory == region:
+            live[plan.step_nodes.index(node)] += a.nbytes
+    return live
 
 
 def step_scratch_bytes(prog: ProgramTensors, target: Target, providers) -> tuple[list[int], list[str]]:
@@ -304,18 +362,33 @@ def plan_memory(ep: ExportedProgram, deployment: "Deployment | Target | str", *,
     buffers = [Buffer(key, align_up(size, alignment), first, last) for key, (first, last, size) in spans.items()]
     buffers += [Buffer(f"scratch:{prog.steps[s].name}", align_up(n, alignment), s, s)
                 for s, n in enumerate(scratch_sizes) if n > 0]
-    offsets, strategy = pack(buffers)
-    arena_bytes = max((offsets[b.key] + b.size for b in buffers), default=0)
+    memory: dict[str, str] = {}  # buffer key -> its region ("" without regions)
+    regions: list[RegionPlan] = []
+    if deployment.memory:
+        where, offsets, strategy = assign_regions(buffers, [r.size for r in deployment.memory])
+        memory = {b.key: deployment.memory[r].name for b, r in zip(buffers, where)}
+        for r in deployment.memory:
+            nbytes = max((offsets[b.key] + b.size for b in buffers if memory[b.key] == r.name), default=0)
+            regions.append(RegionPlan(r.name, nbytes, r.size, r.section_name, r.memory_name, r.rank))
+        arena_bytes = sum(r.nbytes for r in regions)
+    else:
+        offsets, strategy = pack(buffers)
+        arena_bytes = max((offsets[b.key] + b.size for b in buffers), default=0)
 
     tensors: dict[str, TensorAlloc] = {}
     lifetimes: dict[str, tuple[int, int]] = {}
     for name, root in prog.class_of.items():
         cls = prog.classes[root]
-        offset = (offsets[owner(root)] if cls.region == "arena" else 0) + prog.view_offset.get(name, 0)
-        tensors[name] = TensorAlloc(cls.region, offset, prog.nbytes[name], cls.index)
+        arena = cls.region == "arena"
+        offset = (offsets[owner(root)] if arena else 0) + prog.view_offset.get(name, 0)
+        tensors[name] = TensorAlloc(cls.region, offset, prog.nbytes[name], cls.index,
+                                    memory.get(owner(root), "") if arena else "")
         lifetimes[name] = (cls.first, cls.last)
-    scratch = {prog.steps[s].name: TensorAlloc("arena", offsets[f"scratch:{prog.steps[s].name}"], n)
-               for s, n in enumerate(scratch_sizes) if n > 0}
+    scratch = {}
+    for s, n in enumerate(scratch_sizes):
+        if n > 0:
+            key = f"scratch:{prog.steps[s].name}"
+            scratch[prog.steps[s].name] = TensorAlloc("arena", offsets[key], n, 0, memory.get(key, ""))
 
     peak = max(range(len(live)), key=lambda s: (live[s], -s)) if live else -1
     return MemoryPlan(
@@ -339,4 +412,5 @@ def plan_memory(ep: ExportedProgram, deployment: "Deployment | Target | str", *,
         step_providers=step_providers,
         strategy=strategy,
         placed_cats=tuple(prog.placed_cats),
+        regions=regions,
     )

@@ -184,7 +184,8 @@ class ProgramRunner:
             res = run_on_host(sources, includes, defines, data, lib.output_bytes, run_dir, cflags=cflags, **kwargs)
         else:
             res = run_on_qemu(sources, includes, defines, data, lib.output_bytes, deployment, run_dir,
-                              cflags=cflags, cycles=cycles, **kwargs)
+                              cflags=cflags, cycles=cycles, linker_fragment=getattr(lib, "linker_fragment", None),
+                              **kwargs)
         outs = [c_bytes_to_tensor(res.output[t.offset:t.offset + t.nbytes], t.shape, t.bits) for t in lib.outputs]
         outs = [o.to(torch.bool) if t.boolean else o for o, t in zip(outs, lib.outputs)]
         return outs, CRun(on, deployment.core if on == "qemu" else None, lib.kernels, res.wall_s, res.instructions, res)

@@ -91,8 +91,10 @@ def arm_build_command(
     elf: Path,
     cflags: Sequence[str] = ("-O2",),
     main: Path | None = None,
+    linker_dirs: Sequence[Path] = (),
 ) -> list[str]:
-    """The arm-none-eabi-gcc command line that builds the board harness ELF."""
+    """The arm-none-eabi-gcc command line that builds the board harness ELF (``linker_dirs``: searched
+    before the boards' directory for the scripts sections.ld INCLUDEs)."""
     target = get_target(board.target)
     compile_units, link_inputs = split_sources(sources)
     return [
@@ -112,6 +114,7 @@ def arm_build_command(
         str(main or HARNESS_MAIN),
         *(str(s) for s in BOARD_SOURCES),
         *link_inputs,
+        *(f"-L{d}" for d in linker_dirs),
         f"-L{BOARDS_DIR}",
         f"-T{linker_script(board)}",
         "-Wl,--gc-sections",
@@ -119,6 +122,40 @@ def arm_build_command(
         "-o",
         str(elf),
     ]
+
+
+def board_memory_names(board: Board) -> set[str]:
+    """The MEMORY regions and REGION_ALIAS names Corten's linker script of ``board`` defines."""
+    import re
+
+    text = linker_script(board).read_text()
+    memory = re.search(r"MEMORY\s*\{(.*?)\}", text, re.S)
+    names = set(re.findall(r"^\s*(\w+)\s*\(", memory.group(1), re.M)) if memory else set()
+    return names | set(re.findall(r'REGION_ALIAS\("(\w+)"', text))
+
+
+def write_run_linker_scripts(board: Board, fragment: Path, workdir: Path) -> Path:
+    """The per-build linker scripts of a model library with memory regions or weights sections: the
+    fragment (``<name>_sections.ld``) as ``corten_run_sections.ld`` and, for each MEMORY name it uses
+    that the board's script lacks, a REGION_ALIAS onto the board's RAM (arena sections) or CONST
+    (weights).  Returns the directory to put first on the -L path."""
+    import re
+
+    text = Path(fragment).read_text()
+    known = board_memory_names(board)
+    aliases = []
+    for line in text.splitlines():
+        m = re.match(r"^\S+ .*?> (\w+)", line)
+        if m and m.group(1) not in known:
+            memory = m.group(1)
+            known.add(memory)
+            home = "RAM" if "(NOLOAD)" in line else "CONST"
+            aliases.append(f'REGION_ALIAS("{memory}", {home}); /* {board.machine} has no {memory}: its {home} */')
+    out = Path(workdir) / "linker"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "corten_run_sections.ld").write_text(text)
+    (out / "corten_run_aliases.ld").write_text("\n".join(aliases) + "\n")
+    return out
 
 
 def memory_hint(board: Board) -> str:
@@ -168,6 +205,7 @@ def run_on_qemu(
     progress: Progress | None = print_progress,
     main: Path | None = None,
     cycles: bool = False,
+    linker_fragment: Path | None = None,
 ) -> CRunResult:
     """Build sources + harness for ``target`` (a target name, or a :class:`corten.deployment.Deployment`
     and its board) and run one inference on its QEMU board.
@@ -179,17 +217,21 @@ def run_on_qemu(
     non-zero model status (without ``check`` the status is returned with empty output).
     ``cycles``: also log the executed blocks and estimate the inference's cycles
     (:mod:`corten.runners.cycles`; ``result.cycles``, per step in a profile build).
+    ``linker_fragment``: the model library's ``<name>_sections.ld`` (memory-region arenas, weights
+    sections), linked into the board's script (:func:`write_run_linker_scripts`).
     """
     board = target.require_board() if isinstance(target, Deployment) else board_for(target)
     where = board.describe()
     workdir = prepare_workdir(Path(workdir), input_bytes)
     full_defines = complete_defines(defines, len(input_bytes), output_size, custom_main=main is not None)
     elf = workdir / ELF_NAME
+    linker_dirs = [write_run_linker_scripts(board, linker_fragment, workdir)] if linker_fragment else []
     if progress:
         progress(f"building {where} in {workdir}")
     try:
         build_log = compile_and_link(
-            arm_build_command(sources, include_dirs, full_defines, board, elf, cflags, main=main), where
+            arm_build_command(sources, include_dirs, full_defines, board, elf, cflags, main=main,
+                              linker_dirs=linker_dirs), where
         )
     except CBuildError as exc:
         if "overflowed" in str(exc) or "will not fit" in str(exc) or "RAM overflow" in str(exc):
