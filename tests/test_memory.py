@@ -387,6 +387,20 @@ def check_plan(ep, plan, target):
                 st = life[a.name][0]
                 if st in groups and life[a.name][2] == steps.index(n):
                     in_place_ok.add(frozenset((st, n.name)))
+    # the checker's own rule for in-place kernels (plan.in_place_kernels): a depthwise conv of depth
+    # multiplier 1, channel by channel (output byte p * C + c overwrites input byte p * C + c of the
+    # already copied channel c), output starting at its input's first byte, no larger, the input
+    # dying at that step; its temporary (scratch) holds one input channel of every batch
+    in_place_dw = set()
+    for n in steps:
+        if n.name not in getattr(plan, "in_place_kernels", ()):
+            continue
+        a, out = n.args[0], plan.tensors[n.name]
+        assert op_name_of(n.target) == "quantized_depthwise_conv2d" and int(n.args[6]) == 1, n.name
+        assert a.meta["val"].shape[1] == n.meta["val"].shape[1] and out.nbytes <= arena[a.name].nbytes, n.name
+        assert arena[a.name].offset == out.offset and life[a.name][2] == steps.index(n), n.name
+        assert plan.in_place.get(n.name) in (a.name, life[a.name][0]), n.name
+        in_place_dw.add(frozenset((life[a.name][0], n.name)))
     # the checker's own rule for in-place steps: only elementwise ops whose output byte k is computed
     # from byte k of the overwritten operand (same bytes, same shape); no other operand of the step
     # may read the overwritten bytes through a view (it would see output bytes)
@@ -398,6 +412,9 @@ def check_plan(ep, plan, target):
         hit = [a for a in args if overlap(arena[a.name].offset, arena[a.name].offset + arena[a.name].nbytes,
                                           out.offset, out.offset + out.nbytes)
                and life[a.name][2] >= steps.index(n) >= life[a.name][1]]
+        if n.name in getattr(plan, "in_place_kernels", ()):
+            assert [a.name for a in hit] == [n.args[0].name], (n.name, [a.name for a in hit])
+            continue
         for a in hit:
             assert op_name_of(n.target) in ELEMENTWISE, (n.name, a.name)
             assert (arena[a.name].offset, arena[a.name].nbytes) == (out.offset, out.nbytes), (n.name, a.name)
@@ -409,11 +426,15 @@ def check_plan(ep, plan, target):
         for y in names[i + 1:]:
             oy, ny, fy, ly = groups[y]
             if fx <= ly and fy <= lx and overlap(ox, ox + nx, oy, oy + ny):
-                assert frozenset((x, y)) in in_place_ok and (ox, nx) == (oy, ny), (x, y)
+                pair = frozenset((x, y))
+                assert (pair in in_place_ok and (ox, nx) == (oy, ny)) or (pair in in_place_dw and ox == oy), (x, y)
     # scratch overlaps nothing live at its step
     for s, n in enumerate(steps):
         want = 0
-        if n.target != RESHAPE:  # the scratch of the provider running the step (the plan's kernels)
+        if n.name in getattr(plan, "in_place_kernels", ()):  # one input channel of every batch
+            b, _, h, w = n.args[0].meta["val"].shape
+            want = b * h * w
+        elif n.target != RESHAPE:  # the scratch of the provider running the step (the plan's kernels)
             want = choose_provider(resolve_providers(plan.kernels), n, target)[0].scratch_bytes(n, target)
         got = plan.scratch.get(n.name)
         assert (got.nbytes if got else 0) == want
@@ -467,6 +488,17 @@ def simulate(ep, plan, x, seed=0):
             if n.name in plan.scratch:
                 s = plan.scratch[n.name]
                 buffers[("arena", s.memory)][s.offset:s.offset + s.nbytes] = garbage(s.nbytes)
+            if n.name in getattr(plan, "in_place_kernels", ()):  # channel by channel, as the C kernel
+                inp, y = read(n.args[0]), None
+                a_in, a_out = plan.tensors[n.args[0].name], plan.tensors[n.name]
+                y = n.target(*[read(a) if isinstance(a, torch.fx.Node) and a.name in plan.tensors
+                               else env[a.name] if isinstance(a, torch.fx.Node) else a for a in n.args])
+                buf, want_in, got_out = region(a_in), c_bytes(inp), c_bytes(y)
+                ch = inp.shape[1]
+                for c in range(ch):  # input channel c must still be intact when its turn comes
+                    assert torch.equal(buf[a_in.offset + c:a_in.offset + a_in.nbytes:ch], want_in[c::ch]), (n.name, c)
+                    buf[a_out.offset + c:a_out.offset + a_out.nbytes:ch] = got_out[c::ch]
+                continue
             args = [read(a) if isinstance(a, torch.fx.Node) and a.name in plan.tensors
                     else env[a.name] if isinstance(a, torch.fx.Node) else a for a in n.args]
             y = n.target(*args)

@@ -498,7 +498,10 @@ class _Generator:
             ctx = EmitContext(node, name, provider.name, self.target, self, step=index)
             inputs = [a for a in node.args if isinstance(a, torch.fx.Node) and a.op != "placeholder"]
             self._emitting = node  # (the module path picks its constants' section)
-            step = provider.emit(ctx)
+            if node.name in getattr(self.plan, "in_place_kernels", ()):  # its output over its input
+                step = provider.emit_in_place(ctx)
+            else:
+                step = provider.emit(ctx)
             self._emitting = None
             if not isinstance(step, KernelStep):
                 raise CodegenError(f"provider {provider.name!r} returned {type(step).__name__} for node {node.name!r}; "

@@ -23,7 +23,13 @@ Model (what the C generator implements):
   or any reshape alias of it, inclusive.  Scratch (``ctx.buf``) is live during its step only.
 * **In place.**  The elementwise ops whose family declares it (hook ``in_place_inputs``: add, sub,
   mul, div, maximum/minimum, the LUT activations) may write their output over an input that dies
-  at that step (``in_place=True``, :func:`in_place_merges`).  No other op writes over its input.
+  at that step (``in_place=True``, :func:`in_place_merges`).  A step whose provider has an
+  in-place kernel for it (:meth:`corten.providers.Provider.in_place_scratch`: the portable
+  depthwise conv, channel by channel through a channel-sized temporary) writes its output over
+  its dying first input (from its first byte) where that makes the arena smaller
+  (:func:`in_place_kernel_candidates`, tried greedily from the most crowded step;
+  ``plan.in_place_kernels``); its temporary is that step's scratch.  No other op writes over its
+  input.
 * **Lower bound.**  ``max over steps of (arena tensors live at the step + its scratch)`` with every
   input and output of the step counted separately, i.e. without in-place sharing: no plan without
   in-place can go below it, and with in-place the arena may.
@@ -98,7 +104,8 @@ class MemoryPlan:
     step_nodes: list[str] = field(default_factory=list)  # node name of each step
     step_ops: list[str] = field(default_factory=list)  # Corten op name (or "reshape_copy") of each step
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # tensor -> (first, last) step
-    in_place: dict[str, str] = field(default_factory=dict)  # output tensor -> the input whose bytes it reuses (in-place elementwise ops)
+    in_place: dict[str, str] = field(default_factory=dict)  # output tensor -> the input whose bytes it reuses (in-place elementwise ops and kernels)
+    in_place_kernels: tuple[str, ...] = ()  # steps running their provider's in-place kernel (over their first input)
     copies: list[tuple[str, int]] = field(default_factory=list)  # (tensor, output index) copied at the end
     target: str = ""
     isa: str = ""
@@ -157,6 +164,7 @@ class MemoryPlan:
             "num_tensors": len(self.tensors),
             "max_scratch_bytes": max((a.nbytes for a in self.scratch.values()), default=0),
             "in_place_adds": len(self.in_place),
+            "in_place_kernels": len(self.in_place_kernels),
             "strategy": self.strategy,
             **({"regions": {r.name: r.nbytes for r in self.regions}} if self.regions else {}),
         }
@@ -323,6 +331,83 @@ def in_place_merges(prog: ProgramTensors) -> dict[str, str]:
     return merges
 
 
+def in_place_kernel_candidates(prog: ProgramTensors, target: Target, providers: list, merges: dict[str, str],
+                               ) -> dict[int, tuple[str, str, int]]:
+    """``{step: (output root, input root, temporary bytes)}`` of the steps that could run their
+    provider's in-place kernel: the provider has one for the node, the node's output is its own
+    arena tensor, and its first input is a whole arena tensor (not a view into a larger one) written
+    by an earlier step that dies at this step."""
+    found: dict[int, tuple[str, str, int]] = {}
+    merged_inputs = set(merges.values())
+    for s, (node, provider) in enumerate(zip(prog.steps, providers)):
+        if provider is None or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        temp = provider.in_place_scratch(node, target)
+        if temp is None or node.name not in prog.class_of or prog.class_of[node.name] != node.name:
+            continue
+        out = prog.classes[node.name]
+        arg = node.args[0]
+        if out.region != "arena" or node.name in merges or arg.name not in prog.class_of:
+            continue
+        cls = prog.classes[prog.class_of[arg.name]]
+        whole = prog.nbytes[arg.name] == cls.nbytes and not prog.view_offset.get(arg.name)
+        others = any(isinstance(a, torch.fx.Node) and prog.class_of.get(a.name) == cls.root for a in node.args[1:])
+        if (cls.region == "arena" and cls.last == s and cls.first < s and whole and not others
+                and out.nbytes <= cls.nbytes and cls.root not in merged_inputs):
+            found[s] = (out.root, cls.root, int(temp))
+    return found
+
+
+@dataclass
+class _Layout:
+    offsets: dict[str, int]
+    memory: dict[str, str]  # buffer key -> its region ("" without regions)
+    regions: list[RegionPlan]
+    arena_bytes: int
+    strategy: str
+
+    @property
+    def cost(self) -> tuple[int, int]:
+        """What the planner minimises: bytes over the regions' sizes, then arena bytes."""
+        return sum(r.over for r in self.regions), self.arena_bytes
+
+
+def _pack_layout(prog: ProgramTensors, merges: dict[str, str], scratch_sizes: list[int], deployment: Deployment,
+            alignment: int) -> _Layout:
+    """Offsets of every arena buffer: the storage classes (each in-place chain one buffer, of its
+    largest member) and the scratch buffers, packed into one arena or split over the regions."""
+    spans: dict[str, list[int]] = {}  # owner -> [first, last, size]
+    for cls in prog.classes.values():
+        if cls.region != "arena":
+            continue
+        span = spans.setdefault(_owner(merges, cls.root), [cls.first, cls.last, 0])
+        span[0], span[1] = min(span[0], cls.first), max(span[1], cls.last)
+        span[2] = max(span[2], cls.nbytes)
+    buffers = [Buffer(key, align_up(size, alignment), first, last) for key, (first, last, size) in spans.items()]
+    buffers += [Buffer(f"scratch:{prog.steps[s].name}", align_up(n, alignment), s, s)
+                for s, n in enumerate(scratch_sizes) if n > 0]
+    memory: dict[str, str] = {}
+    regions: list[RegionPlan] = []
+    if deployment.memory:
+        where, offsets, strategy = assign_regions(buffers, [r.size for r in deployment.memory])
+        memory = {b.key: deployment.memory[r].name for b, r in zip(buffers, where)}
+        for r in deployment.memory:
+            nbytes = max((offsets[b.key] + b.size for b in buffers if memory[b.key] == r.name), default=0)
+            regions.append(RegionPlan(r.name, nbytes, r.size, r.section_name, r.memory_name, r.rank))
+        arena_bytes = sum(r.nbytes for r in regions)
+    else:
+        offsets, strategy = pack(buffers)
+        arena_bytes = max((offsets[b.key] + b.size for b in buffers), default=0)
+    return _Layout(offsets, memory, regions, arena_bytes, strategy)
+
+
+def _owner(merges: dict[str, str], root: str) -> str:
+    """The storage class whose bytes ``root`` finally uses (through in-place merges)."""
+    while root in merges:
+        root = merges[root]
+    return root
+
+
 def plan_memory(ep: ExportedProgram, deployment: "Deployment | Target | str", *, in_place: bool = True,
                 alignment: int = ALIGNMENT, kernels=None, in_place_cats: bool = False) -> MemoryPlan:
     """Plan every int8 activation and scratch buffer of the lowered program ``ep`` for a
@@ -343,37 +428,32 @@ def plan_memory(ep: ExportedProgram, deployment: "Deployment | Target | str", *,
     ep = getattr(ep, "ep", ep)
     prog = analyse(ep, in_place_cats=in_place_cats)
     scratch_sizes, step_providers = step_scratch_bytes(prog, target, providers)
-    live = live_bytes_per_step(prog, scratch_sizes)
 
     merges = in_place_merges(prog) if in_place else {}
+    layout = _pack_layout(prog, merges, scratch_sizes, deployment, alignment)
+    kernels_in_place: list[str] = []
+    if in_place:  # in-place kernels, from the most crowded step, kept where the arena shrinks
+        by_name = {p.name: p for p in providers}
+        chosen = [by_name.get(name) if op != "reshape_copy" else None
+                  for name, op in zip(step_providers, prog.op_names)]
+        candidates = in_place_kernel_candidates(prog, target, chosen, merges)
+        crowd = live_bytes_per_step(prog, scratch_sizes)
+        for s in sorted(candidates, key=lambda s: (-crowd[s], s)):
+            out_root, in_root, temp = candidates[s]
+            if in_root in merges.values():  # (another in-place step already reuses those bytes)
+                continue
+            trial_merges = {**merges, out_root: in_root}
+            trial_scratch = scratch_sizes[:s] + [temp] + scratch_sizes[s + 1:]
+            trial = _pack_layout(prog, trial_merges, trial_scratch, deployment, alignment)
+            if trial.cost < layout.cost:
+                merges, scratch_sizes, layout = trial_merges, trial_scratch, trial
+                kernels_in_place.append(prog.steps[s].name)
+    live = live_bytes_per_step(prog, scratch_sizes)
+    offsets, memory, regions, arena_bytes, strategy = (layout.offsets, layout.memory, layout.regions,
+                                                       layout.arena_bytes, layout.strategy)
 
-    def owner(root: str) -> str:  # the storage class whose bytes ``root`` finally uses
-        while root in merges:
-            root = merges[root]
-        return root
-
-    spans: dict[str, list[int]] = {}  # owner -> [first, last, size]
-    for cls in prog.classes.values():
-        if cls.region != "arena":
-            continue
-        span = spans.setdefault(owner(cls.root), [cls.first, cls.last, 0])
-        span[0], span[1] = min(span[0], cls.first), max(span[1], cls.last)
-        span[2] = max(span[2], cls.nbytes)
-    buffers = [Buffer(key, align_up(size, alignment), first, last) for key, (first, last, size) in spans.items()]
-    buffers += [Buffer(f"scratch:{prog.steps[s].name}", align_up(n, alignment), s, s)
-                for s, n in enumerate(scratch_sizes) if n > 0]
-    memory: dict[str, str] = {}  # buffer key -> its region ("" without regions)
-    regions: list[RegionPlan] = []
-    if deployment.memory:
-        where, offsets, strategy = assign_regions(buffers, [r.size for r in deployment.memory])
-        memory = {b.key: deployment.memory[r].name for b, r in zip(buffers, where)}
-        for r in deployment.memory:
-            nbytes = max((offsets[b.key] + b.size for b in buffers if memory[b.key] == r.name), default=0)
-            regions.append(RegionPlan(r.name, nbytes, r.size, r.section_name, r.memory_name, r.rank))
-        arena_bytes = sum(r.nbytes for r in regions)
-    else:
-        offsets, strategy = pack(buffers)
-        arena_bytes = max((offsets[b.key] + b.size for b in buffers), default=0)
+    def owner(root: str) -> str:
+        return _owner(merges, root)
 
     tensors: dict[str, TensorAlloc] = {}
     lifetimes: dict[str, tuple[int, int]] = {}
@@ -405,6 +485,7 @@ def plan_memory(ep: ExportedProgram, deployment: "Deployment | Target | str", *,
         step_ops=list(prog.op_names),
         lifetimes=lifetimes,
         in_place=dict(merges),
+        in_place_kernels=tuple(n for n in (s.name for s in prog.steps) if n in kernels_in_place),
         copies=list(prog.copies),
         target=target.name,
         isa=target.isa,

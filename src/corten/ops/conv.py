@@ -545,3 +545,43 @@ def _grouped_cmsis(ctx) -> str:
         ctx.dims("output_dims", "cmsis_nn_dims", g["n"], g["ho"], g["wo"], c_out),
         ctx.call("arm_convolve_s8", "&nn_ctx", "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"],
                  "&bias_dims", bias, "NULL", "&output_dims", g["out"]))
+
+
+# ----------------------------------------------------------------------------- in-place depthwise
+def _depthwise_in_place_supports(node, target) -> str | None:
+    """The in-place kernel's conditions: int8, depth multiplier 1 (output channel c reads and
+    overwrites input channel c only) and an output no larger than the input."""
+    inp = node.args[0]
+    if int(node.args[6]) != 1:
+        return "in-place depthwise needs depth multiplier 1"
+    if node.meta["val"].numel() > inp.meta["val"].numel() or node.meta["val"].dtype != torch.int8:
+        return "in-place depthwise needs an int8 output no larger than its input"
+    return None
+
+
+def _depthwise_in_place_temp(node, target) -> int:
+    """One input channel of every batch: N * H * W bytes."""
+    n, h, w, _ = _nhwc(node.args[0])
+    return int(n * h * w)
+
+
+@PORTABLE.in_place_kernel("quantized_depthwise_conv2d", act=(torch.int8,), weight=(torch.int8,),
+                          supports=_depthwise_in_place_supports, scratch=_depthwise_in_place_temp)
+def _depthwise_in_place_portable(ctx) -> str:
+    """``corten_depthwise_conv2d_s8_in_place``: the output over the input, channel by channel through
+    a channel-sized temporary (the plan's scratch of this step)."""
+    g = _conv_geometry(ctx)
+    temp, _ = ctx.scratch()
+    per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
+    return ctx.block(
+        ctx.params("corten_conv_params", "params", dict(
+            stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], dilation_h=g["dh"], dilation_w=g["dw"],
+            depth_multiplier=1, input_offset=g["in_off"], output_offset=g["out_off"],
+            activation_min=g["act_min"], activation_max=g["act_max"])),
+        ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
+                                                 shift=ctx.const("output_shift"), per_channel=per_channel)),
+        ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c_in"]),
+        ctx.dims("filter_dims", "corten_dims", *g["filt"]),
+        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c_out"]),
+        ctx.call("corten_depthwise_conv2d_s8_in_place", "&params", "&quant", "&input_dims", g["out"], "&filter_dims",
+                 g["wname"], ctx.const("bias"), "&output_dims", f"(int8_t *){temp}"))

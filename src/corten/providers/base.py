@@ -177,6 +177,17 @@ class Provider:
         """The step computing ``ctx.node`` (only called for nodes :meth:`supports` accepts)."""
         raise NotImplementedError(f"provider {self.name!r} does not emit C")
 
+    def in_place_scratch(self, node: torch.fx.Node, target: Any) -> int | None:
+        """When this provider has a kernel for ``node`` that writes its output over its first
+        input's bytes (output starting at the input's first byte; e.g. a depthwise conv channel by
+        channel): the bytes of the temporary that kernel needs; None when it has none.  The memory
+        planner uses it where the input dies at the node and the plan gets smaller."""
+        return None
+
+    def emit_in_place(self, ctx: Any) -> KernelStep:
+        """The step computing ``ctx.node`` over its input (nodes :meth:`in_place_scratch` accepts)."""
+        raise NotImplementedError(f"provider {self.name!r} has no in-place kernel")
+
     def includes(self, name: str) -> tuple[str, ...]:
         """``#include`` lines the ``.c`` of model ``name`` needs when this provider runs a step (or
         leads the build)."""
@@ -228,6 +239,7 @@ class KernelProvider(Provider):
         self.name, self.title, self.links_cmsis_nn = name, title or name, links_cmsis_nn
         self._includes = tuple(includes)
         self._kernels: dict[str, list[Kernel]] = {}
+        self._in_place: dict[str, list[Kernel]] = {}  # kernels writing the output over the first input
         self._declines: dict[str, SupportsFn] = {}
 
     # ------------------------------------------------------------------ registration
@@ -247,6 +259,40 @@ class KernelProvider(Provider):
             return emit
 
         return deco
+
+    def in_place_kernel(self, *ops: str, act: Sequence[torch.dtype] | None = None,
+                        weight: Sequence[torch.dtype] | None = None, isas: Sequence[str] | None = None,
+                        supports: SupportsFn | None = None, scratch: ScratchFn | None = None
+                        ) -> Callable[[EmitFn], EmitFn]:
+        """Decorator: ``emit(ctx) -> str`` computes ``ops`` writing the output over the first input
+        (:meth:`Provider.in_place_scratch`; ``scratch``: its temporary's bytes)."""
+        def deco(emit: EmitFn) -> EmitFn:
+            for op in ops:
+                self._in_place.setdefault(op, []).append(Kernel(
+                    op, emit, tuple(act) if act is not None else None, tuple(weight) if weight is not None else None,
+                    tuple(isas) if isas is not None else None, supports, scratch))
+            return emit
+
+        return deco
+
+    def _choose_in_place(self, node: torch.fx.Node, target: Any) -> Kernel | None:
+        for k in self._in_place.get(op_of(node), []):
+            if k.matches(node, target) and (k.supports is None or k.supports(node, target) is None):
+                return k
+        return None
+
+    def in_place_scratch(self, node: torch.fx.Node, target: Any) -> int | None:
+        k = self._choose_in_place(node, target)
+        if k is None:
+            return None
+        return int(k.scratch(node, target)) if k.scratch is not None else 0
+
+    def emit_in_place(self, ctx: Any) -> KernelStep:
+        k = self._choose_in_place(ctx.node, ctx.target)
+        if k is None:
+            ctx.fail(f"provider {self.name!r} has no in-place kernel for it")
+        code = k.emit(ctx)
+        return KernelStep(self.name, tuple(ctx.calls), code, ctx.uses_portable)
 
     def declines(self, *ops: str, reason: "str | SupportsFn") -> None:
         """Say why this provider has no kernel for ``ops``: a text or ``reason(node, target) -> str``

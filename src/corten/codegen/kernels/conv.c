@@ -317,6 +317,55 @@ int corten_depthwise_conv2d_s8(const corten_conv_params *params, const corten_qu
     return CORTEN_OK;
 }
 
+int corten_depthwise_conv2d_s8_in_place(const corten_conv_params *params, const corten_quant *quant,
+                                        const corten_dims *input_dims, int8_t *data,
+                                        const corten_dims *filter_dims, const int8_t *filter, const int32_t *bias,
+                                        const corten_dims *output_dims, int8_t *temp)
+{
+    const int32_t n = input_dims != NULL ? input_dims->n : 0;
+    const int32_t in_h = input_dims != NULL ? input_dims->h : 0, in_w = input_dims != NULL ? input_dims->w : 0;
+    const int32_t ch = input_dims != NULL ? input_dims->c : 0;
+    int32_t c, b, oy, ox, i;
+    if (!corten_conv_args_ok(params, quant, input_dims, data, filter_dims, filter, output_dims, data) || temp == NULL ||
+        params->depth_multiplier != 1 || filter_dims->n != 1 || filter_dims->c != ch || output_dims->c != ch ||
+        (int64_t)output_dims->h * output_dims->w > (int64_t)in_h * in_w) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (c = 0; c < ch; c++) {
+        const int32_t kh = filter_dims->h, kw = filter_dims->w;
+        for (i = 0; i < n * in_h * in_w; i++) { /* input channel c, before any of it is overwritten */
+            temp[i] = data[(ptrdiff_t)i * ch + c];
+        }
+        for (b = 0; b < n; b++) {
+            const int8_t *plane = temp + (ptrdiff_t)b * in_h * in_w;
+            for (oy = 0; oy < output_dims->h; oy++) {
+                const int32_t iy0 = oy * params->stride_h - params->pad_h;
+                const int32_t ky_begin = corten_first_valid_tap(iy0, params->dilation_h);
+                const int32_t ky_end = corten_end_valid_tap(iy0, params->dilation_h, kh, in_h);
+                for (ox = 0; ox < output_dims->w; ox++) {
+                    const int32_t ix0 = ox * params->stride_w - params->pad_w;
+                    const int32_t kx_begin = corten_first_valid_tap(ix0, params->dilation_w);
+                    const int32_t kx_end = corten_end_valid_tap(ix0, params->dilation_w, kw, in_w);
+                    uint32_t acc = bias != NULL ? (uint32_t)bias[c] : 0u;
+                    int32_t ky, kx;
+                    for (ky = ky_begin; ky < ky_end; ky++) {
+                        const int32_t iy = iy0 + ky * params->dilation_h;
+                        for (kx = kx_begin; kx < kx_end; kx++) {
+                            const int32_t ix = ix0 + kx * params->dilation_w;
+                            const int32_t xv = (int32_t)plane[(ptrdiff_t)iy * in_w + ix] + params->input_offset;
+                            acc += (uint32_t)(xv * (int32_t)filter[((ptrdiff_t)ky * kw + kx) * ch + c]);
+                        }
+                    }
+                    data[(((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch + c] =
+                        corten_finish(corten_u32_to_i32(acc), c, quant->multiplier, quant->shift, quant->per_channel,
+                                      params->output_offset, params->activation_min, params->activation_max);
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}
+
 /*
  * Grouped conv2d: filter [C_out, kH, kW, CK] with groups = C_in / CK; output channel o belongs to
  * group o / (C_out / groups) and reads input channels [g * CK, (g + 1) * CK).  Within a filter tap

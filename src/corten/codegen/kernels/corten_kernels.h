@@ -117,6 +117,19 @@ int corten_depthwise_conv2d_s8(const corten_conv_params *params, const corten_qu
                                const corten_dims *output_dims, int8_t *output);
 
 /**
+ * Depthwise conv2d (depth multiplier 1) whose output overwrites its input (TinyEngine's in-place
+ * depthwise): `data` holds the NHWC input on entry and the NHWC output on return (the output is no
+ * larger than the input).  Channel by channel, input channel c (n * h * w bytes) is first copied
+ * to `temp`, then output channel c is computed from it and written: output byte (p, c) lands on
+ * input byte (p, c) of an already copied channel.  Same arithmetic, same bytes as
+ * corten_depthwise_conv2d_s8.  `temp` holds input_dims->n * h * w bytes.
+ */
+int corten_depthwise_conv2d_s8_in_place(const corten_conv_params *params, const corten_quant *quant,
+                                        const corten_dims *input_dims, int8_t *data,
+                                        const corten_dims *filter_dims, const int8_t *filter, const int32_t *bias,
+                                        const corten_dims *output_dims, int8_t *temp);
+
+/**
  * Fully connected: for each of `batches` rows, out[o] = requantize(kernel_sum[o] + sum_k x[k] * w[o][k])
  * with kernel_sum = bias + input_offset * rowsum(w) precomputed.  Weights [out_features, in_features].
  */
