@@ -63,3 +63,30 @@ def test_example_firmware_builds_and_runs_on_qemu(tmp_path):
         res = subprocess.run(cmd, capture_output=True, text=True)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"class {want} " in _run_qemu(cbuild / "firmware.elf", tmp_path)
+
+
+@needs_tools
+def test_example_firmware_with_memory_regions_and_weights_in_flash(tmp_path):
+    """Issue 25: the same project with a two-region arena (DTCM + SRAM) and the weights in a section
+    of their own: it links the model's <name>_sections.ld, runs, and its map puts the arenas in the
+    board's DTCM and SRAM and the weights in the QSPI flash."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 1, 6, 6)
+    prog = corten.compile(Classifier().eval(), (x,), name="model", target="cortex-m55",
+                          memory={"dtcm": 256, "sram": None}, weights_section=".ext_flash")
+    plan = prog.memory_for("portable")
+    assert all(r.nbytes > 0 for r in plan.regions)
+    lib = prog.emit_c(tmp_path / "model")
+    (tmp_path / "input.bin").write_bytes(tensor_to_c_bytes(x))
+    build = tmp_path / "build"
+    res = subprocess.run(["make", "-s", f"MODEL_DIR={lib.out_dir}", f"BUILD={build}"], cwd=EXAMPLE,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"class {int(torch.argmax(prog.run(x)))} " in _run_qemu(build / "firmware.elf", tmp_path)
+    text = (build / "firmware.map").read_text()
+    where = {m.group(1): int(m.group(2), 16) for m in re.finditer(r"^(\.[\w.]+)\s+(0x[0-9a-f]+)\s+0x[0-9a-f]+",
+                                                                    text, re.M)}
+    assert where[".bss.corten_dtcm"] == 0x20000000 and where[".bss.corten_sram"] == 0x21000000
+    assert where[".ext_flash"] == 0x28000000
+    assert re.search(r"\.ext_flash\s+0x0*28000000\s+0x[0-9a-f]+ \S*libmodel\.a", text)  # the model's weights
+
