@@ -37,7 +37,7 @@ def test_asymmetric_conv_padding_equals_explicitly_padded_input(pad, stride):
 from corten.errors import BudgetError  # noqa: E402
 from corten.memory import constant_tensor, plan_memory  # noqa: E402
 from corten.memory.tensors import DEQUANTIZE, QUANTIZE  # noqa: E402
-from corten.memory.views import RESHAPE, alias_offset  # noqa: E402
+from corten.memory.views import RESHAPE, alias_offset, input_layout_reshape  # noqa: E402
 from corten.ops.registry import op_name_of  # noqa: E402
 
 from conftest import needs_cmsis_nn, needs_gcc, needs_qemu  # noqa: E402
@@ -93,16 +93,17 @@ def replay_on_planned_bytes(ep, plan, x):
                 [ref[b.name] for b in a] if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.fx.Node)
                 else a for a in n.args]
         for a in n.all_input_nodes:  # every activation read sees its producer's bytes
-            if a.name in plan.tensors:
+            if a.name in plan.tensors and input_layout_reshape(a) is None:
                 buf, off, nb = at(a.name)
                 assert torch.equal(buf[off:off + nb], c_bytes(ref[a.name])), (n.name, "reads", a.name)
         y = n.target(*args, **n.kwargs)
         ref[n.name] = y
         name = op_name_of(n.target)
         if n.name not in plan.tensors or name in (QUANTIZE, DEQUANTIZE):
-            if name == QUANTIZE:
+            if name == QUANTIZE:  # the caller's input bytes (in the layout of its first reshape, if it has one)
                 buf, off, nb = at(n.name)
-                buf[off:off + nb] = c_bytes(y)
+                first = input_layout_reshape(n)
+                buf[off:off + nb] = c_bytes(y if first is None else y.reshape(first.meta["val"].shape))
             continue
         buf, off, nb = at(n.name)
         view = (n.target == RESHAPE and alias_offset(n) is not None) or \
@@ -113,6 +114,16 @@ def replay_on_planned_bytes(ep, plan, x):
         if n.name in plan.scratch:
             s = plan.scratch[n.name]
             bufs[("arena", s.memory)][s.offset:s.offset + s.nbytes] = garbage(s.nbytes)
+        if n.name in getattr(plan, "in_place_kernels", ()):  # in-place depthwise: channel by channel
+            a = n.args[0]
+            ibuf, ioff, inb = at(a.name)
+            ch, want_in, got = int(a.meta["val"].shape[1]), c_bytes(ref[a.name]), c_bytes(y)
+            assert ibuf is buf and ioff == off and nb <= inb and int(n.meta["val"].shape[1]) == ch, n.name
+            assert op_name_of(n.target) == "quantized_depthwise_conv2d" and int(n.args[6]) == 1, n.name
+            for c in range(ch):  # input channel c intact when its turn comes; output channel c over it
+                assert torch.equal(buf[off + c:off + inb:ch], want_in[c::ch]), (n.name, "channel", c)
+                buf[off + c:off + nb:ch] = got[c::ch]
+            continue
         buf[off:off + nb] = c_bytes(y)
     return outputs
 

@@ -3,7 +3,8 @@ its dying input, channel by channel through a channel-sized temporary (TinyEngin
 that lowers the peak, when the provider running it has such a kernel (the portable one; CMSIS-NN
 has none).  The plan is checked by test_memory's independent checker (its own in-place rule, and
 a re-run that writes the output channel by channel and requires each input channel intact when
-its turn comes); the C kernel is byte-exact with the reference on the host and on QEMU.
+its turn comes); the C kernel is byte-exact with the reference on the host and on QEMU.  Every zoo
+model's plans pass the same checker in tests/test_zoo_firmware.py.
 """
 from __future__ import annotations
 
@@ -115,15 +116,3 @@ def test_in_place_depthwise_on_qemu_m4_byte_exact(blocks):
     prog, x = blocks
     run = prog.c_run(x, on="qemu", kernels="portable", target="cortex-m4")
     assert all(torch.equal(a, b) for a, b in zip(prog.run_int8(x), run.outputs))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["mv2-0.35-96", "mv2", "ds-cnn", "mv1-0.25-96", "resnet8"])
-def test_zoo_plans_with_in_place_depthwise_pass_the_checker(name):
-    from test_zoo_programs import EXPECTED_OPS, compiled
-
-    if name not in EXPECTED_OPS:
-        pytest.skip(f"{name} is not in the zoo")
-    prog, _ = compiled(name)
-    for kernels in ("portable", "cmsis-nn"):
-        check_plan(prog.ep, prog.memory_for(kernels), prog.target)

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from corten.codegen import KERNELS_DIR
 from corten.runners.program_runner import ProgramRunner
@@ -110,6 +111,15 @@ def test_arena_is_planned_for_the_kernel_flavour(name):
                for k, op in ((k, steps.op_names[[n.name for n in steps.steps].index(k)]) for k in portable.scratch))
     assert portable.arena_bytes <= cmsis.arena_bytes
     assert {k: a.nbytes for k, a in cmsis.scratch.items()} == want["scratch_bytes"]
+    # the portable plan (in-place depthwise included) passes the independent plan checker: the program
+    # re-run on the planned bytes (tests/test_banding.py), byte-exact
+    from test_banding import replay_on_planned_bytes
+
+    x = compiled(name)[1]
+    want_outs = prog.ep.module()(x)
+    want_outs = list(want_outs) if isinstance(want_outs, (tuple, list)) else [want_outs]
+    outs = replay_on_planned_bytes(prog.ep, portable, [x])
+    assert len(outs) == len(want_outs) and all(torch.equal(a, b) for a, b in zip(outs, want_outs))
     if name == "mv2":  # 20 MB of constants to write; the plan check above covers it
         return
     for kernels, plan in (("portable", portable), ("cmsis-nn", cmsis)):
