@@ -381,7 +381,9 @@ class Pipeline:
     def __init__(self, model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
                  target: str = "cortex-m55", calibration: Any = None, seed: int = 0, *,
                  name: str = "model", progress: bool | Callable[[str], None] = False,
-                 observer: str = "histogram", precision="int8", input_ranges=None) -> None:
+                 observer: str = "histogram", precision="int8", input_ranges=None,
+                 input_scaling: str = "per_tensor") -> None:
+        from corten.quantizer.input_scaling import check_mode
         from corten.quantizer.observers import check_input_ranges
         from corten.quantizer.quantizer import check_precision
         from corten.validation import as_input_tuple, check_example_inputs, check_samples
@@ -400,7 +402,14 @@ class Pipeline:
         self.calibration = None if calibration is None else calibration_batches(calibration, self.example_inputs)
         if self.calibration is not None and not callable(self.calibration):
             self.calibration = check_samples(self.calibration, self.example_inputs, declared=self.input_ranges)
-            input_range_warnings(self.calibration, [f"input {i}" for i in range(len(self.example_inputs))])
+            if input_scaling == "per_tensor":  # (per-feature scaling is the cure for what this warns about)
+                input_range_warnings(self.calibration, [f"input {i}" for i in range(len(self.example_inputs))])
+        # input index -> (s, o): the per-feature map x / s + o before the quantize (made in prepare)
+        self.input_scaling_mode = check_mode(input_scaling)
+        self.input_scaling: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if self.input_scaling_mode == "per_feature" and (self.calibration is None or callable(self.calibration)):
+            raise UsageError("input_scaling='per_feature' takes each feature's range from the calibration samples: "
+                             "pass calibration= (a list of samples, a tensor or a DataLoader; ~64 real samples)")
         observer_class(observer)  # an unknown name is refused before anything runs
         self.observer = observer
         if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64:
@@ -449,16 +458,53 @@ class Pipeline:
         if self.exported is None:
             self.capture()
         t0 = _clock()
-        self.quantizer = CortenQuantizer(observer=self.observer, precision=self.precision,
-                                         input_ranges=self.input_ranges)
         self.float_module = unguarded_module(self.exported)
         flatten_outputs(self.float_module, self.model_name)  # the program computes a flat tuple of tensors
+        if self.input_scaling_mode == "per_feature":
+            self._scale_inputs_per_feature()
+        self.quantizer = CortenQuantizer(observer=self.observer, precision=self.precision,
+                                         input_ranges=self.input_ranges)
         with _torchao_warnings():
             fuse_conv_bn(self.float_module)
             self.prepared = prepare_pt2e(self.float_module, self.quantizer)
         self.graphs["bn_fused"] = self.quantizer.transformed_graph_text or ""
         self._timed("quantize", t0)
         return self
+
+    def _scale_inputs_per_feature(self) -> None:
+        """Fold a per-feature map ``x / s + o`` (:mod:`corten.quantizer.input_scaling`) into the linear
+        layer reading each input; those inputs then take the int8 grid of scale 1, zero point 0."""
+        from corten.ops._rules import source_location
+        from corten.quantizer.input_scaling import SCALED_RANGE, feature_affine, fold_into_linear, linear_reading
+
+        placeholders = [n for n in self.float_module.graph.nodes if n.op == "placeholder"]
+        readers = []
+        for idx, ph in enumerate(placeholders):
+            lin = linear_reading(self.float_module, ph)
+            if lin is None:
+                readers.append(f"input {idx} ({ph.name}): read by "
+                               + (", ".join(f"{u.target} at {source_location(u)}" for u in ph.users) or "nothing"))
+                continue
+            if idx in self.input_ranges:
+                raise UsageError(f"input {idx} has both a declared range (input_ranges) and per-feature scaling; "
+                                 "choose one")
+            s, o = feature_affine(torch.stack([sample[idx] for sample in self.calibration]))
+            fold_into_linear(self.float_module, lin, s, o)
+            self.input_scaling[idx] = (s, o)
+            self.input_ranges[idx] = SCALED_RANGE
+        if not self.input_scaling:
+            raise UsageError("input_scaling='per_feature' folds each feature's scale into the nn.Linear that reads "
+                             "the input directly (features in the last dim; the input read by nothing else, the "
+                             "weight by nothing else); no input is: " + "; ".join(readers))
+        self.calibration = self._scaled_samples(self.calibration)
+
+    def _scaled_samples(self, samples):
+        from corten.quantizer.input_scaling import scale_input
+
+        if not self.input_scaling:
+            return samples
+        return [tuple(scale_input(x, *self.input_scaling[i]) if i in self.input_scaling else x
+                      for i, x in enumerate(sample)) for sample in samples]
 
     def calibrate(self, samples: Iterable[tuple] | None = None) -> "Pipeline":
         """Run ``samples`` (default: the pipeline's calibration, else 8 seeded random samples)
@@ -469,7 +515,7 @@ class Pipeline:
             self.prepare()
         t0 = _clock()
         if samples is not None:
-            samples = check_samples(samples, self.example_inputs, declared=self.input_ranges)
+            samples = self._scaled_samples(check_samples(samples, self.example_inputs, declared=self.input_ranges))
         elif self.calibration is not None:
             samples = self.calibration
         else:
@@ -542,6 +588,9 @@ class Pipeline:
                                info={"calibration_samples": self.calibration_samples, "seed": self.seed,
                                      "timings_s": dict(self.timings),
                                      "cpu_timings_s": dict(self.cpu_timings), "node_sources": node_sources,
+                                     **({"input_scaling": {str(i): {"scales": s.tolist(), "offsets": o.tolist()}
+                                                           for i, (s, o) in self.input_scaling.items()}}
+                                        if self.input_scaling else {}),
                                      "observer": self.observer,
                                      **({"precision": _precision_info(self.precision, self.quantizer)}
                                         if self.precision != "int8" else {}),
@@ -734,6 +783,7 @@ def compile(
     precision: Any = "int8",
     precision_target_db: float = AUTO_TARGET_DB,
     input_ranges: dict | None = None,
+    input_scaling: str = "per_tensor",
     deployment: Any = None,
     memory: Any = None,
     weights_section: Any = None,
@@ -776,6 +826,12 @@ def compile(
     calibrating them - for an input the calibration data holds constant (a zero recurrent state,
     ``torch.ones`` in a test) or whose real range the user knows; such an input may be constant in
     the calibration samples.
+    ``input_scaling``: ``"per_tensor"`` (default: one int8 grid per input) or ``"per_feature"``: each
+    feature (last dim) of an input read directly by an ``nn.Linear`` gets its own range from the
+    calibration samples, mapped onto int8 by ``x / s + o`` before the quantize and folded into that
+    layer's weights and bias (:mod:`corten.quantizer.input_scaling`) - for tabular or sensor inputs
+    whose features span very different ranges.  ``run``/``run_c`` take float inputs as before; the C
+    header's ``<name>_scale_input(x, feature)`` applies the map before ``<name>_quantize_input``.
     ``deployment`` (:class:`corten.deployment.Deployment`): the core, kernels and budgets in one
     value; it replaces ``target`` and ``kernels``, and gives ``max_arena``/``max_flash`` unless they
     are passed.
@@ -794,6 +850,9 @@ def compile(
     if input_ranges is not None and (is_qat_module(model) or precision == "auto"):
         raise UsageError("input_ranges applies to post-training int8/int16 compiles (not a QAT module or "
                          "precision='auto')")
+    if input_scaling != "per_tensor" and (is_qat_module(model) or precision == "auto"):
+        raise UsageError("input_scaling applies to post-training int8/int16 compiles (not a QAT module or "
+                         "precision='auto')")
     if deployment is not None:
         from corten.deployment import Deployment
 
@@ -809,7 +868,7 @@ def compile(
                              progress, max_arena, max_flash, kernels, precision_target_db)
     else:
         prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
-                        precision, input_ranges)
+                        precision, input_ranges, input_scaling)
     if regions or sections:
         prog = prog.with_memory([r.to_json() for r in regions] or None, dict(sections) or None)
     if (max_arena is None and max_flash is None and not regions) or prog.unlowered_ops():
@@ -818,13 +877,14 @@ def compile(
 
 
 def _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
-             precision="int8", input_ranges=None) -> Program:
+             precision="int8", input_ranges=None, input_scaling="per_tensor") -> Program:
     if is_qat_module(model):
         if precision != "int8":
             raise UsageError("precision= applies to post-training quantization; a prepare_qat module is int8")
         return _compile_qat(model, example_inputs, target, calibration, seed, name, allow_unlowered, progress)
     pipeline = Pipeline(model, example_inputs, target, calibration, seed, name=name, progress=progress,
-                        observer=observer, precision=precision, input_ranges=input_ranges)
+                        observer=observer, precision=precision, input_ranges=input_ranges,
+                        input_scaling=input_scaling)
     try:
         return pipeline.run(allow_unlowered)
     except Exception as e:  # a torch-internal failure on an op Corten does not know: name the op

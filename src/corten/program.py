@@ -97,6 +97,11 @@ class Program:
     output_tree: Any = None
 
     def __post_init__(self) -> None:
+        # input index -> (s, o): the per-feature map x / s + o applied before the quantize
+        # (corten.quantizer.input_scaling; compile(..., input_scaling="per_feature"))
+        self.input_scaling = {int(i): (torch.tensor(v["scales"], dtype=torch.float32),
+                                       torch.tensor(v["offsets"], dtype=torch.float32))
+                              for i, v in self.info.get("input_scaling", {}).items()}
         self._module = None
         self._int8_module = None
         self._memory = None
@@ -196,12 +201,20 @@ class Program:
                                  "NaN has no int8 value: pass finite inputs (infinities saturate)")
         return inputs
 
+    def _program_inputs(self, inputs: tuple) -> tuple:
+        """The checked float inputs as the program graph takes them (per-feature scaled ones mapped)."""
+        from corten.ops._qparams import scale_input
+
+        inputs = self._check_inputs(inputs)
+        return tuple(scale_input(x, *self.input_scaling[i]) if i in self.input_scaling else x
+                     for i, x in enumerate(inputs))
+
     def run(self, *inputs: torch.Tensor):
         """Float outputs computed by the int8 program with the reference kernels, in the structure
         forward returns them (a tensor, a tuple, a dict, a NamedTuple, ...)."""
         from corten.capture.outputs import tensor_leaves
 
-        inputs = self._check_inputs(inputs)
+        inputs = self._program_inputs(inputs)
         with torch.no_grad():
             out = self.module()(*inputs)
         return self._returned(tensor_leaves(out))
@@ -227,14 +240,14 @@ class Program:
     def run_int8(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The int8 output tensors (NHWC bytes for 4-D) the C library must reproduce byte for byte: a
         flat list in output order (``output_names``; :meth:`structure` gives forward's structure)."""
-        inputs = self._check_inputs(inputs)
+        inputs = self._program_inputs(inputs)
         with torch.no_grad():
             out = self.int8_module()(*inputs)
         return list(torch.utils._pytree.tree_leaves(out))  # (a dict or nested outputs: in output order)
 
     def quantize_inputs(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """The int8 program inputs, as the program's quantize computes them."""
-        inputs = self._check_inputs(inputs)
+        inputs = self._program_inputs(inputs)
         return [torch.ops.corten.quantize_per_tensor(x, s.scale, s.zero_point, s.bits)
                 for x, s in zip(inputs, self.inputs)]
 
@@ -373,7 +386,8 @@ class Program:
         self._require_lowered("emit C")
         d = self.deployment(kernels, target, deployment=deployment, default_kernels="portable")
         return emit_c(self.ep, self.memory_for(deployment=d), out_dir, self.name, d,
-                      node_sources=self.info.get("node_sources"), output_names=self.output_names)
+                      node_sources=self.info.get("node_sources"), output_names=self.output_names,
+                      input_scaling=self.input_scaling)
 
     def kernel_choices(self, kernels=None, target: str | None = None, *, deployment=None):
         """The steps of the C library for a deployment (tuple of :class:`corten.codegen.StepInfo`:

@@ -796,6 +796,19 @@ def _quant_helper(n: str, m: str, what: str, suffix: str, t: "IOTensor") -> str:
 
 
 
+def _scale_helper(n: str, m: str, suffix: str, scales, offsets) -> str:
+    """``<n>_scale_input<suffix>(x, feature)``: the per-feature map ``x / s + o`` (float32, in this
+    order, as Program.run computes it) whose result ``<n>_quantize_input<suffix>`` quantizes."""
+    lits = lambda v: ", ".join(_float_literal(float(x)) for x in v)  # noqa: E731
+    return (f"/* Input{suffix and ' ' + suffix} is scaled per feature (the last dim, {len(scales)} features): quantize\n"
+            f" * {n}_scale_input{suffix}(x, feature) of each value, not x itself. */\n"
+            f"#define {m}_INPUT{suffix}_FEATURES {len(scales)}\n"
+            f"static inline float {n}_scale_input{suffix}(float x, int32_t feature)\n{{\n"
+            f"    static const float scale[{len(scales)}] = {{{lits(scales)}}};\n"
+            f"    static const float offset[{len(offsets)}] = {{{lits(offsets)}}};\n"
+            f"    return x / scale[feature] + offset[feature];\n}}")
+
+
 def _header(g: _Generator, lib: dict, n_steps: int) -> str:
     m, n = g.macro, g.name
     ins, outs = lib["inputs"], lib["outputs"]
@@ -837,6 +850,8 @@ typedef struct {{
  */
 int {n}_run_io(const {n}_inputs *inputs, const {n}_outputs *outputs, uint8_t *arena, size_t arena_bytes);
 """
+    for i, (scales, offsets) in sorted(lib["input_scaling"].items()):
+        helpers.append(_scale_helper(n, m, str(i) if multi else "", scales, offsets))
     body = "\n\n".join(blocks)
     wide = any(t.bits == 16 for t in (*ins, *outs))
     helper_text = (QUANT_HELPERS.format(n=n) + (QUANT16_HELPERS.format(n=n) if wide else "") + "\n"
@@ -1090,7 +1105,7 @@ def _constants_source(g: _Generator) -> str:
 # ----------------------------------------------------------------------------- public entry point
 def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, name: str, deployment: Any,
            kernels: Any = None, node_sources: dict | None = None,
-           output_names: Sequence[str] = ()) -> EmittedLibrary:
+           output_names: Sequence[str] = (), input_scaling: dict | None = None) -> EmittedLibrary:
     """Write the C library of the lowered program ``ep`` planned by ``plan`` into ``out_dir``.
 
     ``name`` becomes the file names and the ``<name>_run`` symbol (a C identifier); ``deployment``
@@ -1102,7 +1117,9 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
     registered provider's name, or a sequence of providers.  ``node_sources`` (``Program.info["node_sources"]``)
     gives each node's PyTorch module path and source line: constant names and step comments use
     them.  ``output_names`` (``Program.output_names``): the C names of the outputs (fields of
-    ``<name>_outputs``), by default ``output0``, ``output1``, ...  Output is deterministic byte for byte.
+    ``<name>_outputs``), by default ``output0``, ``output1``, ...  ``input_scaling``
+    (``Program.input_scaling``: input index -> per-feature ``(s, o)``): the header's
+    ``<name>_scale_input<i>(x, feature)`` helpers.  Output is deterministic byte for byte.
     """
     deployment = _deployment(deployment, kernels)
     target, providers = deployment.target, deployment.providers
@@ -1149,6 +1166,7 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         arena_align=int(getattr(plan, "alignment", 16) or 16),
         constant_bytes=sum(a.nbytes for a in g.arrays.values()),
         program_hash=hasher.hexdigest()[:HASH_CHARS],
+        input_scaling=dict(input_scaling or {}),
     )
 
     files: dict[str, str] = {
@@ -1213,7 +1231,8 @@ def emit_c(ep: torch.export.ExportedProgram, plan: Any, out_dir: str | Path, nam
         cmake=out_dir / f"{name}.cmake", makefile=out_dir / "Makefile", kernels=g.kernels,
         steps=tuple(g.step_info), providers=tuple(p.name for p in providers),
         extra_sources=tuple(out_dir / f for f in extra), regions=tuple(_planned_regions(plan)),
-        linker_fragment=out_dir / f"{name}_sections.ld" if fragment is not None else None, **lib)
+        linker_fragment=out_dir / f"{name}_sections.ld" if fragment is not None else None,
+        **{k: v for k, v in lib.items() if k != "input_scaling"})
 
 
 def _deployment(deployment: Any, kernels: Any) -> Deployment:

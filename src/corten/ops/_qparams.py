@@ -92,3 +92,9 @@ def requantize_args(q_in: QParams, q_out: QParams, src) -> tuple:
     Requantize: ``out = zp_out + MultiplyByQuantizedMultiplier(q - zp_in, s_in / s_out)``)."""
     mult, shift = quantize_multiplier(float(q_in.scale) / float(q_out.scale))
     return (src, -q_in.zero_point, q_out.zero_point, mult, shift, 16 if q_out.dtype == torch.int16 else 8)
+
+def scale_input(x: torch.Tensor, s: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """The per-feature input map before the quantize (``compile(..., input_scaling="per_feature")``,
+    :mod:`corten.quantizer.input_scaling`): ``x / s + o`` in float32, in this order - the one
+    formula, which the C header's ``<name>_scale_input`` computes alike."""
+    return x.to(torch.float32) / s + o
