@@ -45,6 +45,10 @@ needs_arm_gcc = pytest.mark.skipif(ARM_GCC is None, reason="needs arm-none-eabi-
 needs_qemu = pytest.mark.skipif(ARM_GCC is None or QEMU is None, reason="needs arm-none-eabi-gcc and qemu-system-arm")
 needs_cmsis_nn = pytest.mark.skipif(not CMSIS_NN_PATH or GCC is None,
                                     reason="set CMSIS_NN_PATH to a CMSIS-NN source tree (and install gcc)")
+# the zoo's 224x224 models: tests whose subject does not depend on the model's size leave them out
+# (each costs ~10 s a compile); the tests of every zoo model on the host and QEMU keep them
+ZOO_224 = ("mv2", "mv3-small")
+
 needs_cmake = pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("make") is None,
                                  reason="needs cmake and make")
 

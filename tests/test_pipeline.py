@@ -9,6 +9,7 @@ import torch
 import corten
 from corten.compiler import Pipeline, default_calibration
 from corten.testing import Tester
+from conftest import ZOO_224
 from corten.zoo import MODELS, get_model
 
 CALIBRATION = 2  # the equality holds for any calibration; 2 samples keep the test short
@@ -20,7 +21,7 @@ def _constants(program) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in ZOO_224])  # (the stages are size-blind)
 def test_tester_and_compile_give_the_same_program(name):
     model, example = get_model(name)
     samples = default_calibration(example, CALIBRATION, seed=0)
