@@ -34,11 +34,19 @@ def compile(model, example_inputs=None, target="cortex-m55", calibration=None, s
     return _compile(model, example_inputs, target=target, calibration=calibration, seed=seed, **kwargs)
 
 
-def prepare_qat(model, example_inputs, target="cortex-m55"):
-    """See :func:`corten.quantizer.qat.prepare_qat`: a module to fine-tune, then ``corten.compile``."""
+def prepare_qat(model, example_inputs, target="cortex-m55", weights="int8"):
+    """See :func:`corten.quantizer.qat.prepare_qat`: a module to fine-tune, then ``corten.compile``
+    (``weights="int4"`` or a dict: those layers train and compile with int4 weights)."""
     from corten.quantizer.qat import prepare_qat as _prepare_qat
 
-    return _prepare_qat(model, example_inputs, target=target)
+    return _prepare_qat(model, example_inputs, target=target, weights=weights)
+
+
+def weights_report(prog):
+    """See :func:`corten.compiler.weights_report`: flash per layer and per weight width."""
+    from corten.compiler import weights_report as _weights_report
+
+    return _weights_report(prog)
 
 
 def convert_qat(qat_module):

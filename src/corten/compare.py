@@ -81,6 +81,7 @@ class TensorRow:
     saturated: float
     scale: float
     zero_point: int
+    weight_bits: int = 0  # the op's weight width in the C constants (4: int4, 8: int8; 0: no weights)
 
 
 @dataclass
@@ -90,13 +91,14 @@ class CompareReport:
     rows: list[TensorRow] = field(default_factory=list)
 
     def table(self) -> str:
-        head = (f"{'#':>3}  {'tensor':<28} {'module':<24} {'op':<28} {'SQNR dB':>8} {'op dB':>8} "
+        head = (f"{'#':>3}  {'tensor':<28} {'module':<24} {'op':<28} {'weights':>7} {'SQNR dB':>8} {'op dB':>8} "
                 f"{'max err':>8} {'sat %':>6}")
         lines = [f"Per-layer int8 error of {self.model} on {self.samples} sample(s) "
                  "(SQNR: accumulated / op alone; max err in int8 steps)", head, "-" * len(head)]
         for r in self.rows:
+            width = f"int{r.weight_bits}" if r.weight_bits else "-"
             lines.append(f"{r.step:>3}  {r.tensor[:28]:<28} {(r.module or '-')[:24]:<24} {r.op[:28]:<28} "
-                         f"{_db(r.sqnr_db):>8} {_db(r.op_sqnr_db):>8} {r.max_err_steps:>8.2f} "
+                         f"{width:>7} {_db(r.sqnr_db):>8} {_db(r.op_sqnr_db):>8} {r.max_err_steps:>8.2f} "
                          f"{100 * r.saturated:>6.2f}")
         worst = self.worst()
         if worst is not None:
@@ -203,7 +205,7 @@ def _module_path(node: torch.fx.Node) -> str:
 
 def compare(program, model: torch.nn.Module, samples: Iterable, threshold_db: float | None = None) -> CompareReport:
     """See the module docstring.  ``samples``: input tuples (or tensors for one-input models)."""
-    from corten.ops.registry import op_name_of
+    from corten.ops.registry import op_name_of, weight_bits
 
     samples = [s if isinstance(s, (tuple, list)) else (s,) for s in samples]
     if not samples:
@@ -220,6 +222,7 @@ def compare(program, model: torch.nn.Module, samples: Iterable, threshold_db: fl
     prog_gm = program.module()
     order = [n.name for n in prog_gm.graph.nodes if n.op == "call_function" and n.name in tensors
              and op_name_of(n.target) is not None and tensors[n.name]["float"] in ref_nodes]
+    widths = {n.name: weight_bits(n) for n in prog_gm.graph.nodes if n.name in tensors}
 
     modules = {n.name: _module_path(n) for n in ref.graph.nodes}
     acc = {k: [0.0, 0.0, 0.0, 0.0, 0.0, 0] for k in order}  # signal, noise, op noise, max err, sat, count
@@ -270,7 +273,7 @@ def compare(program, model: torch.nn.Module, samples: Iterable, threshold_db: fl
         report.rows.append(TensorRow(step=step, node=k, op=t["op"], tensor=t["float"], module=modules.get(t.get("source", "")) or modules.get(t["float"]) or t.get("module", ""),
                                      sqnr_db=_sqnr(a[0], a[1]), op_sqnr_db=_sqnr(a[0], a[2]),
                                      max_err_steps=a[3], saturated=a[4] / a[5], scale=t["scale"],
-                                     zero_point=t["zero_point"]))
+                                     zero_point=t["zero_point"], weight_bits=widths.get(k, 0)))
     if threshold_db is not None:
         report.warn(threshold_db)
     return report

@@ -382,13 +382,14 @@ class Pipeline:
                  target: str = "cortex-m55", calibration: Any = None, seed: int = 0, *,
                  name: str = "model", progress: bool | Callable[[str], None] = False,
                  observer: str = "histogram", precision="int8", input_ranges=None,
-                 input_scaling: str = "per_tensor") -> None:
+                 input_scaling: str = "per_tensor", weights="int8") -> None:
         from corten.quantizer.input_scaling import check_mode
         from corten.quantizer.observers import check_input_ranges
-        from corten.quantizer.quantizer import check_precision
+        from corten.quantizer.quantizer import check_precision, check_weights
         from corten.validation import as_input_tuple, check_example_inputs, check_samples
 
         self.precision = check_precision(precision)  # refused before anything runs
+        self.weights = check_weights(weights)
 
         self.model = model
         self.model_name = type(model).__name__
@@ -462,7 +463,7 @@ class Pipeline:
         flatten_outputs(self.float_module, self.model_name)  # the program computes a flat tuple of tensors
         if self.input_scaling_mode == "per_feature":
             self._scale_inputs_per_feature()
-        self.quantizer = CortenQuantizer(observer=self.observer, precision=self.precision,
+        self.quantizer = CortenQuantizer(observer=self.observer, precision=self.precision, weights=self.weights,
                                          input_ranges=self.input_ranges)
         with _torchao_warnings():
             fuse_conv_bn(self.float_module)
@@ -594,6 +595,8 @@ class Pipeline:
                                      "observer": self.observer,
                                      **({"precision": _precision_info(self.precision, self.quantizer)}
                                         if self.precision != "int8" else {}),
+                                     **({"weights": _weights_info(self.weights, self.quantizer)}
+                                        if self.weights != "int8" else {}),
                                      "tensors": record_provenance(self.lowered, program_ep.graph)})
         return self.program
 
@@ -732,6 +735,115 @@ def _compile_auto(model, example_inputs, target, calibration, seed, observer, na
     return best
 
 
+def _int4_candidates(prog4: Program, prog8: Program, model, samples) -> list[dict]:
+    """The layers of the all-int4 program ``prog4`` that have int4 weights, least int4 rounding
+    error first: each module path with its op-alone SQNR in ``prog4`` (:meth:`Program.compare`, the
+    layer's own rounding on its int8 input) and the flash bytes int4 saves there (its weight bytes
+    in ``prog8`` minus those in ``prog4``, from the cost hook)."""
+    from corten.ops.registry import op_cost, weight_bits
+
+    def weight_bytes(prog) -> dict[str, int]:
+        out: dict[str, int] = {}
+        tensors = prog.info.get("tensors") or {}
+        for n in prog.module().graph.nodes:
+            if n.op == "call_function" and n.name in tensors and weight_bits(n):
+                mod = tensors[n.name].get("module", "")
+                out[mod] = out.get(mod, 0) + op_cost(n).weight_bytes
+        return out
+
+    int4_modules = {(prog4.info.get("tensors") or {}).get(n.name, {}).get("module", "")
+                    for n in prog4.module().graph.nodes if n.op == "call_function" and weight_bits(n) == 4}
+    b8, b4 = weight_bytes(prog8), weight_bytes(prog4)
+    sqnr: dict[str, float] = {}
+    for r in prog4.compare(model, samples).rows:
+        if r.weight_bits == 4 and r.module in int4_modules:
+            sqnr[r.module] = min(sqnr.get(r.module, float("inf")), r.op_sqnr_db)
+    rows = [{"module": m, "op_sqnr_db_int4": sqnr.get(m, float("-inf")), "saved_bytes": b8.get(m, 0) - b4.get(m, 0)}
+            for m in int4_modules if m]
+    return sorted(rows, key=lambda d: (-d["op_sqnr_db_int4"], -d["saved_bytes"], d["module"]))
+
+
+def _compile_weights_auto(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
+                          progress, precision, max_flash, input_ranges=None, input_scaling="per_tensor") -> Program:
+    """weights="auto" (see :func:`compile`)."""
+    if max_flash is None:
+        raise UsageError("weights='auto' moves layers to int4 until the constants fit max_flash: pass max_flash= "
+                         "(bytes), or weights='int4' / a dict of module paths or types")
+    if is_qat_module(model):
+        raise UsageError("weights='auto' applies to post-training quantization; give prepare_qat(..., weights=) "
+                         "the int4 layers instead")
+
+    def build(weights):
+        return _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
+                        precision, input_ranges, input_scaling, weights=weights)
+
+    base = build("int8")
+    flash8 = _program_costs(base)["constant_bytes"]
+    info = {"max_flash": max_flash, "int8_constant_bytes": flash8, "int4_layers": [], "tried": []}
+    chosen_prog = base
+    if flash8 > max_flash and not base.unlowered_ops():
+        prog4 = build("int4")
+        samples = _auto_samples(calibration, example_inputs, seed)
+        candidates = _int4_candidates(prog4, base, model, samples)
+        info["int4_constant_bytes"] = _program_costs(prog4)["constant_bytes"]
+        def cover(n: int, deficit: int) -> int:
+            """n extended by the next candidates until their savings cover ``deficit`` bytes (one at least)."""
+            saved = 0
+            while n < len(candidates) and (saved < deficit or saved == 0):
+                saved += candidates[n]["saved_bytes"]
+                n += 1
+            return n
+
+        n = cover(0, flash8 - max_flash)
+        while True:
+            layers = candidates[:n]
+            prog = prog4 if n == len(candidates) else build({d["module"]: "int4" for d in layers})
+            flash = _program_costs(prog)["constant_bytes"]
+            info["tried"].append({"layers": n, "constant_bytes": flash})
+            if flash <= max_flash or n == len(candidates):  # (all of them: the smallest constants there are)
+                chosen_prog, info["int4_layers"] = prog, layers
+                break
+            n = cover(n, flash - max_flash)  # (savings estimated high: cover what is still over)
+    info["constant_bytes"] = _program_costs(chosen_prog)["constant_bytes"]
+    chosen_prog.info["weights"] = {**chosen_prog.info.get("weights", {}), "requested": "auto", "auto": info}
+    return chosen_prog
+
+
+def weight_layers(prog: Program) -> list[tuple[str, int, int]]:
+    """``(module path or node name, weight bits, weight bytes in flash)`` of every weighted step of
+    ``prog`` in program order (the cost hook's bytes: packed int4 counts half)."""
+    from corten.ops.registry import op_cost, weight_bits
+
+    tensors = prog.info.get("tensors") or {}
+    rows = []
+    for n in prog.module().graph.nodes:
+        bits = weight_bits(n) if n.op == "call_function" else 0
+        if bits:
+            rows.append((tensors.get(n.name, {}).get("module", "") or n.name, bits, op_cost(n).weight_bytes))
+    return rows
+
+
+def weights_report(prog: Program) -> str:
+    """Flash by weight width and per layer: every weighted step's module, width and weight bytes,
+    the totals per width and the other constants (biases, multipliers, tables); with the
+    ``weights="auto"`` decisions when it chose them."""
+    rows = weight_layers(prog)
+    per_width: dict[int, int] = {}
+    for _, bits, wb in rows:
+        per_width[bits] = per_width.get(bits, 0) + wb
+    total = int(prog.memory.constant_bytes)
+    lines = [f"flash (constants) {total:,} B: " + ", ".join(f"int{b} weights {v:,} B" for b, v in sorted(per_width.items()))
+             + f", other constants (biases, multipliers, tables) {total - sum(per_width.values()):,} B"]
+    a = (prog.info.get("weights") or {}).get("auto")
+    if a:
+        lines.append(f"weights=auto: {len(a['int4_layers'])} layer(s) int4 to fit max_flash {a['max_flash']:,} B "
+                     f"(int8 {a['int8_constant_bytes']:,} B -> {a['constant_bytes']:,} B), least int4 rounding "
+                     "error (op-alone SQNR) first")
+    lines.append(f"  {'layer':<40} {'weights':>7} {'bytes':>10}")
+    lines += [f"  {m[:40]:<40} {'int' + str(w):>7} {b:>10,}" for m, w, b in rows]
+    return "\n".join(lines)
+
+
 def auto_report(prog: Program) -> str:
     """The precision="auto" decisions of ``prog`` as text (also in the compile report)."""
     a = (prog.info.get("precision") or {}).get("auto")
@@ -748,12 +860,22 @@ def auto_report(prog: Program) -> str:
     return "\n".join(lines)
 
 
+def _request_info(request):
+    """A width request as saved in ``Program.info``: the string, or the dict with types by name."""
+    return request if isinstance(request, str) else {
+        (k if isinstance(k, str) else f"{k.__module__}.{k.__qualname__}"): v for k, v in request.items()}
+
+
+def _weights_info(weights, quantizer) -> dict:
+    """What the program records of its weights request: the request and the weighted nodes the
+    quantizer gave int4 weights."""
+    return {"requested": _request_info(weights), "int4_nodes": list(getattr(quantizer, "int4_nodes", []))}
+
+
 def _precision_info(precision, quantizer) -> dict:
-    """What the program records of its precision request: the request (types by name) and the
-    compute nodes the quantizer made int16."""
-    req = precision if isinstance(precision, str) else {
-        (k if isinstance(k, str) else f"{k.__module__}.{k.__qualname__}"): v for k, v in precision.items()}
-    return {"requested": req, "int16_nodes": list(getattr(quantizer, "int16_nodes", []))}
+    """What the program records of its precision request: the request and the compute nodes the
+    quantizer made int16."""
+    return {"requested": _request_info(precision), "int16_nodes": list(getattr(quantizer, "int16_nodes", []))}
 
 
 class _torchao_warnings(warnings.catch_warnings):
@@ -787,6 +909,7 @@ def compile(
     deployment: Any = None,
     memory: Any = None,
     weights_section: Any = None,
+    weights: Any = "int8",
 ) -> Program:
     """Compile ``model`` to a Corten int8 program for ``target`` (runs every :class:`Pipeline` stage).
 
@@ -843,6 +966,13 @@ def compile(
     it.  ``weights_section``: the linker section of the constant arrays, one for all
     (``".ext_flash"``) or per module path prefix (``{"features": ".ext_flash"}``).  Both also come
     from ``deployment``; the C library's ``<name>_sections.ld`` is the GCC linker-script fragment.
+    ``weights``: the weight width of the conv/linear layers - ``"int8"`` (default), ``"int4"`` (A8W4:
+    symmetric per-channel int4 weights in [-7, 7], packed two per byte in the C constants, int8
+    activations, int32 biases, on conv2d / 1x1 / depthwise / linear; other layers keep int8), a dict
+    ``{module path prefix | nn.Module type: "int8" | "int4"}`` as for ``precision``, or ``"auto"`` with
+    ``max_flash``: int8 when the constants fit, else the layers whose int4 rounding costs least (op-alone
+    SQNR of the all-int4 program, :meth:`Program.compare`) go to int4 until they fit;
+    ``prog.info["weights"]["auto"]`` records the choice, :func:`weights_report` the flash per layer.
     """
     from corten.deployment import parse_memory, parse_weights_section
 
@@ -863,12 +993,20 @@ def compile(
         max_flash = deployment.max_flash if max_flash is None else max_flash
         regions = regions or deployment.memory
         sections = sections or deployment.weights_sections
-    if isinstance(precision, str) and precision == "auto":
+    if isinstance(weights, str) and weights == "auto":
+        if isinstance(precision, str) and precision == "auto":
+            raise UsageError("weights='auto' and precision='auto' together are not supported: fix one of them")
+        prog = _compile_weights_auto(model, example_inputs, target, calibration, seed, observer, name,
+                                     allow_unlowered, progress, precision, max_flash, input_ranges, input_scaling)
+    elif isinstance(precision, str) and precision == "auto":
+        if weights != "int8":
+            raise UsageError("precision='auto' compiles int8 weights; combine int16 layers and int4 weights with "
+                             "explicit dicts")
         prog = _compile_auto(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
                              progress, max_arena, max_flash, kernels, precision_target_db)
     else:
         prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
-                        precision, input_ranges, input_scaling)
+                        precision, input_ranges, input_scaling, weights)
     if regions or sections:
         prog = prog.with_memory([r.to_json() for r in regions] or None, dict(sections) or None)
     if (max_arena is None and max_flash is None and not regions) or prog.unlowered_ops():
@@ -877,14 +1015,17 @@ def compile(
 
 
 def _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
-             precision="int8", input_ranges=None, input_scaling="per_tensor") -> Program:
+             precision="int8", input_ranges=None, input_scaling="per_tensor", weights="int8") -> Program:
     if is_qat_module(model):
         if precision != "int8":
             raise UsageError("precision= applies to post-training quantization; a prepare_qat module is int8")
+        if weights != "int8":
+            raise UsageError("weights= of a QAT module are chosen when it is prepared: "
+                             "corten.prepare_qat(model, example_inputs, weights=...)")
         return _compile_qat(model, example_inputs, target, calibration, seed, name, allow_unlowered, progress)
     pipeline = Pipeline(model, example_inputs, target, calibration, seed, name=name, progress=progress,
                         observer=observer, precision=precision, input_ranges=input_ranges,
-                        input_scaling=input_scaling)
+                        input_scaling=input_scaling, weights=weights)
     try:
         return pipeline.run(allow_unlowered)
     except Exception as e:  # a torch-internal failure on an op Corten does not know: name the op

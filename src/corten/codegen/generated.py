@@ -864,6 +864,10 @@ def structural_reason(view) -> str | None:
     x = view.arg("input")
     if x.meta["val"].dtype != torch.int8:
         return "16x8 (int16) layers keep the s16 kernels"
+    from corten.providers import weight_dtype
+
+    if weight_dtype(view.node) == torch.int4:
+        return "no generated kernel for int4 weights (A8W4): the next provider's s4 kernel runs it"
     if op == "quantized_linear":
         try:
             single = bool(view.arg("single_rounding"))

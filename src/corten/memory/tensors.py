@@ -14,7 +14,7 @@ from torch.export import ExportedProgram
 
 from corten.errors import MemoryPlanError
 from corten.memory.views import RESHAPE, alias_offset
-from corten.ops.registry import is_lowered_node, op_name_of
+from corten.ops.registry import constant_nbytes, is_lowered_node, op_name_of
 
 QUANTIZE = "quantize_per_tensor"
 DEQUANTIZE = "dequantize_per_tensor"
@@ -140,7 +140,7 @@ def analyse(ep: ExportedProgram, in_place_cats: bool = False) -> ProgramTensors:
         for arg in node.all_input_nodes:
             t = constant_tensor(ep, arg)
             if t is not None:
-                constants[arg.name] = t.numel() * t.element_size()
+                constants[arg.name] = constant_nbytes(node, arg, t)  # (int4 weights: packed)
             elif arg.op == "placeholder" and name != QUANTIZE:
                 raise MemoryPlanError(f"memory plan: node {node.name!r} reads program input {arg.name!r} "
                                       "directly; each program input must go through one "

@@ -223,7 +223,26 @@ CONV_SCHEMA = ("(Tensor input, Tensor weight, Tensor? bias, {geometry}, SymInt i
                "Tensor output_multiplier, Tensor output_shift, SymInt activation_min, SymInt activation_max) -> Tensor")
 
 
-def conv_op(name: str, geometry: str, check, accumulate, channel_axis: int):
+# int4 weights (A8W4): ops that take them end their schema with this argument; 8 (the default, so
+# an int8 graph never spells it) or 4: the weight tensor is int8 holding values in [-8, 7], written
+# to C packed two per byte (CMSIS-NN's s4 layout).  The arithmetic is the int8 kernel's.
+WEIGHT_BITS_ARG = "int weight_bits=8"
+WEIGHT_BITS = (4, 8)
+
+
+def check_weight_bits(op, input, weight, weight_bits) -> None:
+    """``weight_bits`` is 4 or 8; int4 weights hold values in [-8, 7] and take int8 activations."""
+    if weight_bits not in WEIGHT_BITS:
+        checks.fail(op, "weight_bits", f"must be one of {WEIGHT_BITS}, got {weight_bits!r}")
+    if weight_bits == 4:
+        if isinstance(input, torch.Tensor) and input.dtype != torch.int8:
+            checks.fail(op, "weight_bits", "int4 weights take int8 activations (A8W4); keep int16 layers int8")
+        if checks._has_values(weight) and weight.numel() and (int(weight.min()) < -8 or int(weight.max()) > 7):
+            checks.fail(op, "weight", f"int4 weights must lie in [-8, 7], got [{int(weight.min())}, "
+                                      f"{int(weight.max())}]")
+
+
+def conv_op(name: str, geometry: str, check, accumulate, channel_axis: int, int4: bool = False):
     """Define ``corten::<name>``, a convolution: schema :data:`CONV_SCHEMA` with ``geometry`` (e.g.
     ``"SymInt[] stride, SymInt[] padding, SymInt[] dilation"``, plus ``groups``, ``depth_multiplier``
     or ``output_padding``), reference kernel and fake kernel.  Every convolution (conv2d, depthwise,
@@ -234,11 +253,19 @@ def conv_op(name: str, geometry: str, check, accumulate, channel_axis: int):
     * ``accumulate(input, weight, *geometry, input_offset)`` gives the int64 NHWC accumulators
       without bias, which :func:`finish_accumulators` turns into the output (16x8 when the input is
       int16, which ``check`` allows only to the ops that have an s16 kernel);
-    * the output has ``weight.shape[channel_axis]`` channels, NCHW shape, ``channels_last`` bytes.
+    * the output has ``weight.shape[channel_axis]`` channels, NCHW shape, ``channels_last`` bytes;
+    * ``int4``: the schema ends with :data:`WEIGHT_BITS_ARG` (int4 weights, the same arithmetic).
     """
     n_geometry = geometry.count(",") + 1
+    n_args = n_geometry + 6
+
+    def split(input, weight, args):
+        bits = args[n_args] if len(args) > n_args else 8
+        check_weight_bits(name, input, weight, bits)
+        return args[:n_args]
 
     def kernel(input, weight, bias, *args):
+        args = split(input, weight, args)
         check(input, weight, bias, *args)
         input_offset, output_offset, output_multiplier, output_shift, activation_min, activation_max = \
             args[n_geometry:]
@@ -247,12 +274,14 @@ def conv_op(name: str, geometry: str, check, accumulate, channel_axis: int):
                                    activation_min, activation_max, s16=input.dtype == torch.int16)
 
     kernel.__name__ = kernel.__qualname__ = name
-    op = torch.library.custom_op(f"corten::{name}", kernel, mutates_args=(),
-                                 schema=CONV_SCHEMA.format(geometry=geometry))
+    schema = CONV_SCHEMA.format(geometry=geometry)
+    if int4:
+        schema = schema.replace(") -> Tensor", f", {WEIGHT_BITS_ARG}) -> Tensor")
+    op = torch.library.custom_op(f"corten::{name}", kernel, mutates_args=(), schema=schema)
 
     @op.register_fake
     def _(input, weight, bias, *args):
-        ho, wo = check(input, weight, bias, *args)
+        ho, wo = check(input, weight, bias, *split(input, weight, args))
         return empty_nchw(input.shape[0], weight.shape[channel_axis], ho, wo, input.device, input.dtype)
 
     return op

@@ -178,6 +178,15 @@ class Match:
         raise LoweringError(f"{self.node.name}: argument {dq.name} is not a quantized constant "
                             "(weights must be constants quantized by CortenQuantizer)")
 
+    def weight_bits(self, dq: Node) -> int:
+        """4 when the quantized constant ``dq`` was quantized to int4 (the quantizer's weight range
+        [-7, 7], or any range within [-8, 7]), else 8: the ``weight_bits`` of the op reading it."""
+        if isinstance(dq, Node) and (dq.target in DQ_PER_CHANNEL or dq.target in DQ_PER_TENSOR):
+            lo_hi = dq.args[4:6] if dq.target in DQ_PER_CHANNEL else dq.args[3:5]
+            if len(lo_hi) == 2 and -8 <= int(lo_hi[0]) and int(lo_hi[1]) <= 7:
+                return 4
+        return 8
+
     def bias_int32(self, bias_arg, input_scale: float, weight_scales: torch.Tensor) -> torch.Tensor | None:
         """The int32 bias: from its quantized constant, or - for a float bias the quantizer did not
         see (QAT's conv-BN folding adds one) - quantized here with scale input_scale * weight_scale."""

@@ -35,12 +35,14 @@ from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
 from corten.ops.registry import (Cost, Hook, OpFamily, Window, annotates, lowers, node_shape, op_name_of,
                                  register_family, weighted_cost)
-from corten.providers import CMSIS_NN, PORTABLE
+from corten.providers import CMSIS_NN, PORTABLE, NodeView, weight_dtype
 from corten.providers.cmsis_nn import (  # noqa: F401  (re-exported: the formulas moved to the provider)
     conv2d_kernel_variant,
+    conv2d_s4_scratch_bytes,
     conv2d_s16_scratch_bytes,
     conv2d_scratch_bytes,
     depthwise_kernel_variant,
+    depthwise_s4_scratch_bytes,
     depthwise_s16_scratch_bytes,
     depthwise_scratch_bytes,
     im2col_bytes,
@@ -114,7 +116,7 @@ def _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, 
     return _out_hw(op, input, weight.shape[1], weight.shape[2], stride, padding, dilation)
 
 
-quantized_conv2d = conv_op("quantized_conv2d", WINDOW, _check_conv2d, conv2d_accumulators, channel_axis=0)
+quantized_conv2d = conv_op("quantized_conv2d", WINDOW, _check_conv2d, conv2d_accumulators, channel_axis=0, int4=True)
 
 
 # ----------------------------------------------------------------------------- depthwise
@@ -159,7 +161,7 @@ def _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multi
 
 
 quantized_depthwise_conv2d = conv_op("quantized_depthwise_conv2d", WINDOW + ", SymInt depth_multiplier",
-                                     _check_depthwise, depthwise_accumulators, channel_axis=3)
+                                     _check_depthwise, depthwise_accumulators, channel_axis=3, int4=True)
 
 
 # ----------------------------------------------------------------------------- grouped conv2d
@@ -221,8 +223,16 @@ def _window(node) -> Window:
 
 # ----------------------------------------------------------------------------- lowering
 
+def _int4_capable(node) -> bool:
+    """Convolutions of 1 group or of C_in groups (depthwise) have int4 kernels; grouped ones not."""
+    groups = int(node_arg(node, "groups", 1))
+    x = node.args[0]
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    return groups == 1 or (val is not None and val.dim() >= 2 and groups == int(val.shape[1]))
+
+
 annotates("weighted", torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, torch.ops.aten.conv1d.default,
-          torch.ops.aten.conv1d.padding)
+          torch.ops.aten.conv1d.padding, int4=_int4_capable)
 
 
 def _conv_args(node):
@@ -313,13 +323,16 @@ def _lower_conv(m: Match, x_node, weight, w_scales, a, c_in: int, stride, paddin
                    m.add_constant(shift, "shift"), act_min, act_max)
     bias_node = m.add_constant(bias, "bias") if bias is not None else None
     ohwi = weight.permute(0, 2, 3, 1).contiguous().to(torch.int8)
+    # int4 weights (A8W4): the op's trailing weight_bits=4; an int8 graph never spells the argument
+    bits = () if s16 or m.weight_bits(a["weight"]) == 8 else (4,)
     if groups == 1:
         w = m.add_constant(ohwi, "weight")
-        return m.call("quantized_conv2d", x_node, w, bias_node, stride, padding, dilation, *common_tail)
+        return m.call("quantized_conv2d", x_node, w, bias_node, stride, padding, dilation, *common_tail, *bits)
     if groups == c_in and c_in_per_group == 1:
         w = m.add_constant(weight.permute(1, 2, 3, 0).contiguous().to(torch.int8), "weight")  # [1, kH, kW, C_out]
         return m.call("quantized_depthwise_conv2d", x_node, w, bias_node, stride, padding, dilation,
-                      c_out // c_in, *common_tail)
+                      c_out // c_in, *common_tail, *bits)
+    # (a grouped convolution has no int4 kernel: int4-rounded weights, if any, run as int8 values)
     w = m.add_constant(ohwi, "weight")  # OHWI with C = C_in / groups, as arm_convolve_s8 takes it
     return m.call("quantized_grouped_conv2d", x_node, w, bias_node, stride, padding, dilation, groups, *common_tail)
 
@@ -383,6 +396,20 @@ def _depthwise_scratch(node, target) -> int:
                                    stride, pads4(padding)[:2], dilation)
 
 
+def _conv2d_s4_scratch(node, target) -> int:
+    """``arm_convolve_wrapper_s4_get_buffer_size`` (the 1x1 kernels: none)."""
+    inp, weight, _, stride, padding, dilation = node.args[:6]
+    _, kh, kw, _ = weight.meta["val"].shape
+    return conv2d_s4_scratch_bytes(target.isa, _nhwc(inp), (int(kh), int(kw)), stride, pads4(padding)[:2], dilation)
+
+
+def _depthwise_s4_scratch(node, target) -> int:
+    """``arm_depthwise_conv_wrapper_s4_get_buffer_size``."""
+    inp, weight, _, _, _, dilation = node.args[:6]
+    _, kh, kw, c_out = weight.meta["val"].shape
+    return depthwise_s4_scratch_bytes(target.isa, _nhwc(inp), (int(kh), int(kw)), int(c_out), dilation)
+
+
 def _grouped_scratch(node, target) -> int:
     """``arm_convolve_s8_get_buffer_size`` (CMSIS-NN sizes the im2col columns by the full C_in)."""
     inp, weight = node.args[:2]
@@ -414,10 +441,11 @@ def _conv_geometry(ctx) -> dict:
     # the kernels take the leading padding (top, left); a band's trailing padding is in its output size
     (sh, sw), (ph, pw), (dh, dw) = ctx.arg("stride"), pads4(ctx.arg("padding"))[:2], ctx.arg("dilation")
     _check_taps(ctx, kh * kw * (1 if depthwise else c_in))
-    x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight")
+    int4 = weight_dtype(ctx.node) == torch.int4  # (A8W4: the weights written packed two per byte)
+    x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight", bits=4 if int4 else 0)
     if ctx.arg("input").meta["val"].dtype == torch.int16:
         x, out = f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}"
-    return dict(depthwise=depthwise, n=n, h=h, w=w, c_in=c_in, ho=ho, wo=wo, c_out=c_out, kh=kh, kw=kw, sh=sh, sw=sw,
+    return dict(depthwise=depthwise, int4=int4, n=n, h=h, w=w, c_in=c_in, ho=ho, wo=wo, c_out=c_out, kh=kh, kw=kw, sh=sh, sw=sw,
                 ph=ph, pw=pw, dh=dh, dw=dw, mult=int(ctx.arg("depth_multiplier")) if depthwise else 1,
                 in_off=int(ctx.arg("input_offset")), out_off=int(ctx.arg("output_offset")),
                 act_min=int(ctx.arg("activation_min")), act_max=int(ctx.arg("activation_max")),
@@ -426,12 +454,15 @@ def _conv_geometry(ctx) -> dict:
 
 @PORTABLE.kernel("quantized_conv2d", "quantized_depthwise_conv2d")
 def _conv_portable(ctx) -> str:
-    """One ``corten_conv2d_s8`` / ``corten_depthwise_conv2d_s8`` call (``_s16`` on int16 activations)."""
+    """One ``corten_conv2d_s8`` / ``corten_depthwise_conv2d_s8`` call (``_s16`` on int16 activations,
+    ``_s4`` on int4 weights)."""
     g = _conv_geometry(ctx)
     per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
     fn = "corten_depthwise_conv2d_s8" if g["depthwise"] else "corten_conv2d_s8"
     if ctx.arg("input").meta["val"].dtype == torch.int16:
         fn = fn.replace("_s8", "_s16")
+    elif g["int4"]:
+        fn = fn.replace("_s8", "_s4")
     return ctx.block(
         ctx.params("corten_conv_params", "params", dict(
             stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], dilation_h=g["dh"], dilation_w=g["dw"],
@@ -446,10 +477,28 @@ def _conv_portable(ctx) -> str:
                  "&output_dims", g["out"]))
 
 
-@CMSIS_NN.kernel("quantized_conv2d", scratch=_conv2d_scratch)
-@CMSIS_NN.kernel("quantized_depthwise_conv2d", scratch=_depthwise_scratch)
+def _depthwise_s4_supports(node, target) -> str | None:
+    """``arm_depthwise_conv_wrapper_s4`` picks ``arm_depthwise_conv_s4_opt`` for one image, depth
+    multiplier 1 and no dilation; its Helium path gave other bytes than its own C path (and the
+    reference) on QEMU's Cortex-M55 for half the outputs (every layer tried), so MVE keeps those
+    layers on the portable kernel."""
+    view = NodeView(node, target)
+    opt = (int(view.arg("depth_multiplier")) == 1 and view.shape(view.arg("input"))[0] == 1
+           and tuple(int(d) for d in view.arg("dilation")) == (1, 1))
+    if opt and getattr(target, "isa", None) == "mve":
+        return ("arm_depthwise_conv_s4_opt's Helium path disagrees with CMSIS-NN's C path on QEMU Cortex-M55 "
+                "(measured); the portable s4 kernel runs this layer")
+    return None
+
+
+@CMSIS_NN.kernel("quantized_conv2d", weight=(torch.int8,), scratch=_conv2d_scratch)
+@CMSIS_NN.kernel("quantized_depthwise_conv2d", weight=(torch.int8,), scratch=_depthwise_scratch)
+@CMSIS_NN.kernel("quantized_conv2d", act=(torch.int8,), weight=(torch.int4,), scratch=_conv2d_s4_scratch)
+@CMSIS_NN.kernel("quantized_depthwise_conv2d", act=(torch.int8,), weight=(torch.int4,), scratch=_depthwise_s4_scratch,
+                 supports=_depthwise_s4_supports)
 def _conv_cmsis(ctx) -> str:
-    """One ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8`` call (``_s16``: int64 biases)."""
+    """One ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8`` call (``_s16``: int64 biases;
+    ``_s4``: int4 weights packed two per byte, int8 activations)."""
     g = _conv_geometry(ctx)
     s16 = ctx.arg("input").meta["val"].dtype == torch.int16
     c_out = g["c_out"]
@@ -473,7 +522,8 @@ def _conv_cmsis(ctx) -> str:
     if s16 and not g["depthwise"]:
         extra = [ctx.params("cmsis_nn_bias_data", "bias_data", dict(data=f"(const void *){bias}", is_int32_bias=0))]
         bias_arg = "&bias_data"
-    fn = ("arm_depthwise_conv_wrapper" if g["depthwise"] else "arm_convolve_wrapper") + ("_s16" if s16 else "_s8")
+    fn = ("arm_depthwise_conv_wrapper" if g["depthwise"] else "arm_convolve_wrapper") + \
+        ("_s16" if s16 else "_s4" if g["int4"] else "_s8")
     return ctx.block(
         ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
         params,

@@ -24,10 +24,11 @@ from corten.fx_nodes import node_arg
 from corten.fixed_point import (REDUCED_SHIFT_MAX, clamp_activation, reduce_multiplier_t, requantize, requantize_s64,
                                 wrap_int32_t)
 from corten.ops import checks
+from corten.ops._common import check_weight_bits
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
 from corten.ops.registry import Cost, Hook, OpFamily, annotates, lowers, node_shape, register_family, weighted_cost
-from corten.providers import CMSIS_NN, PORTABLE, NodeView
+from corten.providers import CMSIS_NN, PORTABLE, NodeView, weight_dtype
 
 FAMILY = "linear"
 
@@ -76,12 +77,15 @@ def quantized_linear(
     activation_min: int,
     activation_max: int,
     single_rounding: bool = False,
+    weight_bits: int = 8,
 ) -> torch.Tensor:
     """``single_rounding``: requantize with one rounding (``(acc * m + 2**(30 - shift)) >> (31 - shift)``,
     TFLite's reference FULLY_CONNECTED as LiteRT runs it) instead of CMSIS-NN's default two (int8 only;
-    the C library then uses the portable kernel in both flavours)."""
+    the C library then uses the portable kernel in both flavours).  ``weight_bits=4``: int4 weights
+    (values in [-8, 7], packed two per byte in C; ``arm_fully_connected_s4``), the same arithmetic."""
     _check(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
            activation_min, activation_max)
+    check_weight_bits("quantized_linear", input, weight, weight_bits)
     if single_rounding and input.dtype != torch.int8:
         checks.fail("quantized_linear", "single_rounding", "applies to int8 inputs only")
     if input.dtype == torch.int16:
@@ -101,9 +105,10 @@ def quantized_linear(
 
 @quantized_linear.register_fake
 def _(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
-      activation_min, activation_max, single_rounding=False):
+      activation_min, activation_max, single_rounding=False, weight_bits=8):
     _check(input, weight, kernel_sum, input_offset, output_offset, output_multiplier, output_shift,
            activation_min, activation_max)
+    check_weight_bits("quantized_linear", input, weight, weight_bits)
     return input.new_empty((*input.shape[:-1], weight.shape[0]))  # (int16 in, int16 out)
 
 
@@ -123,7 +128,7 @@ def _cost(node) -> Cost:
 
 # ----------------------------------------------------------------------------- lowering
 
-annotates("weighted", torch.ops.aten.linear.default)
+annotates("weighted", torch.ops.aten.linear.default, int4=True)
 
 
 @lowers(torch.ops.aten.linear.default, int16=True)
@@ -153,9 +158,10 @@ def lower_linear(m: Match):
     bias = m.bias_int32(bias_arg, x.qparams.scale, w_scales)
     ksum = kernel_sum(weight, bias, x.qparams.offset)
     act_min, act_max = m.activation_bounds
+    bits = (False, 4) if m.weight_bits(m.node.args[1]) == 4 else ()  # (single_rounding, weight_bits): A8W4
     return m.call("quantized_linear", x.node, m.add_constant(weight, "weight"), m.add_constant(ksum, "kernel_sum"),
                   x.qparams.offset, m.output.zero_point, m.add_constant(mult, "multiplier"),
-                  m.add_constant(shift, "shift"), act_min, act_max)
+                  m.add_constant(shift, "shift"), act_min, act_max, *bits)
 
 
 # ----------------------------------------------------------------------------- scratch memory
@@ -195,7 +201,8 @@ def _operands(ctx) -> dict:
     g = dict(batches=batches, in_f=in_f, out_f=out_f, out_off=int(ctx.arg("output_offset")),
              act_min=int(ctx.arg("activation_min")), act_max=int(ctx.arg("activation_max")), mult_t=mult_t,
              shift_t=shift_t, per_channel=mult_t.numel() > 1, x=ctx.input("input"), out=ctx.out())
-    g.update(w=ctx.const("weight"), ks=ctx.const("kernel_sum"))
+    g["int4"] = weight_dtype(ctx.node) == torch.int4  # (A8W4: the weights written packed two per byte)
+    g.update(w=ctx.const("weight", bits=4 if g["int4"] else 0), ks=ctx.const("kernel_sum"))
     if val.dtype == torch.int16:
         g.update(x=f"(const int16_t *)(const void *){g['x']}", out=f"(int16_t *)(void *){g['out']}")
     return g
@@ -203,7 +210,8 @@ def _operands(ctx) -> dict:
 
 @PORTABLE.kernel("quantized_linear")
 def _linear_portable(ctx) -> str:
-    """One ``corten_linear_s8`` call (``corten_linear_s16`` on int16 activations, int64 bias)."""
+    """One ``corten_linear_s8`` call (``corten_linear_s16`` on int16 activations, int64 bias;
+    ``corten_linear_s4`` on int4 weights)."""
     g = _operands(ctx)
     s16 = ctx.arg("input").meta["val"].dtype == torch.int16
     quant = dict(multiplier=ctx.const("output_multiplier"), shift=ctx.const("output_shift"),
@@ -215,7 +223,7 @@ def _linear_portable(ctx) -> str:
                    dict(output_offset=0 if s16 else g["out_off"], activation_min=g["act_min"],
                         activation_max=g["act_max"])),
         ctx.params("corten_quant", "quant", quant),
-        ctx.call("corten_linear_s16" if s16 else "corten_linear_s8", "&params", "&quant", g["batches"], g["in_f"],
+        ctx.call("corten_linear_s16" if s16 else "corten_linear_s4" if g["int4"] else "corten_linear_s8", "&params", "&quant", g["batches"], g["in_f"],
                  g["out_f"], g["x"], g["w"], g["ks"], g["out"]))
 
 
@@ -226,7 +234,7 @@ def _cmsis_supports(node, target) -> str | None:
     return None
 
 
-@CMSIS_NN.kernel("quantized_linear", act=(torch.int8,), supports=_cmsis_supports)
+@CMSIS_NN.kernel("quantized_linear", act=(torch.int8,), weight=(torch.int8,), supports=_cmsis_supports)
 def _linear_cmsis(ctx) -> str:
     """``arm_fully_connected[_per_channel]_s8``.
 
@@ -257,6 +265,52 @@ def _linear_cmsis(ctx) -> str:
         ctx.dims("output_dims", "cmsis_nn_dims", batches, 1, 1, out_f),
         ctx.call(fn, "&nn_ctx", "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["w"], "&bias_dims", ks,
                  "&output_dims", g["out"]))
+
+
+def _cmsis_s4_supports(node, target) -> str | None:
+    view = NodeView(node, target)
+    reason = _cmsis_supports(node, target)
+    if reason is None and node_shape(view.arg("output_multiplier"))[0] > 1 and node_shape(view.arg("weight"))[1] % 2:
+        reason = ("CMSIS-NN's s4 fully connected layer is per-tensor: per-channel weights run one call per output "
+                  "feature, whose packed int4 row starts mid-byte when in_features is odd")
+    return reason
+
+
+@CMSIS_NN.kernel("quantized_linear", act=(torch.int8,), weight=(torch.int4,), supports=_cmsis_s4_supports)
+def _linear_cmsis_s4(ctx) -> str:
+    """``arm_fully_connected_s4`` (per-tensor quantization only): one call, or per-channel weights one
+    call per output feature (``output_dims.c = 1``, that feature's multiplier, shift, packed row -
+    ``in_features / 2`` bytes, in_features even - and kernel sum) and batch row.  The kernel sums
+    are the bias, input offset 0 (see :func:`_linear_cmsis`)."""
+    g = _operands(ctx)
+    batches, in_f, out_f, w, ks, x, out = g["batches"], g["in_f"], g["out_f"], g["w"], g["ks"], g["x"], g["out"]
+    common = [
+        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf="NULL", size=0)),
+        ctx.params("cmsis_nn_fc_params", "params", dict(input_offset=0, filter_offset=0, output_offset=g["out_off"],
+                                                        activation=dict(min=g["act_min"], max=g["act_max"]))),
+        ctx.dims("filter_dims", "cmsis_nn_dims", in_f, 1, 1, out_f if not g["per_channel"] else 1),
+        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, out_f if not g["per_channel"] else 1),
+    ]
+    if not g["per_channel"]:
+        return ctx.block(*common,
+                         ctx.params("cmsis_nn_per_tensor_quant_params", "quant",
+                                    dict(multiplier=int(g["mult_t"][0]), shift=int(g["shift_t"][0]))),
+                         ctx.dims("input_dims", "cmsis_nn_dims", batches, 1, 1, in_f),
+                         ctx.dims("output_dims", "cmsis_nn_dims", batches, 1, 1, out_f),
+                         ctx.call("arm_fully_connected_s4", "&nn_ctx", "&params", "&quant", "&input_dims", x,
+                                  "&filter_dims", w, "&bias_dims", ks, "&output_dims", out))
+    mult, shift = ctx.const("output_multiplier"), ctx.const("output_shift")
+    dims = [ctx.dims("input_dims", "cmsis_nn_dims", 1, 1, 1, in_f), ctx.dims("output_dims", "cmsis_nn_dims", 1, 1, 1, 1)]
+    loop = ("int32_t b, o;\n"
+            f"for (b = 0; b < {batches}; b++) {{\n"
+            f"    for (o = 0; o < {out_f}; o++) {{\n"
+            f"        const cmsis_nn_per_tensor_quant_params quant = {{.multiplier = {mult}[o], .shift = {shift}[o]}};\n"
+            "        " + ctx.call("arm_fully_connected_s4", "&nn_ctx", "&params", "&quant", "&input_dims",
+                                  f"{x} + (ptrdiff_t)b * {in_f}", "&filter_dims",
+                                  f"{w} + (ptrdiff_t)o * {in_f // 2}", "&bias_dims", f"{ks} + o",
+                                  "&output_dims", f"{out} + (ptrdiff_t)b * {out_f} + o").replace("\n", "\n        ")
+            + "\n    }\n}")
+    return ctx.block(*common, *dims, loop)
 
 
 @CMSIS_NN.kernel("quantized_linear", act=(torch.int16,))

@@ -186,12 +186,16 @@ class Annotation:
       * ``"fixed"``    - as unary, with output qparams fixed to ``fixed = (scale, zero_point)``
         (``fixed16``: the int16 ones, when the op lowers int16 too);
       * ``"shared"``   - output (and any further tensor inputs) share the first input's qparams.
+
+    ``int4``: a weighted op whose lowering has int4-weight kernels (A8W4, ``weight_bits=4``); a
+    callable ``int4(node) -> bool`` says which nodes (e.g. convolutions of 1 or C_in groups).
     """
 
     kind: str
     weight_axis: int = 0
     fixed: tuple[float, int] | None = None
     fixed16: tuple[float, int] | None = None
+    int4: Any = False
 
 
 ANNOTATION_KINDS = ("weighted", "binary", "unary", "fixed", "shared")
@@ -199,14 +203,22 @@ _ANNOTATIONS: dict[Any, Annotation] = {}
 
 
 def annotates(kind: str, *aten_targets: Any, weight_axis: int = 0, fixed: tuple[float, int] | None = None,
-              fixed16: tuple[float, int] | None = None) -> None:
+              fixed16: tuple[float, int] | None = None, int4: Any = False) -> None:
     """Declare how the quantizer annotates ``aten_targets`` (see :class:`Annotation`)."""
     if kind not in ANNOTATION_KINDS:
         raise ValueError(f"annotation kind {kind!r} is not one of {ANNOTATION_KINDS}")
     for t in aten_targets:
         if t in _ANNOTATIONS:
             raise ValueError(f"two annotations for {t}")
-        _ANNOTATIONS[t] = Annotation(kind, weight_axis, fixed, fixed16)
+        _ANNOTATIONS[t] = Annotation(kind, weight_axis, fixed, fixed16, int4)
+
+
+def supports_int4(node: Any) -> bool:
+    """The ATen node lowers to an op with an int4-weight kernel (its family said so)."""
+    ann = _ANNOTATIONS.get(getattr(node, "target", None))
+    if ann is None or not ann.int4:
+        return False
+    return bool(ann.int4(node)) if callable(ann.int4) else True
 
 
 def annotation_for(aten_target: Any) -> Annotation | None:
@@ -314,14 +326,36 @@ def node_shape(node: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in _value(node).shape)
 
 
+def weight_bits(node: Any) -> int:
+    """The width of a node's weights in the C constants: 4 for an op given ``weight_bits=4`` (int4
+    values packed two per byte), else 8 x the weight's element size (0 for ops without weights)."""
+    from corten.providers import weight_dtype
+
+    dt = weight_dtype(node) if op_name_of(getattr(node, "target", None)) is not None else None
+    if dt is None:
+        return 0
+    return 4 if dt == torch.int4 else 8 * torch.empty((), dtype=dt).element_size()
+
+
+def constant_nbytes(node: Any, arg: Any, value: torch.Tensor) -> int:
+    """The flash bytes of the constant ``value`` that ``node`` reads as its argument node ``arg``:
+    its elements' bytes, or half of them rounded up for the int4 weight of a ``weight_bits=4`` op
+    (the one definition the memory plan, the cost hooks and the constant writer agree on)."""
+    n = int(value.numel())
+    if weight_bits(node) == 4 and node_arg(node, "weight", None) is arg:
+        return (n + 1) // 2
+    return n * value.element_size()
+
+
 def weighted_cost(node: Any, taps: int, weight: str = "weight") -> Cost:
     """The cost of an op computing each output value from ``taps`` products with its ``weight``
-    constant: ``numel(output) * taps`` MACs, the weight's bytes."""
-    w = _value(node_arg(node, weight))
+    constant: ``numel(output) * taps`` MACs, the weight's bytes (packed int4 weights: half)."""
+    w_node = node_arg(node, weight)
+    w = _value(w_node)
     out = 1
     for d in node_shape(node):
         out *= d
-    return Cost(out * taps, int(w.numel()) * w.element_size())
+    return Cost(out * taps, constant_nbytes(node, w_node, w))
 
 
 def _metadata(node: Any, kind: Hook) -> Callable | None:

@@ -97,9 +97,14 @@ def activation_dtype(node: torch.fx.Node) -> torch.dtype | None:
 
 
 def weight_dtype(node: torch.fx.Node) -> torch.dtype | None:
-    """The element type of the node's ``weight`` argument (None for ops without one)."""
-    if not any(a.name == "weight" for a in node.target._schema.arguments):
+    """The element type of the node's ``weight`` argument (None for ops without one):
+    ``torch.int4`` for an op given ``weight_bits=4`` (int4 values held in an int8 tensor, packed
+    two per byte in C), else the tensor's dtype."""
+    names = [a.name for a in node.target._schema.arguments]
+    if "weight" not in names:
         return None
+    if "weight_bits" in names and int(node_arg(node, "weight_bits")) == 4:
+        return torch.int4
     return tensor_dtype(NodeView(node).arg("weight"))
 
 
@@ -324,8 +329,10 @@ class KernelProvider(Provider):
         why = self._declines.get(op)
         if why is not None:
             return None, why(node, target)
+        wdt = weight_dtype(node)
+        weights = f" and {_dtype_names([wdt])} weights" if wdt is not None else ""
         return None, (f"{self.title} has no {op} kernel for {_dtype_names([activation_dtype(node)])} activations"
-                      f" on ISA {getattr(target, 'isa', '?')}")
+                      f"{weights} on ISA {getattr(target, 'isa', '?')}")
 
     def supports(self, node: torch.fx.Node, target: Any) -> str | None:
         return self._choose(node, target)[1]

@@ -163,3 +163,26 @@ def depthwise_s16_scratch_bytes(isa: str, c_in: int, kh: int, kw: int, ch_mult: 
     if not (ch_mult == 1 and tuple(dilation) == (1, 1) and kh * kw < 512) or isa == "plain":
         return 0
     return 4 * c_in * kh * kw * 2 + 8 if isa == "mve" else c_in * kh * kw * 2
+
+
+def conv2d_s4_scratch_bytes(isa: str, input_nhwc, kernel_hw, stride, padding, dilation) -> int:
+    """``arm_convolve_wrapper_s4_get_buffer_size`` for ``isa``: the 1x1 kernels need none; otherwise
+    two int16 im2col columns (plain/DSP: ``arm_convolve_s4_get_buffer_size``) or four int8 columns
+    rounded up to 16-byte lanes (MVE; reserved for the 1xN kernel too, which may need none)."""
+    _check_isa(isa)
+    if conv2d_kernel_variant(input_nhwc, kernel_hw, stride, padding, dilation) in ("1x1_fast", "1x1"):
+        return 0
+    cols = kernel_hw[0] * kernel_hw[1] * input_nhwc[3]
+    return 4 * 16 * -(-cols // 16) if isa == "mve" else 2 * cols * 2
+
+
+def depthwise_s4_scratch_bytes(isa: str, input_nhwc, kernel_hw, c_out: int, dilation) -> int:
+    """``arm_depthwise_conv_wrapper_s4_get_buffer_size``: the optimised kernel's buffer (one image,
+    depth multiplier 1, no dilation) - MVE's channel blocks, else one int16 column (plain cores too:
+    ``arm_depthwise_conv_s4_opt`` refuses a NULL buffer) - nothing for the general kernel."""
+    _check_isa(isa)
+    n, _, _, c_in = input_nhwc
+    kh, kw = kernel_hw
+    if not (c_in == c_out and n == 1 and tuple(dilation) == (1, 1)):
+        return 0
+    return 4 * MVE_DW_CH_IN_BLOCK * kh * kw if isa == "mve" else c_in * kh * kw * 2

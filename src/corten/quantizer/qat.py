@@ -108,9 +108,13 @@ def fast_conv_bn_rewrites():
             setattr(qat_utils, name, fn)
 
 
-def prepare_qat(model: torch.nn.Module, example_inputs, target: str = "cortex-m55") -> torch.fx.GraphModule:
+def prepare_qat(model: torch.nn.Module, example_inputs, target: str = "cortex-m55",
+                weights="int8") -> torch.fx.GraphModule:
     """Capture ``model`` for quantization-aware training with Corten's int8 scheme.
 
+    ``weights``: ``"int8"`` (default), ``"int4"`` or ``{module path prefix | nn.Module type: "int8" |
+    "int4"}`` - the conv/linear layers given int4 weights train with int4 fake-quantized weights
+    ([-7, 7] per channel) and compile to int4 (A8W4) layers.
     Returns a ``GraphModule`` in train mode to fine-tune; compile it with ``corten.compile(qat,
     example_inputs)`` (or convert it yourself with :func:`convert_qat`).  The model may be in train
     or eval mode; BatchNorm layers train (and are folded) as ``prepare_qat_pt2e`` arranges.
@@ -122,7 +126,13 @@ def prepare_qat(model: torch.nn.Module, example_inputs, target: str = "cortex-m5
     from corten.quantizer.quantizer import CortenQuantizer
     from corten.targets import get_target
 
+    from corten.quantizer.quantizer import check_weights
+
     get_target(target)
+    if weights == "auto":
+        raise UsageError("prepare_qat: weights='auto' chooses layers by their post-training rounding error; "
+                         "give the layers to train in int4 (weights='int4' or a dict of module paths / types)")
+    weights = check_weights(weights)
     example_inputs = _check_inputs(example_inputs)
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"prepare_qat expects a torch.nn.Module, got {type(model).__name__}")
@@ -136,7 +146,7 @@ def prepare_qat(model: torch.nn.Module, example_inputs, target: str = "cortex-m5
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with fast_conv_bn_rewrites():
-            prepared = prepare_qat_pt2e(gm, CortenQuantizer(is_qat=True))
+            prepared = prepare_qat_pt2e(gm, CortenQuantizer(is_qat=True, weights=weights))
     move_exported_model_to_train(prepared)
     allow_exported_model_train_eval(prepared)  # so qat.train() / qat.eval() work as on any module
     prepared.meta[QAT_META_KEY] = {"target": target, "model": type(model).__name__,

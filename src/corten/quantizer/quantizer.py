@@ -92,12 +92,18 @@ def activation_qspec16(is_qat: bool, observer: str = "histogram") -> Quantizatio
                             qscheme=torch.per_tensor_symmetric, observer_or_fake_quant_ctr=ctr)
 
 
-def weight_qspec(is_qat: bool, ch_axis: int = 0) -> QuantizationSpec:
+# int4 weights (A8W4): symmetric per channel in [-7, 7], TFLite's narrow symmetric range as for int8
+# ([-127, 127]); held in int8 tensors (the lowering reads the range back: weight_bits=4).
+INT4_WEIGHT_MAX = 7
+
+
+def weight_qspec(is_qat: bool, ch_axis: int = 0, int4: bool = False) -> QuantizationSpec:
     if is_qat:
         ctr = FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAveragePerChannelMinMaxObserver, eps=2**-12)
     else:
         ctr = PerChannelMinMaxObserver.with_args(eps=2**-12)
-    return QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=INT8_MAX,
+    top = INT4_WEIGHT_MAX if int4 else INT8_MAX
+    return QuantizationSpec(dtype=torch.int8, quant_min=-top, quant_max=top,
                             qscheme=torch.per_channel_symmetric, ch_axis=ch_axis, observer_or_fake_quant_ctr=ctr)
 
 
@@ -165,8 +171,10 @@ class CortenQuantizer(Quantizer):
     ``observer`` says: a clipped logit can no longer win the argmax."""
 
     def __init__(self, is_qat: bool = False, aten_passes: bool | None = None, observer: str = "histogram",
-                 precision="int8", input_ranges: dict[int, tuple[float, float]] | None = None):
+                 precision="int8", input_ranges: dict[int, tuple[float, float]] | None = None, weights="int8"):
         super().__init__()
+        self.weights = check_weights(weights)
+        self.int4_nodes: list[str] = []  # the weighted nodes annotated with int4 weights (for reports)
         self.input_ranges = dict(input_ranges or {})  # program input index -> declared (lo, hi)
         self.is_qat = is_qat
         observer_class(observer)  # validates the name
@@ -198,7 +206,7 @@ class CortenQuantizer(Quantizer):
         import corten.ops  # noqa: F401  (the families declare their annotations on import)
         from corten.ops.registry import annotation_for
 
-        from corten.ops.registry import supports_int16
+        from corten.ops.registry import supports_int4, supports_int16
 
         act8 = act = activation_qspec(self.is_qat, self.observer)
         act16 = activation_qspec16(self.is_qat, self.observer)
@@ -223,7 +231,11 @@ class CortenQuantizer(Quantizer):
                 else:
                     act = act8
                 if ann.kind == "weighted":
-                    self._annotate_weighted(node, act, ann.weight_axis)
+                    int4 = (act.dtype == torch.int8 and precision_of(node, self.weights) == "int4"
+                            and supports_int4(node))
+                    if int4:
+                        self.int4_nodes.append(node.name)
+                    self._annotate_weighted(node, act, ann.weight_axis, int4)
                 elif ann.kind == "binary":
                     self._annotate_binary(node, act)
                 elif ann.kind == "unary":
@@ -252,14 +264,14 @@ class CortenQuantizer(Quantizer):
         pass
 
     # -- patterns
-    def _annotate_weighted(self, node: Node, act: QuantizationSpec, weight_axis: int = 0) -> None:
+    def _annotate_weighted(self, node: Node, act: QuantizationSpec, weight_axis: int = 0, int4: bool = False) -> None:
         x, w = node.args[0], node.args[1]
         bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
         if not isinstance(x, Node) or not isinstance(w, Node):
             return
         if weight_axis == 1 and _transposed_groups(node) != 1:
             return  # grouped transposed conv: per-channel scales along axis 1 cover only C_out/groups
-        inputs = {x: _input_qspec(x, act), w: weight_qspec(self.is_qat, weight_axis)}
+        inputs = {x: _input_qspec(x, act), w: weight_qspec(self.is_qat, weight_axis, int4)}
         if isinstance(bias, Node) and act.dtype == torch.int8:  # (16x8: an int64 bias, quantized in lowering)
             inputs[bias] = bias_qspec(x, w, node)
         chain = _fused_tail(node, allow_bn=self.is_qat)
@@ -512,25 +524,41 @@ def _observe_outputs_unclipped(model: GraphModule) -> None:
 PRECISIONS = ("int8", "int16")
 
 
-def check_precision(precision):
-    """``"int8"`` | ``"int16"`` | ``{key: "int8" | "int16"}`` where a key is a module-path prefix
-    (``""``: the whole model, ``"encoder"``: ``encoder`` and everything under it; the longest prefix
-    wins) or an ``nn.Module`` subclass (any module of that type; a type beats a path)."""
+WEIGHT_WIDTHS = ("int8", "int4")
+
+
+def _check_width_map(arg: str, value, widths: tuple[str, ...]):
+    """``value`` is one of ``widths`` or ``{key: width}`` where a key is a module-path prefix (``""``:
+    the whole model, ``"encoder"``: ``encoder`` and everything under it; the longest prefix wins) or
+    an ``nn.Module`` subclass (any module of that type; a type beats a path)."""
     from corten.errors import UsageError
 
-    if isinstance(precision, str):
-        if precision not in PRECISIONS:  # ("auto" is resolved by corten.compile into one of these)
-            raise UsageError(f"precision must be 'int8', 'int16', 'auto' or a dict of module path / type -> "
-                             f"'int8' | 'int16', got {precision!r}")
-        return precision
-    if not isinstance(precision, dict):
-        raise UsageError(f"precision must be a string or a dict, got {type(precision).__name__}")
-    for k, v in precision.items():
+    choices = " | ".join(repr(w) for w in widths)
+    if isinstance(value, str):
+        if value not in widths:  # ("auto" is resolved by corten.compile into one of these)
+            raise UsageError(f"{arg} must be {choices}, 'auto' or a dict of module path / type -> {choices}, "
+                             f"got {value!r}")
+        return value
+    if not isinstance(value, dict):
+        raise UsageError(f"{arg} must be a string or a dict, got {type(value).__name__}")
+    for k, v in value.items():
         if not (isinstance(k, str) or (isinstance(k, type) and issubclass(k, torch.nn.Module))):
-            raise UsageError(f"precision key {k!r}: expected a module path prefix (str) or an nn.Module subclass")
-        if v not in PRECISIONS:
-            raise UsageError(f"precision[{k!r}] = {v!r}: expected 'int8' or 'int16'")
-    return dict(precision)
+            raise UsageError(f"{arg} key {k!r}: expected a module path prefix (str) or an nn.Module subclass")
+        if v not in widths:
+            raise UsageError(f"{arg}[{k!r}] = {v!r}: expected {choices}")
+    return dict(value)
+
+
+def check_precision(precision):
+    """``"int8"`` | ``"int16"`` | ``{key: "int8" | "int16"}`` (activation widths; keys as in
+    :func:`_check_width_map`)."""
+    return _check_width_map("precision", precision, PRECISIONS)
+
+
+def check_weights(weights):
+    """``"int8"`` | ``"int4"`` | ``{key: "int8" | "int4"}`` (weight widths of the conv/linear layers;
+    keys as in :func:`_check_width_map`; layers without an int4 kernel keep int8)."""
+    return _check_width_map("weights", weights, WEIGHT_WIDTHS)
 
 
 def _path_matches(prefix: str, path: str) -> bool:
@@ -542,7 +570,8 @@ def _type_name(t) -> str:
 
 
 def precision_of(node: Node, precision) -> str:
-    """The precision ``precision`` (see :func:`check_precision`) asks for ``node``."""
+    """The width ``precision`` (see :func:`_check_width_map`: a precision or weights request) asks
+    for ``node`` ("int8" where no key matches)."""
     if isinstance(precision, str):
         return precision
     from corten.ops._rules import module_path

@@ -426,6 +426,102 @@ int corten_grouped_conv2d_s8(const corten_conv_params *params, const corten_quan
 }
 
 /*
+ * A8W4 convolutions: int4 filters packed two per byte (corten_s4_at unpacks a nibble in the inner
+ * loop), the int8 kernels' arithmetic: acc = bias[o] + sum over in-input taps of (x + input_offset) * w
+ * with int32 wrap-around, requantized per channel.  Filter element (o, ky, kx, c) is nibble
+ * ((o * kH + ky) * kW + kx) * C_in + c (conv2d, OHWI) or (ky * kW + kx) * C_out + o (depthwise).
+ */
+int corten_conv2d_s4(const corten_conv_params *params, const corten_quant *quant,
+                     const corten_dims *input_dims, const int8_t *input,
+                     const corten_dims *filter_dims, const int8_t *packed_filter, const int32_t *bias,
+                     const corten_dims *output_dims, int8_t *output)
+{
+    const corten_conv_params *p = params;
+    int32_t c_in, kh, kw, c_out, b, oy, ox, o, ky, kx, c;
+    if (!corten_conv_args_ok(params, quant, input_dims, input, filter_dims, packed_filter, output_dims, output) ||
+        filter_dims->c != input_dims->c || filter_dims->n != output_dims->c) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    c_in = input_dims->c;
+    kh = filter_dims->h;
+    kw = filter_dims->w;
+    c_out = output_dims->c;
+    for (b = 0; b < input_dims->n; b++) {
+        const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * c_in;
+        for (oy = 0; oy < output_dims->h; oy++) {
+            for (ox = 0; ox < output_dims->w; ox++) {
+                int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * c_out;
+                corten_window win;
+                corten_window_at(p, oy, ox, kh, kw, input_dims->h, input_dims->w, &win);
+                for (o = 0; o < c_out; o++) {
+                    uint32_t acc = bias != NULL ? (uint32_t)bias[o] : 0u;
+                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
+                        const int32_t iy = win.iy0 + ky * p->dilation_h;
+                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
+                            const int32_t ix = win.ix0 + kx * p->dilation_w;
+                            const int8_t *x = in_batch + ((ptrdiff_t)iy * input_dims->w + ix) * c_in;
+                            const int32_t k0 = ((o * kh + ky) * kw + kx) * c_in;
+                            for (c = 0; c < c_in; c++) {
+                                acc += (uint32_t)(((int32_t)x[c] + p->input_offset) * corten_s4_at(packed_filter, k0 + c));
+                            }
+                        }
+                    }
+                    out_px[o] = corten_finish(corten_u32_to_i32(acc), o, quant->multiplier, quant->shift,
+                                              quant->per_channel, p->output_offset, p->activation_min,
+                                              p->activation_max);
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}
+
+int corten_depthwise_conv2d_s4(const corten_conv_params *params, const corten_quant *quant,
+                               const corten_dims *input_dims, const int8_t *input,
+                               const corten_dims *filter_dims, const int8_t *packed_filter, const int32_t *bias,
+                               const corten_dims *output_dims, int8_t *output)
+{
+    const corten_conv_params *p = params;
+    int32_t c_in, kw, c_out, mult, b, oy, ox, o, ky, kx;
+    if (!corten_conv_args_ok(params, quant, input_dims, input, filter_dims, packed_filter, output_dims, output) ||
+        params->depth_multiplier < 1 || filter_dims->n != 1 || filter_dims->c != output_dims->c ||
+        output_dims->c != input_dims->c * params->depth_multiplier) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    c_in = input_dims->c;
+    kw = filter_dims->w;
+    c_out = output_dims->c;
+    mult = params->depth_multiplier;
+    for (b = 0; b < input_dims->n; b++) {
+        const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * c_in;
+        for (oy = 0; oy < output_dims->h; oy++) {
+            for (ox = 0; ox < output_dims->w; ox++) {
+                int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * c_out;
+                corten_window win;
+                corten_window_at(p, oy, ox, filter_dims->h, kw, input_dims->h, input_dims->w, &win);
+                for (o = 0; o < c_out; o++) {
+                    const int32_t c = o / mult;
+                    uint32_t acc = bias != NULL ? (uint32_t)bias[o] : 0u;
+                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
+                        const int32_t iy = win.iy0 + ky * p->dilation_h;
+                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
+                            const int32_t ix = win.ix0 + kx * p->dilation_w;
+                            const int32_t xv = (int32_t)in_batch[((ptrdiff_t)iy * input_dims->w + ix) * c_in + c] +
+                                               p->input_offset;
+                            acc += (uint32_t)(xv * corten_s4_at(packed_filter, (ky * kw + kx) * c_out + o));
+                        }
+                    }
+                    out_px[o] = corten_finish(corten_u32_to_i32(acc), o, quant->multiplier, quant->shift,
+                                              quant->per_channel, p->output_offset, p->activation_min,
+                                              p->activation_max);
+                }
+            }
+        }
+    }
+    return CORTEN_OK;
+}
+
+/*
  * 16x8 convolutions (arm_convolve_s16 / arm_depthwise_conv_s16 arithmetic): int16 input and output
  * (zero point 0), int8 filters, int64 bias; acc = bias[o] + sum over in-input taps of x * w in
  * int64, out = clamp(arm_nn_requantize_s64(acc, REDUCE_MULTIPLIER(m[o]), shift[o])).  One window

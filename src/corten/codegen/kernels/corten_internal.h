@@ -226,6 +226,14 @@ static inline int32_t corten_end_valid_tap(int32_t start, int32_t dilation, int3
     return end < kernel ? end : kernel;
 }
 
+/** Element k of an int4 array packed two per byte in CMSIS-NN's s4 order (element 2j in the low
+ *  nibble of byte j, 2j + 1 in the high one; two's complement nibbles). */
+static inline int32_t corten_s4_at(const int8_t *packed, int32_t k)
+{
+    const int32_t nibble = ((int32_t)(uint8_t)packed[k >> 1] >> ((k & 1) << 2)) & 0xF;
+    return (nibble ^ 8) - 8;
+}
+
 /** Requantize an accumulator for output channel `channel` and narrow to int8. */
 static inline int8_t corten_finish(int32_t acc, int32_t channel, const int32_t *multiplier, const int32_t *shift,
                                    int32_t per_channel, int32_t output_offset, int32_t act_min, int32_t act_max)

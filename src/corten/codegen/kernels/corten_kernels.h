@@ -137,6 +137,23 @@ int corten_linear_s8(const corten_linear_params *params, const corten_quant *qua
                      int32_t in_features, int32_t out_features, const int8_t *input, const int8_t *weight,
                      const int32_t *kernel_sum, int8_t *output);
 
+/**
+ * A8W4: the same layers with int4 weights packed two per byte (CMSIS-NN's s4 layout: the whole
+ * filter array as one sequence of nibbles, element 2k in the low nibble of byte k); the arithmetic
+ * is the int8-weight kernels' (arm_convolve_s4 / arm_depthwise_conv_s4 / arm_fully_connected_s4).
+ */
+int corten_conv2d_s4(const corten_conv_params *params, const corten_quant *quant,
+                     const corten_dims *input_dims, const int8_t *input,
+                     const corten_dims *filter_dims, const int8_t *packed_filter, const int32_t *bias,
+                     const corten_dims *output_dims, int8_t *output);
+int corten_depthwise_conv2d_s4(const corten_conv_params *params, const corten_quant *quant,
+                               const corten_dims *input_dims, const int8_t *input,
+                               const corten_dims *filter_dims, const int8_t *packed_filter, const int32_t *bias,
+                               const corten_dims *output_dims, int8_t *output);
+int corten_linear_s4(const corten_linear_params *params, const corten_quant *quant, int32_t batches,
+                     int32_t in_features, int32_t out_features, const int8_t *input, const int8_t *packed_weight,
+                     const int32_t *kernel_sum, int8_t *output);
+
 /** 16x8 average / max pool (arm_avgpool_s16 / arm_max_pool_s16 arithmetic, every variant of the s8 ones). */
 int corten_avg_pool2d_s16(const corten_pool_params *params, const corten_dims *input_dims, const int16_t *input,
                           const corten_dims *output_dims, int16_t *output);

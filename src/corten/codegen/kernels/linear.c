@@ -55,6 +55,42 @@ int corten_linear_s8(const corten_linear_params *params, const corten_quant *qua
     return CORTEN_OK;
 }
 
+/* A8W4: int4 weights packed two per byte, row o starting at nibble o * in_features (CMSIS-NN's s4
+ * layout); the int8 kernel's arithmetic and output stage. */
+int corten_linear_s4(const corten_linear_params *params, const corten_quant *quant, int32_t batches,
+                     int32_t in_features, int32_t out_features, const int8_t *input, const int8_t *packed_weight,
+                     const int32_t *kernel_sum, int8_t *output)
+{
+    int32_t b, o, k;
+    if (params == NULL || quant == NULL || quant->multiplier == NULL || quant->shift == NULL || input == NULL ||
+        packed_weight == NULL || kernel_sum == NULL || output == NULL || batches < 0 || in_features < 1 ||
+        out_features < 1) {
+        return CORTEN_ERROR_ARGUMENT;
+    }
+    for (b = 0; b < batches; b++) {
+        const int8_t *x = input + (ptrdiff_t)b * in_features;
+        int8_t *y = output + (ptrdiff_t)b * out_features;
+        for (o = 0; o < out_features; o++) {
+            const int32_t k0 = o * in_features;
+            const int32_t q = quant->per_channel ? o : 0;
+            uint32_t acc = (uint32_t)kernel_sum[o];
+            int32_t total;
+            for (k = 0; k < in_features; k++) {
+                acc += (uint32_t)((int32_t)x[k] * corten_s4_at(packed_weight, k0 + k));
+            }
+            total = corten_u32_to_i32(acc);
+            if (quant->single_rounding) {
+                y[o] = corten_offset_clamp(corten_requantize_single(total, quant->multiplier[q], quant->shift[q]),
+                                           params->output_offset, params->activation_min, params->activation_max);
+            } else {
+                y[o] = corten_finish(total, o, quant->multiplier, quant->shift, quant->per_channel,
+                                     params->output_offset, params->activation_min, params->activation_max);
+            }
+        }
+    }
+    return CORTEN_OK;
+}
+
 int corten_linear_s16(const corten_linear_params *params, const corten_quant *quant, int32_t batches,
                       int32_t in_features, int32_t out_features, const int16_t *input, const int8_t *weight,
                       const int64_t *bias, int16_t *output)
