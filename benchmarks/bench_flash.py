@@ -46,7 +46,7 @@ def _leaves(out):
 
 
 def weight_bytes(prog) -> int:
-    from corten.compiler import weight_layers
+    from corten.program import weight_layers
 
     return sum(b for _, _, b in weight_layers(prog))
 
@@ -55,7 +55,7 @@ def measure(name: str, budget_ratio: float, n_inputs: int) -> dict:
     import torch
 
     import corten
-    from corten.compiler import weight_layers
+    from corten.program import weight_layers
     from corten.zoo import get_model
 
     model, example = get_model(name)

@@ -254,6 +254,7 @@ def test_weights_int4_gives_int4_layers_and_halves_their_flash(programs):
     saved = sum(v for k, v in w8.items() if not k.startswith("grouped")) - packed
     assert p8.memory.constant_bytes - p4.memory.constant_bytes == saved
     report = corten.weights_report(p4)
+    assert report in p4.memory_report() and "int4" not in p8.memory_report()  # (int8 programs: unchanged)
     assert "int4 weights" in report and re.search(r"fc2\s+int4\s+8\b", report)  # ceil(3 * 5 / 2)
     rows = {r.module: r.weight_bits for r in p4.compare(model, [x]).rows if r.weight_bits}
     assert rows["stem"] == 4 and rows["grouped"] == 8
@@ -288,8 +289,8 @@ def test_weights_auto_fits_max_flash_with_the_fewest_int4_layers(programs):
     auto = p.info["weights"]["auto"]
     assert p.memory.constant_bytes <= budget < flash8
     assert 0 < len(auto["int4_layers"]) < 5 and sum(v == 4 for v in _widths(p).values()) == len(auto["int4_layers"])
-    sqnrs = [d["op_sqnr_db_int4"] for d in auto["int4_layers"]]
-    assert sqnrs == sorted(sqnrs, reverse=True)  # least int4 rounding error first
+    cost = [10 ** (-d["op_sqnr_db_int4"] / 10) / d["saved_bytes"] for d in auto["int4_layers"]]
+    assert cost == sorted(cost)  # least int4 rounding error per byte saved first
     with pytest.raises(corten.BudgetError):
         _compile(model, x, weights="auto", max_flash=flash4 - 1)
 
@@ -356,3 +357,19 @@ def test_int4_program_is_byte_exact_with_cmsis_nn(programs, target):
                        p4.run_int8(x)[0])
     run = p4.c_run(x, on="qemu", target=target, kernels="cmsis-nn", cmsis_nn_path=CMSIS_NN_PATH)
     assert torch.equal(run.outputs[0], p4.run_int8(x)[0])
+
+
+def test_cli_weights_auto(tmp_path, capsys):
+    from corten.cli import main as cli_main
+
+    net = tmp_path / "net.py"
+    net.write_text("import torch, sys\nsys.path.insert(0, %r)\nfrom test_int4 import _net\n\n"
+                   "def make():\n    m, x = _net()\n    return m, (x,)\n" % str(Path(__file__).parent))
+    out = tmp_path / "o"
+    rc = cli_main(["compile", f"{net}:make", "--out", str(out), "--calib", "2", "--weights", "auto",
+                   "--max-flash", "1000"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    report = (out / "report.txt").read_text()
+    assert "weights=auto" in report and re.search(r"\sint4\s+\d", report)  # (a layer row)
+    assert corten.load(out).memory.constant_bytes <= 1000  # (int8: 1,107 B)

@@ -43,8 +43,8 @@ def prepare_qat(model, example_inputs, target="cortex-m55", weights="int8"):
 
 
 def weights_report(prog):
-    """See :func:`corten.compiler.weights_report`: flash per layer and per weight width."""
-    from corten.compiler import weights_report as _weights_report
+    """See :func:`corten.program.weights_report`: flash per layer and per weight width."""
+    from corten.program import weights_report as _weights_report
 
     return _weights_report(prog)
 

@@ -140,7 +140,9 @@ def cmd_compile(args) -> int:
         else:
             prog = corten_compile(model, example_inputs, target=args.target, calibration=calibration,
                                   seed=args.seed, name=name, progress=True, observer=args.observer,
-                                  precision=_precision_arg(args.precision), input_scaling=args.input_scaling)
+                                  precision=_precision_arg(args.precision), input_scaling=args.input_scaling,
+                                  weights=_precision_arg(args.weights),
+                                  max_flash=args.max_flash if args.weights == "auto" else None)
         if args.memory or args.weights_section:  # the board's memory map (UsageError -> exit code 2)
             prog = prog.with_memory(args.memory, args.weights_section)
             if not prog.unlowered_ops():
@@ -365,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--input-scaling", default="per_tensor", choices=["per_tensor", "per_feature"],
                    help="per_feature: each feature of an input read by a Linear layer gets its own int8 range "
                         "(from --calib-data; folded into that layer)")
+    c.add_argument("--weights", default="int8", metavar="W",
+                   help="int8 (default), int4 (A8W4: int4 conv/depthwise/linear weights, packed two per byte), "
+                        "auto (with --max-flash: the layers with the least int4 error per byte saved go int4 "
+                        "until the constants fit) or module path prefixes: 'classifier=int4' (the rest int8)")
     c.add_argument("--compare", action="store_true",
                    help="print the per-layer int8-vs-float error (SQNR) on the calibration samples")
     c.add_argument("--compare-samples", type=int, default=16, metavar="N", help="samples --compare uses (16)")

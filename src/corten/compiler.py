@@ -737,22 +737,18 @@ def _compile_auto(model, example_inputs, target, calibration, seed, observer, na
 
 def _int4_candidates(prog4: Program, prog8: Program, model, samples) -> list[dict]:
     """The layers of the all-int4 program ``prog4`` that have int4 weights, least int4 rounding
-    error first: each module path with its op-alone SQNR in ``prog4`` (:meth:`Program.compare`, the
-    layer's own rounding on its int8 input) and the flash bytes int4 saves there (its weight bytes
-    in ``prog8`` minus those in ``prog4``, from the cost hook)."""
-    from corten.ops.registry import op_cost, weight_bits
+    error per byte saved first (:func:`_noise_per_byte`): each module path with its op-alone SQNR in
+    ``prog4`` (:meth:`Program.compare`, the layer's own rounding on its int8 input) and the flash
+    bytes int4 saves there (its weight bytes in ``prog8`` minus those in ``prog4``, from the cost hook)."""
+    from corten.program import weight_layers
 
     def weight_bytes(prog) -> dict[str, int]:
         out: dict[str, int] = {}
-        tensors = prog.info.get("tensors") or {}
-        for n in prog.module().graph.nodes:
-            if n.op == "call_function" and n.name in tensors and weight_bits(n):
-                mod = tensors[n.name].get("module", "")
-                out[mod] = out.get(mod, 0) + op_cost(n).weight_bytes
+        for mod, _, nbytes in weight_layers(prog):
+            out[mod] = out.get(mod, 0) + nbytes
         return out
 
-    int4_modules = {(prog4.info.get("tensors") or {}).get(n.name, {}).get("module", "")
-                    for n in prog4.module().graph.nodes if n.op == "call_function" and weight_bits(n) == 4}
+    int4_modules = {mod for mod, bits, _ in weight_layers(prog4) if bits == 4}
     b8, b4 = weight_bytes(prog8), weight_bytes(prog4)
     sqnr: dict[str, float] = {}
     for r in prog4.compare(model, samples).rows:
@@ -760,7 +756,20 @@ def _int4_candidates(prog4: Program, prog8: Program, model, samples) -> list[dic
             sqnr[r.module] = min(sqnr.get(r.module, float("inf")), r.op_sqnr_db)
     rows = [{"module": m, "op_sqnr_db_int4": sqnr.get(m, float("-inf")), "saved_bytes": b8.get(m, 0) - b4.get(m, 0)}
             for m in int4_modules if m]
-    return sorted(rows, key=lambda d: (-d["op_sqnr_db_int4"], -d["saved_bytes"], d["module"]))
+    return sorted(rows, key=lambda d: (_noise_per_byte(d), d["module"]))
+
+
+def _noise_per_byte(d: dict) -> float:
+    """The int4 rounding noise a layer adds (its op-alone noise-to-signal ratio, 10^(-SQNR/10)) per
+    byte of flash its int4 weights save: the order in which weights="auto" moves layers to int4
+    (a greedy knapsack: the most flash for the least error first)."""
+    import math
+
+    noise = 1.0 if math.isinf(d["op_sqnr_db_int4"]) and d["op_sqnr_db_int4"] < 0 else 10 ** (-d["op_sqnr_db_int4"] / 10)
+    return noise / max(d["saved_bytes"], 1)
+
+
+AUTO_WEIGHTS_SAMPLES = 8  # weights="auto": the calibration samples the per-layer int4 error is measured on
 
 
 def _compile_weights_auto(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
@@ -783,7 +792,7 @@ def _compile_weights_auto(model, example_inputs, target, calibration, seed, obse
     chosen_prog = base
     if flash8 > max_flash and not base.unlowered_ops():
         prog4 = build("int4")
-        samples = _auto_samples(calibration, example_inputs, seed)
+        samples = _auto_samples(calibration, example_inputs, seed)[:AUTO_WEIGHTS_SAMPLES]
         candidates = _int4_candidates(prog4, base, model, samples)
         info["int4_constant_bytes"] = _program_costs(prog4)["constant_bytes"]
         def cover(n: int, deficit: int) -> int:
@@ -807,41 +816,6 @@ def _compile_weights_auto(model, example_inputs, target, calibration, seed, obse
     info["constant_bytes"] = _program_costs(chosen_prog)["constant_bytes"]
     chosen_prog.info["weights"] = {**chosen_prog.info.get("weights", {}), "requested": "auto", "auto": info}
     return chosen_prog
-
-
-def weight_layers(prog: Program) -> list[tuple[str, int, int]]:
-    """``(module path or node name, weight bits, weight bytes in flash)`` of every weighted step of
-    ``prog`` in program order (the cost hook's bytes: packed int4 counts half)."""
-    from corten.ops.registry import op_cost, weight_bits
-
-    tensors = prog.info.get("tensors") or {}
-    rows = []
-    for n in prog.module().graph.nodes:
-        bits = weight_bits(n) if n.op == "call_function" else 0
-        if bits:
-            rows.append((tensors.get(n.name, {}).get("module", "") or n.name, bits, op_cost(n).weight_bytes))
-    return rows
-
-
-def weights_report(prog: Program) -> str:
-    """Flash by weight width and per layer: every weighted step's module, width and weight bytes,
-    the totals per width and the other constants (biases, multipliers, tables); with the
-    ``weights="auto"`` decisions when it chose them."""
-    rows = weight_layers(prog)
-    per_width: dict[int, int] = {}
-    for _, bits, wb in rows:
-        per_width[bits] = per_width.get(bits, 0) + wb
-    total = int(prog.memory.constant_bytes)
-    lines = [f"flash (constants) {total:,} B: " + ", ".join(f"int{b} weights {v:,} B" for b, v in sorted(per_width.items()))
-             + f", other constants (biases, multipliers, tables) {total - sum(per_width.values()):,} B"]
-    a = (prog.info.get("weights") or {}).get("auto")
-    if a:
-        lines.append(f"weights=auto: {len(a['int4_layers'])} layer(s) int4 to fit max_flash {a['max_flash']:,} B "
-                     f"(int8 {a['int8_constant_bytes']:,} B -> {a['constant_bytes']:,} B), least int4 rounding "
-                     "error (op-alone SQNR) first")
-    lines.append(f"  {'layer':<40} {'weights':>7} {'bytes':>10}")
-    lines += [f"  {m[:40]:<40} {'int' + str(w):>7} {b:>10,}" for m, w, b in rows]
-    return "\n".join(lines)
 
 
 def auto_report(prog: Program) -> str:
@@ -971,7 +945,7 @@ def compile(
     activations, int32 biases, on conv2d / 1x1 / depthwise / linear; other layers keep int8), a dict
     ``{module path prefix | nn.Module type: "int8" | "int4"}`` as for ``precision``, or ``"auto"`` with
     ``max_flash``: int8 when the constants fit, else the layers whose int4 rounding costs least (op-alone
-    SQNR of the all-int4 program, :meth:`Program.compare`) go to int4 until they fit;
+    SQNR of the all-int4 program, :meth:`Program.compare`, per byte of flash saved) go to int4 until they fit;
     ``prog.info["weights"]["auto"]`` records the choice, :func:`weights_report` the flash per layer.
     """
     from corten.deployment import parse_memory, parse_weights_section

@@ -371,7 +371,12 @@ class Program:
         return prog
 
     def memory_report(self, kernels=None, *, deployment=None) -> str:
-        return self.memory_for(kernels, deployment=deployment).report()
+        """The memory plan's report; with int4 weights also the flash per width and per layer
+        (:func:`weights_report`)."""
+        text = self.memory_for(kernels, deployment=deployment).report()
+        if "weights" in self.info or any(bits == 4 for _, bits, _ in weight_layers(self)):
+            text += "\n" + weights_report(self)
+        return text
 
     def _require_lowered(self, what: str) -> None:
         if self.unlowered:
@@ -722,3 +727,38 @@ def load(path: str | Path) -> Program:
     if want != got:
         raise _manifest_error(man_path, f"its input/output shapes {want} do not match {prog_file.name}'s {got}")
     return prog
+
+
+def weight_layers(prog: "Program") -> list[tuple[str, int, int]]:
+    """``(module path or node name, weight bits, weight bytes in flash)`` of every weighted step of
+    ``prog`` in program order (the cost hook's bytes: packed int4 counts half)."""
+    from corten.ops.registry import op_cost, weight_bits
+
+    tensors = prog.info.get("tensors") or {}
+    rows = []
+    for n in prog.module().graph.nodes:
+        bits = weight_bits(n) if n.op == "call_function" else 0
+        if bits:
+            rows.append((tensors.get(n.name, {}).get("module", "") or n.name, bits, op_cost(n).weight_bytes))
+    return rows
+
+
+def weights_report(prog: "Program") -> str:
+    """Flash by weight width and per layer: every weighted step's module, width and weight bytes,
+    the totals per width and the other constants (biases, multipliers, tables); with the
+    ``weights="auto"`` decisions when it chose them."""
+    rows = weight_layers(prog)
+    per_width: dict[int, int] = {}
+    for _, bits, wb in rows:
+        per_width[bits] = per_width.get(bits, 0) + wb
+    total = int(prog.memory.constant_bytes)
+    lines = [f"flash (constants) {total:,} B: " + ", ".join(f"int{b} weights {v:,} B" for b, v in sorted(per_width.items()))
+             + f", other constants (biases, multipliers, tables) {total - sum(per_width.values()):,} B"]
+    a = (prog.info.get("weights") or {}).get("auto")
+    if a:
+        lines.append(f"weights=auto: {len(a['int4_layers'])} layer(s) int4 to fit max_flash {a['max_flash']:,} B "
+                     f"(int8 {a['int8_constant_bytes']:,} B -> {a['constant_bytes']:,} B), least int4 rounding "
+                     "error (op-alone SQNR) per byte saved first")
+    lines.append(f"  {'layer':<40} {'weights':>7} {'bytes':>10}")
+    lines += [f"  {m[:40]:<40} {'int' + str(w):>7} {b:>10,}" for m, w, b in rows]
+    return "\n".join(lines)
