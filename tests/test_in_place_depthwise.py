@@ -15,10 +15,9 @@ import torch
 
 import corten
 from corten.deployment import Deployment
-from corten.memory import plan_memory
 
 from conftest import needs_gcc, needs_qemu
-from test_memory import Program, check_plan, export, simulate
+from test_memory import Program, check_deployment_plan, check_plan, simulate
 
 # an inverted residual block: the depthwise step (expand output + depthwise output) is the peak
 INVERTED = [
@@ -32,16 +31,7 @@ GROWING = INVERTED[:2] + [("dw", 2, 3, 1, 2, 1), ("conv", 3, 8, 1, 1, 0)]  # pad
 
 
 def _checked(specs, kernels="portable", target="cortex-m4", in_place=True, shape=(1, 3, 8, 8)):
-    program = Program(shape, specs)
-    ep = export(program)
-    d = Deployment.of(target, kernels)
-    plan = plan_memory(ep, d, in_place=in_place)
-    check_plan(ep, plan, d.target)
-    x = torch.randn(program.input_shape, generator=torch.Generator().manual_seed(2))
-    want = ep.module()(x)
-    want = list(want) if isinstance(want, tuple) else [want]
-    assert all(torch.equal(g, w) for g, w in zip(simulate(ep, plan, [x]), want))
-    return ep, plan
+    return check_deployment_plan(Program(shape, specs), Deployment.of(target, kernels), in_place=in_place)
 
 
 @pytest.mark.parametrize("specs", [INVERTED, STRIDED], ids=["stride1", "stride2"])

@@ -509,6 +509,19 @@ def simulate(ep, plan, x, seed=0):
     return outputs
 
 
+def check_deployment_plan(program: Program, deployment, in_place=True, seed=1):
+    """Plan ``program`` for a :class:`corten.deployment.Deployment` (memory regions, kernels), check
+    the plan (:func:`check_plan`) and re-run it on its bytes (:func:`simulate`); (ep, plan)."""
+    ep = export(program)
+    plan = plan_memory(ep, deployment, in_place=in_place)
+    check_plan(ep, plan, deployment.target)
+    x = torch.randn(program.input_shape, generator=torch.Generator().manual_seed(seed))
+    want = ep.module()(x)
+    want = list(want) if isinstance(want, tuple) else [want]
+    assert all(torch.equal(g, w) for g, w in zip(simulate(ep, plan, [x], seed), want))
+    return ep, plan
+
+
 def check_program(program: Program, target="cortex-m55", in_place=True, seed=0):
     ep = export(program)
     target = get_target(target)

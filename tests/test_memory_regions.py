@@ -23,21 +23,13 @@ from corten.errors import BudgetError, UsageError
 from corten.memory import check_budget, plan_memory
 
 from conftest import needs_gcc, needs_qemu
-from test_memory import RESIDUAL, Program, check_plan, export, simulate
+from test_memory import RESIDUAL, Program, check_deployment_plan, export
 
 KIB = 1024
 
 
 def _plan(program: Program, memory, target="cortex-m55", kernels="cmsis-nn"):
-    ep = export(program)
-    d = Deployment.of(target, kernels, memory=memory)
-    plan = plan_memory(ep, d)
-    check_plan(ep, plan, d.target)
-    x = torch.randn(program.input_shape, generator=torch.Generator().manual_seed(1))
-    want = ep.module()(x)
-    want = list(want) if isinstance(want, tuple) else [want]
-    assert all(torch.equal(g, w) for g, w in zip(simulate(ep, plan, [x]), want))
-    return ep, plan
+    return check_deployment_plan(program, Deployment.of(target, kernels, memory=memory))
 
 
 # ----------------------------------------------------------------------------- the spec

@@ -463,7 +463,14 @@ def _conv_portable(ctx) -> str:
         fn = fn.replace("_s8", "_s16")
     elif g["int4"]:
         fn = fn.replace("_s8", "_s4")
-    return ctx.block(
+    return ctx.block(*_portable_structs(ctx, g, per_channel),
+                     ctx.call(fn, "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"],
+                              ctx.const("bias"), "&output_dims", g["out"]))
+
+
+def _portable_structs(ctx, g: dict, per_channel: int) -> list[str]:
+    """The parameter structs of Corten's conv / depthwise kernels (params, quant and the dims)."""
+    return [
         ctx.params("corten_conv_params", "params", dict(
             stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], dilation_h=g["dh"], dilation_w=g["dw"],
             depth_multiplier=g["mult"], input_offset=g["in_off"], output_offset=g["out_off"],
@@ -472,9 +479,7 @@ def _conv_portable(ctx) -> str:
                                                  shift=ctx.const("output_shift"), per_channel=per_channel)),
         ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c_in"]),
         ctx.dims("filter_dims", "corten_dims", *g["filt"]),
-        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c_out"]),
-        ctx.call(fn, "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"], ctx.const("bias"),
-                 "&output_dims", g["out"]))
+        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c_out"])]
 
 
 def _depthwise_s4_supports(node, target) -> str | None:
@@ -623,15 +628,6 @@ def _depthwise_in_place_portable(ctx) -> str:
     g = _conv_geometry(ctx)
     temp, _ = ctx.scratch()
     per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
-    return ctx.block(
-        ctx.params("corten_conv_params", "params", dict(
-            stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], dilation_h=g["dh"], dilation_w=g["dw"],
-            depth_multiplier=1, input_offset=g["in_off"], output_offset=g["out_off"],
-            activation_min=g["act_min"], activation_max=g["act_max"])),
-        ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
-                                                 shift=ctx.const("output_shift"), per_channel=per_channel)),
-        ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c_in"]),
-        ctx.dims("filter_dims", "corten_dims", *g["filt"]),
-        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c_out"]),
-        ctx.call("corten_depthwise_conv2d_s8_in_place", "&params", "&quant", "&input_dims", g["out"], "&filter_dims",
-                 g["wname"], ctx.const("bias"), "&output_dims", f"(int8_t *){temp}"))
+    return ctx.block(*_portable_structs(ctx, g, per_channel),
+                     ctx.call("corten_depthwise_conv2d_s8_in_place", "&params", "&quant", "&input_dims", g["out"],
+                              "&filter_dims", g["wname"], ctx.const("bias"), "&output_dims", f"(int8_t *){temp}"))
