@@ -291,7 +291,8 @@ def narrow_specs() -> list[gen.LayerSpec]:
     rng = random.Random(23)
     out = []
     for ci, (kh, kw), (sh, sw), (ph, pw), co in [(1, (10, 4), (2, 2), (4, 1), 8), (3, (3, 3), (2, 2), (1, 1), 4),
-                                                  (2, (5, 5), (1, 1), (2, 2), 12), (1, (3, 3), (1, 2), (0, 1), 16)]:
+                                                  (2, (5, 5), (1, 1), (2, 2), 12), (1, (3, 3), (1, 2), (0, 1), 16),
+                                                  (1, (3, 2), (1, 1), (3, 1), 4)]:  # (windows all in the padding)
         h, w = rng.randint(kh, kh + 6), rng.randint(kw, kw + 5)
         ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
         weight = torch.randint(-128, 128, (co, kh, kw, ci), dtype=torch.int8)

@@ -18,7 +18,8 @@ from test_generated_kernels import (expected_bytes, layer_inputs, layers_source,
 @pytest.mark.parametrize("target, isa", [("cortex-m4", "dsp"), ("cortex-m55", "mve"), ("cortex-m3", "plain")])
 def test_generated_layers_on_qemu(target, isa, tmp_path):
     specs = random_specs(11, 24) + matvec_specs() + narrow_specs()  # (matrix-vector on M4, windows on M55)
-    xs = layer_inputs(specs[:24], seed=5) + matvec_inputs(specs[24:-4]) + layer_inputs(specs[-4:], seed=9)
+    narrow = len(narrow_specs())
+    xs = layer_inputs(specs[:24], seed=5) + matvec_inputs(specs[24:-narrow]) + layer_inputs(specs[-narrow:], seed=9)
     (tmp_path / "layers.c").write_text(layers_source(specs, isa))
     (tmp_path / "layers.h").write_text("#include <stdint.h>\nint layers_run(const int8_t *in, int8_t *out, uint8_t *arena);\n")
     in_bytes = b"".join(x.numpy().tobytes() for x in xs)

@@ -479,7 +479,7 @@ def _windows_mve(spec, fname, array, segs, biases, x_expr, y_expr) -> GeneratedL
             f"            const int32_t xs = ox + 1 < {s.ox1} ? {sw * c} : 0;",
             f"            const int8_t *xp = x + ((oy * {sh} - {ph - s.i0}) * {spec.w} + (ox * {sw} - {pw - s.j0})) * {c};",
             f"            int8_t *yp = y + (oy * {spec.wo} + ox) * {co};",
-            *("            " + cp for cp in copies),
+            *("            " + cp for cp in (copies or ["(void)xp;  /* the window is all padding */"])),
             f"            for (o = 0; o < {co}; o += 4) {{",
             f"                cg_conv_2x4_mvei(win, {kp}, 0, {wi} + o * {kp}, 1, {chunks}, {tail}, bias + o, "
             f"{q_name} + o, {ep}, yp + o, yp + (xs ? {co} : 0) + o);",
