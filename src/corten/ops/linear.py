@@ -277,56 +277,23 @@ def _cmsis_s4_supports(node, target) -> str | None:
 
 
 @CMSIS_NN.kernel("quantized_linear", act=(torch.int8,), weight=(torch.int4,), supports=_cmsis_s4_supports)
-def _linear_cmsis_s4(ctx) -> str:
-    """``arm_fully_connected_s4`` (per-tensor quantization only): one call, or per-channel weights one
-    call per output feature (``output_dims.c = 1``, that feature's multiplier, shift, packed row -
-    ``in_features / 2`` bytes, in_features even - and kernel sum) and batch row.  The kernel sums
-    are the bias, input offset 0 (see :func:`_linear_cmsis`)."""
-    g = _operands(ctx)
-    batches, in_f, out_f, w, ks, x, out = g["batches"], g["in_f"], g["out_f"], g["w"], g["ks"], g["x"], g["out"]
-    common = [
-        ctx.params("cmsis_nn_context", "nn_ctx", dict(buf="NULL", size=0)),
-        ctx.params("cmsis_nn_fc_params", "params", dict(input_offset=0, filter_offset=0, output_offset=g["out_off"],
-                                                        activation=dict(min=g["act_min"], max=g["act_max"]))),
-        ctx.dims("filter_dims", "cmsis_nn_dims", in_f, 1, 1, out_f if not g["per_channel"] else 1),
-        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, out_f if not g["per_channel"] else 1),
-    ]
-    if not g["per_channel"]:
-        return ctx.block(*common,
-                         ctx.params("cmsis_nn_per_tensor_quant_params", "quant",
-                                    dict(multiplier=int(g["mult_t"][0]), shift=int(g["shift_t"][0]))),
-                         ctx.dims("input_dims", "cmsis_nn_dims", batches, 1, 1, in_f),
-                         ctx.dims("output_dims", "cmsis_nn_dims", batches, 1, 1, out_f),
-                         ctx.call("arm_fully_connected_s4", "&nn_ctx", "&params", "&quant", "&input_dims", x,
-                                  "&filter_dims", w, "&bias_dims", ks, "&output_dims", out))
-    mult, shift = ctx.const("output_multiplier"), ctx.const("output_shift")
-    dims = [ctx.dims("input_dims", "cmsis_nn_dims", 1, 1, 1, in_f), ctx.dims("output_dims", "cmsis_nn_dims", 1, 1, 1, 1)]
-    loop = ("int32_t b, o;\n"
-            f"for (b = 0; b < {batches}; b++) {{\n"
-            f"    for (o = 0; o < {out_f}; o++) {{\n"
-            f"        const cmsis_nn_per_tensor_quant_params quant = {{.multiplier = {mult}[o], .shift = {shift}[o]}};\n"
-            "        " + ctx.call("arm_fully_connected_s4", "&nn_ctx", "&params", "&quant", "&input_dims",
-                                  f"{x} + (ptrdiff_t)b * {in_f}", "&filter_dims",
-                                  f"{w} + (ptrdiff_t)o * {in_f // 2}", "&bias_dims", f"{ks} + o",
-                                  "&output_dims", f"{out} + (ptrdiff_t)b * {out_f} + o").replace("\n", "\n        ")
-            + "\n    }\n}")
-    return ctx.block(*common, *dims, loop)
-
-
 @CMSIS_NN.kernel("quantized_linear", act=(torch.int16,))
-def _linear_cmsis_s16(ctx) -> str:
-    """``arm_fully_connected_s16``.  CMSIS-NN's s16 fully connected layer has per-tensor quantization
-    only: per-channel weights are one call per output feature (``output_dims.c = 1``, that
-    feature's multiplier, shift, weights and bias) and batch row."""
+def _linear_cmsis_per_tensor(ctx) -> str:
+    """``arm_fully_connected_s16`` (int16 activations) / ``arm_fully_connected_s4`` (int4 weights).
+    Both have per-tensor quantization only: per-channel weights are one call per output feature
+    (``output_dims.c = 1``, that feature's multiplier, shift, weight row and bias) and batch row.
+    s4: the row is ``in_features / 2`` packed bytes (in_features even, see :func:`_cmsis_s4_supports`);
+    the kernel sums are the bias with input offset 0 (see :func:`_linear_cmsis`).  s16: the int64 bias."""
     g = _operands(ctx)
     batches, in_f, out_f, per_channel = g["batches"], g["in_f"], g["out_f"], g["per_channel"]
-    x16, out16, w, bias = g["x"], g["out"], g["w"], g["ks"]
-    act_min, act_max = g["act_min"], g["act_max"]
+    x, out, w, bias = g["x"], g["out"], g["w"], g["ks"]
+    s4 = g["int4"]
+    fn, row, out_off = ("arm_fully_connected_s4", in_f // 2, g["out_off"]) if s4 else ("arm_fully_connected_s16", in_f, 0)
     mult, shift = ctx.const("output_multiplier"), ctx.const("output_shift")
     common = [
         ctx.params("cmsis_nn_context", "nn_ctx", dict(buf="NULL", size=0)),
-        ctx.params("cmsis_nn_fc_params", "params", dict(input_offset=0, filter_offset=0, output_offset=0,
-                                                        activation=dict(min=act_min, max=act_max))),
+        ctx.params("cmsis_nn_fc_params", "params", dict(input_offset=0, filter_offset=0, output_offset=out_off,
+                                                        activation=dict(min=g["act_min"], max=g["act_max"]))),
         ctx.dims("filter_dims", "cmsis_nn_dims", in_f, 1, 1, 1 if per_channel else out_f),
         ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, 1 if per_channel else out_f),
     ]
@@ -336,16 +303,16 @@ def _linear_cmsis_s16(ctx) -> str:
                                                                                       shift=f"{shift}[0]")),
                          ctx.dims("input_dims", "cmsis_nn_dims", batches, 1, 1, in_f),
                          ctx.dims("output_dims", "cmsis_nn_dims", batches, 1, 1, out_f),
-                         ctx.call("arm_fully_connected_s16", "&nn_ctx", "&params", "&quant", "&input_dims", x16,
-                                  "&filter_dims", w, "&bias_dims", bias, "&output_dims", out16))
+                         ctx.call(fn, "&nn_ctx", "&params", "&quant", "&input_dims", x,
+                                  "&filter_dims", w, "&bias_dims", bias, "&output_dims", out))
     dims = [ctx.dims("input_dims", "cmsis_nn_dims", 1, 1, 1, in_f), ctx.dims("output_dims", "cmsis_nn_dims", 1, 1, 1, 1)]
     loop = ("int32_t b, o;\n"
             f"for (b = 0; b < {batches}; b++) {{\n"
             f"    for (o = 0; o < {out_f}; o++) {{\n"
             f"        const cmsis_nn_per_tensor_quant_params quant = {{.multiplier = {mult}[o], .shift = {shift}[o]}};\n"
-            "        " + ctx.call("arm_fully_connected_s16", "&nn_ctx", "&params", "&quant", "&input_dims",
-                                  f"{x16} + (ptrdiff_t)b * {in_f}", "&filter_dims", f"{w} + (ptrdiff_t)o * {in_f}",
-                                  "&bias_dims", f"{bias} + o", "&output_dims", f"{out16} + (ptrdiff_t)b * {out_f} + o"
+            "        " + ctx.call(fn, "&nn_ctx", "&params", "&quant", "&input_dims",
+                                  f"{x} + (ptrdiff_t)b * {in_f}", "&filter_dims", f"{w} + (ptrdiff_t)o * {row}",
+                                  "&bias_dims", f"{bias} + o", "&output_dims", f"{out} + (ptrdiff_t)b * {out_f} + o"
                                   ).replace("\n", "\n        ") + "\n"
             "    }\n}")
     return ctx.block(*common, *dims, loop)

@@ -426,53 +426,68 @@ int corten_grouped_conv2d_s8(const corten_conv_params *params, const corten_quan
 }
 
 /*
+ * The window loops of the simple (one output element at a time) convolutions, written once for the
+ * element types: for each image, output pixel and output channel `o`, `ACC_T acc = INIT`; for each
+ * filter tap (ky, kx) whose input pixel lies inside the input (padding taps contribute 0), with `x`
+ * pointing at that pixel's IN_T channels, the statement TAP; then `out_px[o] = STORE`.  Expects
+ * `params`, `input_dims`, `input`, `filter_dims`, `output_dims`, `output` in scope.
+ */
+#define CORTEN_CONV_WINDOWS(IN_T, OUT_T, ACC_T, INIT, TAP, STORE)                                              \
+    do {                                                                                                       \
+        int32_t b_, oy_, ox_, o;                                                                               \
+        for (b_ = 0; b_ < output_dims->n; b_++) {                                                              \
+            const IN_T *in_batch = input + (ptrdiff_t)b_ * input_dims->h * input_dims->w * input_dims->c;       \
+            for (oy_ = 0; oy_ < output_dims->h; oy_++) {                                                       \
+                for (ox_ = 0; ox_ < output_dims->w; ox_++) {                                                   \
+                    OUT_T *out_px = output + (((ptrdiff_t)b_ * output_dims->h + oy_) * output_dims->w + ox_) *   \
+                                                 output_dims->c;                                               \
+                    corten_window win;                                                                         \
+                    corten_window_at(params, oy_, ox_, filter_dims->h, filter_dims->w, input_dims->h,          \
+                                     input_dims->w, &win);                                                     \
+                    for (o = 0; o < output_dims->c; o++) {                                                     \
+                        ACC_T acc = (INIT);                                                                    \
+                        int32_t ky, kx;                                                                        \
+                        for (ky = win.ky_begin; ky < win.ky_end; ky++) {                                       \
+                            const int32_t iy_ = win.iy0 + ky * params->dilation_h;                             \
+                            for (kx = win.kx_begin; kx < win.kx_end; kx++) {                                   \
+                                const IN_T *x = in_batch + ((ptrdiff_t)iy_ * input_dims->w + win.ix0 +         \
+                                                            kx * params->dilation_w) * input_dims->c;          \
+                                TAP;                                                                           \
+                            }                                                                                  \
+                        }                                                                                      \
+                        out_px[o] = (STORE);                                                                   \
+                    }                                                                                          \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+    } while (0)
+
+/*
  * A8W4 convolutions: int4 filters packed two per byte (corten_s4_at unpacks a nibble in the inner
  * loop), the int8 kernels' arithmetic: acc = bias[o] + sum over in-input taps of (x + input_offset) * w
  * with int32 wrap-around, requantized per channel.  Filter element (o, ky, kx, c) is nibble
  * ((o * kH + ky) * kW + kx) * C_in + c (conv2d, OHWI) or (ky * kW + kx) * C_out + o (depthwise).
  */
+#define CORTEN_S4_STORE                                                                                        \
+    corten_finish(corten_u32_to_i32(acc), o, quant->multiplier, quant->shift, quant->per_channel,               \
+                  params->output_offset, params->activation_min, params->activation_max)
+
 int corten_conv2d_s4(const corten_conv_params *params, const corten_quant *quant,
                      const corten_dims *input_dims, const int8_t *input,
                      const corten_dims *filter_dims, const int8_t *packed_filter, const int32_t *bias,
                      const corten_dims *output_dims, int8_t *output)
 {
-    const corten_conv_params *p = params;
-    int32_t c_in, kh, kw, c_out, b, oy, ox, o, ky, kx, c;
     if (!corten_conv_args_ok(params, quant, input_dims, input, filter_dims, packed_filter, output_dims, output) ||
         filter_dims->c != input_dims->c || filter_dims->n != output_dims->c) {
         return CORTEN_ERROR_ARGUMENT;
     }
-    c_in = input_dims->c;
-    kh = filter_dims->h;
-    kw = filter_dims->w;
-    c_out = output_dims->c;
-    for (b = 0; b < input_dims->n; b++) {
-        const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * c_in;
-        for (oy = 0; oy < output_dims->h; oy++) {
-            for (ox = 0; ox < output_dims->w; ox++) {
-                int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * c_out;
-                corten_window win;
-                corten_window_at(p, oy, ox, kh, kw, input_dims->h, input_dims->w, &win);
-                for (o = 0; o < c_out; o++) {
-                    uint32_t acc = bias != NULL ? (uint32_t)bias[o] : 0u;
-                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
-                        const int32_t iy = win.iy0 + ky * p->dilation_h;
-                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
-                            const int32_t ix = win.ix0 + kx * p->dilation_w;
-                            const int8_t *x = in_batch + ((ptrdiff_t)iy * input_dims->w + ix) * c_in;
-                            const int32_t k0 = ((o * kh + ky) * kw + kx) * c_in;
-                            for (c = 0; c < c_in; c++) {
-                                acc += (uint32_t)(((int32_t)x[c] + p->input_offset) * corten_s4_at(packed_filter, k0 + c));
-                            }
-                        }
-                    }
-                    out_px[o] = corten_finish(corten_u32_to_i32(acc), o, quant->multiplier, quant->shift,
-                                              quant->per_channel, p->output_offset, p->activation_min,
-                                              p->activation_max);
-                }
-            }
+    CORTEN_CONV_WINDOWS(int8_t, int8_t, uint32_t, bias != NULL ? (uint32_t)bias[o] : 0u, {
+        const int32_t k0 = ((o * filter_dims->h + ky) * filter_dims->w + kx) * input_dims->c;
+        int32_t c;
+        for (c = 0; c < input_dims->c; c++) {
+            acc += (uint32_t)(((int32_t)x[c] + params->input_offset) * corten_s4_at(packed_filter, k0 + c));
         }
-    }
+    }, CORTEN_S4_STORE);
     return CORTEN_OK;
 }
 
@@ -481,43 +496,15 @@ int corten_depthwise_conv2d_s4(const corten_conv_params *params, const corten_qu
                                const corten_dims *filter_dims, const int8_t *packed_filter, const int32_t *bias,
                                const corten_dims *output_dims, int8_t *output)
 {
-    const corten_conv_params *p = params;
-    int32_t c_in, kw, c_out, mult, b, oy, ox, o, ky, kx;
     if (!corten_conv_args_ok(params, quant, input_dims, input, filter_dims, packed_filter, output_dims, output) ||
         params->depth_multiplier < 1 || filter_dims->n != 1 || filter_dims->c != output_dims->c ||
         output_dims->c != input_dims->c * params->depth_multiplier) {
         return CORTEN_ERROR_ARGUMENT;
     }
-    c_in = input_dims->c;
-    kw = filter_dims->w;
-    c_out = output_dims->c;
-    mult = params->depth_multiplier;
-    for (b = 0; b < input_dims->n; b++) {
-        const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * c_in;
-        for (oy = 0; oy < output_dims->h; oy++) {
-            for (ox = 0; ox < output_dims->w; ox++) {
-                int8_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * c_out;
-                corten_window win;
-                corten_window_at(p, oy, ox, filter_dims->h, kw, input_dims->h, input_dims->w, &win);
-                for (o = 0; o < c_out; o++) {
-                    const int32_t c = o / mult;
-                    uint32_t acc = bias != NULL ? (uint32_t)bias[o] : 0u;
-                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
-                        const int32_t iy = win.iy0 + ky * p->dilation_h;
-                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
-                            const int32_t ix = win.ix0 + kx * p->dilation_w;
-                            const int32_t xv = (int32_t)in_batch[((ptrdiff_t)iy * input_dims->w + ix) * c_in + c] +
-                                               p->input_offset;
-                            acc += (uint32_t)(xv * corten_s4_at(packed_filter, (ky * kw + kx) * c_out + o));
-                        }
-                    }
-                    out_px[o] = corten_finish(corten_u32_to_i32(acc), o, quant->multiplier, quant->shift,
-                                              quant->per_channel, p->output_offset, p->activation_min,
-                                              p->activation_max);
-                }
-            }
-        }
-    }
+    CORTEN_CONV_WINDOWS(int8_t, int8_t, uint32_t, bias != NULL ? (uint32_t)bias[o] : 0u, {
+        const int32_t xv = (int32_t)x[o / params->depth_multiplier] + params->input_offset;
+        acc += (uint32_t)(xv * corten_s4_at(packed_filter, (ky * filter_dims->w + kx) * output_dims->c + o));
+    }, CORTEN_S4_STORE);
     return CORTEN_OK;
 }
 
@@ -554,44 +541,23 @@ int corten_conv2d_s16(const corten_conv_params *params, const corten_quant *quan
                       const corten_dims *filter_dims, const int8_t *filter, const int64_t *bias,
                       const corten_dims *output_dims, int16_t *output)
 {
-    const corten_conv_params *p = params;
-    int32_t b, oy, ox, o, ky, kx, c;
     if (!corten_conv_s16_args_ok(params, quant, input_dims, input, filter_dims, filter, output_dims, output) ||
         filter_dims->c != input_dims->c || filter_dims->n != output_dims->c) {
         return CORTEN_ERROR_ARGUMENT;
     }
-    for (b = 0; b < output_dims->n; b++) {
-        const int16_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * input_dims->c;
-        for (oy = 0; oy < output_dims->h; oy++) {
-            for (ox = 0; ox < output_dims->w; ox++) {
-                int16_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * output_dims->c;
-                corten_window win;
-                corten_window_at(p, oy, ox, filter_dims->h, filter_dims->w, input_dims->h, input_dims->w, &win);
-                for (o = 0; o < output_dims->c; o++) {
-                    const int8_t *w_o = filter + (ptrdiff_t)o * filter_dims->h * filter_dims->w * filter_dims->c;
-                    int64_t acc = 0;
-                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
-                        const int32_t iy = win.iy0 + ky * p->dilation_h;
-                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
-                            const int32_t ix = win.ix0 + kx * p->dilation_w;
-                            const int16_t *x = in_batch + ((ptrdiff_t)iy * input_dims->w + ix) * input_dims->c;
-                            const int8_t *w = w_o + ((ptrdiff_t)ky * filter_dims->w + kx) * filter_dims->c;
-                            int32_t dot = 0; /* at most 2**22 per product: exact for C_in < 512 */
-                            for (c = 0; c < input_dims->c; c++) {
-                                dot += (int32_t)x[c] * (int32_t)w[c];
-                                if ((c & 255) == 255) {
-                                    acc += dot;
-                                    dot = 0;
-                                }
-                            }
-                            acc += dot;
-                        }
-                    }
-                    out_px[o] = corten_s16_output(acc, bias, o, quant, p);
-                }
+    CORTEN_CONV_WINDOWS(int16_t, int16_t, int64_t, 0, {
+        const int8_t *w = filter + (((ptrdiff_t)o * filter_dims->h + ky) * filter_dims->w + kx) * filter_dims->c;
+        int32_t dot = 0; /* at most 2**22 per product: exact for C_in < 512 */
+        int32_t c;
+        for (c = 0; c < input_dims->c; c++) {
+            dot += (int32_t)x[c] * (int32_t)w[c];
+            if ((c & 255) == 255) {
+                acc += dot;
+                dot = 0;
             }
         }
-    }
+        acc += dot;
+    }, corten_s16_output(acc, bias, o, quant, params));
     return CORTEN_OK;
 }
 
@@ -600,36 +566,15 @@ int corten_depthwise_conv2d_s16(const corten_conv_params *params, const corten_q
                                 const corten_dims *filter_dims, const int8_t *filter, const int64_t *bias,
                                 const corten_dims *output_dims, int16_t *output)
 {
-    const corten_conv_params *p = params;
-    const int32_t mult = params != NULL ? params->depth_multiplier : 0;
-    int32_t b, oy, ox, o, ky, kx;
     if (!corten_conv_s16_args_ok(params, quant, input_dims, input, filter_dims, filter, output_dims, output) ||
-        mult < 1 || filter_dims->n != 1 || filter_dims->c != output_dims->c || output_dims->c != input_dims->c * mult) {
+        params->depth_multiplier < 1 || filter_dims->n != 1 || filter_dims->c != output_dims->c ||
+        output_dims->c != input_dims->c * params->depth_multiplier) {
         return CORTEN_ERROR_ARGUMENT;
     }
-    for (b = 0; b < output_dims->n; b++) {
-        const int16_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * input_dims->c;
-        for (oy = 0; oy < output_dims->h; oy++) {
-            for (ox = 0; ox < output_dims->w; ox++) {
-                int16_t *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * output_dims->c;
-                corten_window win;
-                corten_window_at(p, oy, ox, filter_dims->h, filter_dims->w, input_dims->h, input_dims->w, &win);
-                for (o = 0; o < output_dims->c; o++) {
-                    const int32_t c = o / mult;
-                    int64_t acc = 0;
-                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
-                        const int32_t iy = win.iy0 + ky * p->dilation_h;
-                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
-                            const int32_t ix = win.ix0 + kx * p->dilation_w;
-                            const int16_t x = in_batch[((ptrdiff_t)iy * input_dims->w + ix) * input_dims->c + c];
-                            const int8_t w = filter[((ptrdiff_t)ky * filter_dims->w + kx) * filter_dims->c + o];
-                            acc += (int64_t)((int32_t)x * (int32_t)w);
-                        }
-                    }
-                    out_px[o] = corten_s16_output(acc, bias, o, quant, p);
-                }
-            }
-        }
-    }
+    CORTEN_CONV_WINDOWS(int16_t, int16_t, int64_t, 0, {
+        const int16_t xv = x[o / params->depth_multiplier];
+        const int8_t w = filter[((ptrdiff_t)ky * filter_dims->w + kx) * filter_dims->c + o];
+        acc += (int64_t)((int32_t)xv * (int32_t)w);
+    }, corten_s16_output(acc, bias, o, quant, params));
     return CORTEN_OK;
 }
