@@ -223,6 +223,11 @@ def compare(program, model: torch.nn.Module, samples: Iterable, threshold_db: fl
     order = [n.name for n in prog_gm.graph.nodes if n.op == "call_function" and n.name in tensors
              and op_name_of(n.target) is not None and tensors[n.name]["float"] in ref_nodes]
     widths = {n.name: weight_bits(n) for n in prog_gm.graph.nodes if n.name in tensors}
+    # per-feature scaled inputs (input_scaling="per_feature"): the program reads x / s + o; its
+    # quantize row maps back to x for the comparison
+    scaling = getattr(program, "input_scaling", {}) or {}
+    placeholders = [n for n in prog_gm.graph.nodes if n.op == "placeholder"]
+    unscale = {u.name: scaling[i] for i, ph in enumerate(placeholders) if i in scaling for u in ph.users}
 
     modules = {n.name: _module_path(n) for n in ref.graph.nodes}
     acc = {k: [0.0, 0.0, 0.0, 0.0, 0.0, 0] for k in order}  # signal, noise, op noise, max err, sat, count
@@ -231,7 +236,7 @@ def compare(program, model: torch.nn.Module, samples: Iterable, threshold_db: fl
         sample = tuple(sample)
         with torch.no_grad():
             p = _Recorder(prog_gm)
-            p.run(*sample)
+            p.run(*program._program_inputs(sample))
             deq = {}
             for k in order:
                 t = tensors[k]
@@ -239,6 +244,9 @@ def compare(program, model: torch.nn.Module, samples: Iterable, threshold_db: fl
                 if not isinstance(q, torch.Tensor):
                     continue
                 deq[t["float"]] = (q.to(torch.float64) - t["zero_point"]) * t["scale"]
+                if k in unscale:
+                    s_f, o_f = (v.to(torch.float64) for v in unscale[k])
+                    deq[t["float"]] = (deq[t["float"]] - o_f) * s_f
                 wide[k] = q.dtype == torch.int16
             f = _Recorder(ref)
             f.run(*sample)
