@@ -313,7 +313,10 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
     : "memory", "cc"
 /* The loop is in the assembly too (8 inputs per iteration, one group first when their count is
  * odd): 34 instructions per 32 MACs, every value in a register. */
-#define CG_DOT_2X2_PAIR(X_, XS, W_, N_, ACC_)                                                        \
+/* The loop of the DSP assembly dot products: N_ inputs (a multiple of 4) in groups of four (GROUP:
+ * the assembly of one group over x, w, a0..a3), one group first when their count is odd, then two
+ * per iteration; the accumulators ACC_[0..3] in registers throughout. */
+#define CG_DSP_GROUPS(GROUP, X_, W_, N_, ACC_)                                                       \
     do {                                                                                             \
         const int8_t *cg_x = (X_);                                                                   \
         const int16_t *cg_w = (W_);                                                                  \
@@ -322,11 +325,11 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
         int32_t cg_a0 = cg_acc[0], cg_a1 = cg_acc[1], cg_a2 = cg_acc[2], cg_a3 = cg_acc[3];          \
         int32_t cg_wa0, cg_wb0, cg_wa1, cg_wb1, cg_t1, cg_t2;                                        \
         if (cg_n & 1) {                                                                              \
-            __asm__(CG_PAIR_GROUP(XS) CG_PAIR_OPERANDS);                                             \
+            __asm__(GROUP CG_PAIR_OPERANDS);                                                          \
         }                                                                                            \
         cg_n >>= 1;                                                                                  \
         if (cg_n > 0) {                                                                              \
-            __asm__("1:\n\t" CG_PAIR_GROUP(XS) CG_PAIR_GROUP(XS)                                     \
+            __asm__("1:\n\t" GROUP GROUP                                                             \
                     "subs %[n], %[n], #1\n\t"                                                        \
                     "bne 1b" CG_PAIR_OPERANDS);                                                      \
         }                                                                                            \
@@ -335,6 +338,7 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
         cg_acc[2] = cg_a2;                                                                           \
         cg_acc[3] = cg_a3;                                                                           \
     } while (0)
+#define CG_DOT_2X2_PAIR(X_, XS, W_, N_, ACC_) CG_DSP_GROUPS(CG_PAIR_GROUP(XS), X_, W_, N_, ACC_)
 #else
 #define CG_DOT_2X2_PAIR(x, XS, w, n, acc) cg_dot_2x2_pair_c((x), (XS), (w), (n), (acc))
 #endif
@@ -383,28 +387,7 @@ CG_INLINE void cg_dot_2x2_pair_c(const int8_t *x, int32_t xs, const int16_t *w, 
     "smlad %[a2], %[t1], %[wb0], %[a2]\n\t"                                                          \
     "smlad %[a3], %[t2], %[wa1], %[a3]\n\t"                                                          \
     "smlad %[a3], %[t1], %[wb1], %[a3]\n\t"
-#define CG_MATVEC4(X_, W_, N_, ACC_)                                                                 \
-    do {                                                                                             \
-        const int8_t *cg_x = (X_);                                                                   \
-        const int16_t *cg_w = (W_);                                                                  \
-        int32_t cg_n = (N_) >> 2;                                                                    \
-        int32_t *const cg_acc = (ACC_);                                                              \
-        int32_t cg_a0 = cg_acc[0], cg_a1 = cg_acc[1], cg_a2 = cg_acc[2], cg_a3 = cg_acc[3];          \
-        int32_t cg_wa0, cg_wb0, cg_wa1, cg_wb1, cg_t1, cg_t2;                                        \
-        if (cg_n & 1) {                                                                              \
-            __asm__(CG_MATVEC_GROUP CG_PAIR_OPERANDS);                                               \
-        }                                                                                            \
-        cg_n >>= 1;                                                                                  \
-        if (cg_n > 0) {                                                                              \
-            __asm__("1:\n\t" CG_MATVEC_GROUP CG_MATVEC_GROUP                                           \
-                    "subs %[n], %[n], #1\n\t"                                                        \
-                    "bne 1b" CG_PAIR_OPERANDS);                                                      \
-        }                                                                                            \
-        cg_acc[0] = cg_a0;                                                                           \
-        cg_acc[1] = cg_a1;                                                                           \
-        cg_acc[2] = cg_a2;                                                                           \
-        cg_acc[3] = cg_a3;                                                                           \
-    } while (0)
+#define CG_MATVEC4(X_, W_, N_, ACC_) CG_DSP_GROUPS(CG_MATVEC_GROUP, X_, W_, N_, ACC_)
 #else
 #define CG_MATVEC4(x, w, n, acc) cg_matvec4_c((x), (w), (n), (acc))
 #endif
