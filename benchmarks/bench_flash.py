@@ -1,7 +1,7 @@
 """Flash of the zoo models with int8, int4 and ``weights="auto"`` weights (issue 24).
 
     python benchmarks/bench_flash.py [--models mv2 ds-cnn ...] [--budget-ratio 0.75] [--inputs 16]
-        [--write-readme README.md]
+        [--cache build/bench_flash] [--write-readme README.md]
 
 For each zoo model it compiles three programs in this process - int8 weights, ``weights="int4"``
 (every conv / depthwise / linear layer with an int4 kernel) and ``weights="auto"`` with
@@ -9,11 +9,16 @@ For each zoo model it compiles three programs in this process - int8 weights, ``
 issue 24's acceptance) - and prints the constant (flash) bytes of each plan, the weight bytes, the
 ratios to int8, how many layers auto put in int4 and the cosine similarity of each program's float
 outputs with the int8 program's on ``--inputs`` random N(0, 1) inputs (reference kernels; the
-smallest per-input cosine).  ``--write-readme`` puts the table between the ``bench_flash`` markers.
+smallest per-input cosine).  A model whose constants do not fit the budget even with every layer
+int4 (weights that are a small share of its constants, or layers without int4 kernels such as
+LSTM cells) shows the ``BudgetError``'s verdict in the auto columns.  ``--cache DIR`` keeps each
+model's row as JSON and reuses it (delete the directory to measure again).  ``--write-readme`` puts
+the table between the ``bench_flash`` markers.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
 import warnings
@@ -64,17 +69,18 @@ def measure(name: str, budget_ratio: float, n_inputs: int) -> dict:
     p4 = corten.compile(model, example, name="m", weights="int4")
     f8, f4 = p8.memory.constant_bytes, p4.memory.constant_bytes
     budget = MV2_BUDGET if name == "mv2" else int(budget_ratio * f8)
-    pa = corten.compile(model, example, name="m", weights="auto", max_flash=budget)
     g = torch.Generator().manual_seed(123)
     inputs = [tuple(torch.randn(x.shape, generator=g) for x in example) for _ in range(n_inputs)]
-    auto = (pa.info.get("weights") or {}).get("auto") or {}
-    layers = sum(1 for _, bits, _ in weight_layers(pa) if bits == 4)
-    total = len(weight_layers(p8))
+    try:
+        pa = corten.compile(model, example, name="m", weights="auto", max_flash=budget)
+    except corten.BudgetError:  # (even all-int4 constants exceed the budget)
+        pa = None
+    layers = sum(1 for _, bits, _ in weight_layers(pa) if bits == 4) if pa is not None else 0
     return dict(model=name, flash8=f8, flash4=f4, w8=weight_bytes(p8), w4=weight_bytes(p4), budget=budget,
-                flash_auto=pa.memory.constant_bytes, auto_layers=layers, layers=total,
-                cos4=cosine_min(p4, p8, inputs), cos_auto=cosine_min(pa, p8, inputs),
-                fits=pa.memory.constant_bytes <= budget, tried=len(auto.get("tried", [])),
-                seconds=time.perf_counter() - t0)
+                flash_auto=pa.memory.constant_bytes if pa is not None else None, auto_layers=layers,
+                layers=len(weight_layers(p8)), cos4=cosine_min(p4, p8, inputs),
+                cos_auto=cosine_min(pa, p8, inputs) if pa is not None else None,
+                fits=pa is not None and pa.memory.constant_bytes <= budget, seconds=time.perf_counter() - t0)
 
 
 def table(rows: list[dict], n_inputs: int) -> str:
@@ -83,10 +89,13 @@ def table(rows: list[dict], n_inputs: int) -> str:
             f"{n_inputs}) |\n|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
+        if r["flash_auto"] is None:
+            auto, cos_auto = f"does not fit (all-int4 {r['flash4']:,})", "-"
+        else:
+            auto, cos_auto = f"{r['flash_auto']:,}", f"{r['cos_auto']:.4f}"
         lines.append(f"| {r['model']} | {r['flash8']:,} | {r['flash4']:,} | {r['flash4'] / r['flash8']:.3f} | "
                      f"{r['w8']:,} -> {r['w4']:,} ({r['w4'] / max(r['w8'], 1):.3f}) | {r['budget']:,} | "
-                     f"{r['flash_auto']:,}{'' if r['fits'] else ' (does not fit)'} | {r['auto_layers']} of "
-                     f"{r['layers']} | {r['cos4']:.4f} / {r['cos_auto']:.4f} |")
+                     f"{auto} | {r['auto_layers']} of {r['layers']} | {r['cos4']:.4f} / {cos_auto} |")
     return "\n".join(lines)
 
 
@@ -106,15 +115,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--budget-ratio", type=float, default=0.75)
     ap.add_argument("--inputs", type=int, default=16)
+    ap.add_argument("--cache", default=None, metavar="DIR")
     ap.add_argument("--write-readme", default=None, metavar="README.md")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     rows = []
     for name in args.models or [n for n, _ in list_models()]:
-        r = measure(name, args.budget_ratio, args.inputs)
-        print(f"{name}: int8 {r['flash8']:,} B, int4 {r['flash4']:,} B, auto {r['flash_auto']:,} B within "
+        cached = Path(args.cache) / f"{name}.json" if args.cache else None
+        if cached is not None and cached.is_file():
+            r = json.loads(cached.read_text())
+        else:
+            r = measure(name, args.budget_ratio, args.inputs)
+            if cached is not None:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                cached.write_text(json.dumps(r))
+        print(f"{name}: int8 {r['flash8']:,} B, int4 {r['flash4']:,} B, auto {r['flash_auto']} B within "
               f"{r['budget']:,} B ({r['auto_layers']} of {r['layers']} layers int4); cosine vs int8 int4 "
-              f"{r['cos4']:.4f}, auto {r['cos_auto']:.4f} ({r['seconds']:.1f} s)", flush=True)
+              f"{r['cos4']:.4f}, auto {r['cos_auto']} ({r['seconds']:.1f} s)", flush=True)
         rows.append(r)
     text = table(rows, args.inputs)
     print(text)
