@@ -133,7 +133,7 @@ def _cases(prefix_re: str) -> list[str]:
     return sorted(p.name for p in root.iterdir() if re.fullmatch(prefix_re, p.name))
 
 
-CONV_CASES = _cases(r"(basic|basic_2|conv_.*|kernel1x1.*|stride2pad1)_int4")
+CONV_CASES = _cases(r"(basic|basic_2|conv_.*|kernel1x1.*|stride2pad1)_int4(_\d+)?")
 DW_CASES = _cases(r"depthwise_int4.*")
 FC_CASES = _cases(r"fully_connected_int4.*")
 
