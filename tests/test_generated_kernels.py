@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -165,7 +166,8 @@ def random_specs(seed: int, count: int, kinds=("conv", "depthwise", "linear")) -
 @pytest.mark.parametrize("isa", ["plain", "dsp", "mve"])
 @pytest.mark.parametrize("kind", ["conv", "depthwise", "linear"])
 def test_generated_layer_equals_reference(kind, isa, tmp_path):
-    specs = random_specs(hash((kind, isa)) % 1000, 12, (kind,))
+    # (a stable seed: Python's str hash changes from run to run, and a failure must repeat)
+    specs = random_specs(zlib.crc32(f"{kind}/{isa}".encode()) % 1000, 12, (kind,))
     xs = layer_inputs(specs)
     got = run_layers_host(specs, isa, xs, tmp_path)
     assert np.array_equal(got, expected_bytes(specs, xs))
