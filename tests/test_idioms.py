@@ -11,6 +11,7 @@ import torch
 import corten
 from corten.codegen.generated import GEN_OPS
 from idiom_models import IDIOMS
+from test_generated_zoo import HOST_CFLAGS
 
 CASES = {name: (factory, shapes) for name, factory, shapes in IDIOMS}
 
@@ -43,7 +44,8 @@ def test_idiom_is_lowered_byte_exact_and_close_to_float(name):
     for e, c in zip(expected, got):
         assert e.shape == c.shape and torch.equal(e.contiguous(), c.contiguous())
     if set(prog.op_counts()) & set(GEN_OPS):  # Corten's generated kernels (the DSP path's C), same bytes
-        gen = _leaves(prog.run_c(*inputs, on="host", int8=True, kernels="generated", target="cortex-m4"))
+        gen = _leaves(prog.run_c(*inputs, on="host", int8=True, kernels="generated", target="cortex-m4",
+                                 cflags=HOST_CFLAGS))
         for e, c in zip(expected, gen):
             assert e.shape == c.shape and torch.equal(e.contiguous(), c.contiguous())
     with torch.no_grad():
