@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 import warnings
 from pathlib import Path
+from readme_block import replace_block  # (benchmarks/ is the script directory)
+
 
 README_BEGIN, README_END = "<!-- bench_flash: begin (generated) -->", "<!-- bench_flash: end -->"
 MV2_BUDGET = 2_000_000  # issue 24: mv2 with weights="auto", max_flash=2_000_000
@@ -100,12 +101,7 @@ def table(rows: list[dict], n_inputs: int) -> str:
 
 
 def write_readme(path: str, block: str) -> None:
-    text = Path(path).read_text()
-    pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"{path}: no {README_BEGIN} ... {README_END} block to replace")
-    Path(path).write_text(pattern.sub(lambda _: f"{README_BEGIN}\n{block}\n{README_END}", text))
-    print(f"wrote the flash table into {path}")
+    replace_block(path, README_BEGIN, README_END, block, "the flash table")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,14 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import time
 import warnings
 from pathlib import Path
+from readme_block import replace_block  # (benchmarks/ is the script directory)
 
 MODELS = ["ds-cnn", "resnet8", "mv1-0.25-96", "deep-ae", "mv2-0.35-96"]
 # mlcommons/tiny_results v1.1-v1.3, Cortex-M4 NUCLEO-L4R5ZI at 120 MHz: X-CUBE-AI 10.2 latency x 120 MHz
 XCUBE_AI_M4_CYCLES = {"ds-cnn": 5.21e6, "resnet8": 19.9e6, "mv1-0.25-96": 10.7e6, "deep-ae": 0.58e6}
+
 README_BEGIN, README_END = "<!-- bench_kernels: begin (generated) -->", "<!-- bench_kernels: end -->"
 
 
@@ -91,12 +92,7 @@ def table(rows: list[dict]) -> str:
 
 
 def write_readme(path: str, block: str) -> None:
-    text = Path(path).read_text()
-    pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"{path}: no {README_BEGIN} ... {README_END} block to replace")
-    Path(path).write_text(pattern.sub(lambda _: f"{README_BEGIN}\n{block}\n{README_END}", text))
-    print(f"wrote the table into {path}")
+    replace_block(path, README_BEGIN, README_END, block, "the table")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import warnings
 from pathlib import Path
+from readme_block import replace_block  # (benchmarks/ is the script directory)
 
 TABLE_HEAD = "| what | number | command |\n|---|---|---|"
+
 README_BEGIN, README_END = "<!-- bench_profile: begin (generated) -->", "<!-- bench_profile: end -->"
 
 
@@ -37,12 +38,7 @@ def summary_row(prof, model: str, steps: int) -> str:
 
 
 def write_readme(path: str, block: str) -> None:
-    text = Path(path).read_text()
-    pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"{path}: no {README_BEGIN} ... {README_END} block to replace")
-    Path(path).write_text(pattern.sub(lambda _: f"{README_BEGIN}\n{block}\n{README_END}", text))
-    print(f"wrote the profile rows into {path}")
+    replace_block(path, README_BEGIN, README_END, block, "the profile rows")
 
 
 def main(argv: list[str] | None = None) -> int:

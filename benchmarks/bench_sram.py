@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
 import corten
 from corten.zoo import get_model
+from readme_block import replace_block  # (benchmarks/ is the script directory)
 
 # (model, budget) runs: issue 10's budgets and issue 25's lower ones
 RUNS = [("mv2", 256 * 1024), ("mv2", 184_320), ("mv2-0.35-96", 64 * 1024), ("mv2-0.35-96", 48 * 1024),
@@ -34,16 +33,12 @@ RUNS = [("mv2", 256 * 1024), ("mv2", 184_320), ("mv2-0.35-96", 64 * 1024), ("mv2
 TFLM_ARENA = {"mv2": 1_665_344, "mv1-0.25-96": 204_800}
 MCUNETV2_REDUCTION = 8.0  # MCUNetV2 (Lin et al., 2021): peak SRAM of MobileNetV2 reduced 8x by patch-based inference
 LABELS = {"mv2": "`mv2` (MobileNetV2-224)", "mv2-0.35-96": "`mv2-0.35-96`", "mv1-0.25-96": "`mv1-0.25-96` (VWW)"}
+
 README_BEGIN, README_END = "<!-- bench_sram: begin -->", "<!-- bench_sram: end -->"
 
 
 def write_readme(path: str, block: str) -> None:
-    text = Path(path).read_text()
-    pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"{path}: no {README_BEGIN} ... {README_END} block to replace")
-    Path(path).write_text(pattern.sub(lambda _: f"{README_BEGIN}\n{block}\n{README_END}", text))
-    print(f"wrote the table into {path}")
+    replace_block(path, README_BEGIN, README_END, block, "the table")
 
 
 def main() -> None:
