@@ -209,6 +209,47 @@ def test_range_search_once_searches_each_histogram_once_with_the_same_result(obs
     assert torch.equal(converted(X), reference(X))
 
 
+def _observed(i, g):
+    """A histogram observer after one of six kinds of calibration data (normal, heavy-tailed,
+    one spike, constant, sparse cubes, a narrow peak with two outliers), 2048/256/64 bins."""
+    obs = HistogramObserver(dtype=torch.qint8 if i % 2 else torch.quint8, bins=(2048, 256, 64)[i % 3])
+    for _ in range(1 + i % 3):
+        kind = i % 6
+        if kind == 0:
+            x = torch.randn(1000, generator=g) * (1 + i)
+        elif kind == 1:
+            x = torch.randn(5000, generator=g).exp()
+        elif kind == 2:
+            x = torch.zeros(100)
+            x[i % 100] = float(i) + 1
+        elif kind == 3:
+            x = torch.full((50,), float(i % 7) - 3)
+        elif kind == 4:
+            x = torch.relu(torch.randn(3000, generator=g)) ** 3
+        else:
+            x = torch.cat([torch.randn(4000, generator=g) * 0.01, torch.tensor([50.0, -20.0])])
+        obs(x)
+    return obs
+
+
+def test_l2_range_search_equals_torchs_search_bit_for_bit():
+    """The compiler's range search on Python numbers gives torch's ``_non_linear_param_search``
+    range exactly, on 120 histograms of six kinds (the float32 rounding of each quantile bound
+    included: a differing bin would move a range by a bin width)."""
+    from corten.quantizer.observers import l2_range_search
+
+    g = torch.Generator().manual_seed(0)
+    compared = 0
+    for i in range(120):
+        obs = _observed(i, g)
+        if float(obs.histogram.sum()) == 0 or float(obs.max_val) <= float(obs.min_val):
+            continue  # torch's calculate_qparams does not search these
+        want, got = HistogramObserver._non_linear_param_search(obs), l2_range_search(obs)
+        assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1]), (i, want, got)
+        compared += 1
+    assert compared >= 90
+
+
 def test_converted_activations_are_int8_per_tensor(converted):
     _, gm = converted
     qs = [n for n in gm.graph.nodes if n.target in (qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default)]

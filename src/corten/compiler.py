@@ -468,6 +468,7 @@ class Pipeline:
         with _torchao_warnings():
             fuse_conv_bn(self.float_module)
             self.prepared = prepare_pt2e(self.float_module, self.quantizer)
+        self._range_searches: dict = {}  # each observer's range search, once (observers.range_search_once)
         self.graphs["bn_fused"] = self.quantizer.transformed_graph_text or ""
         self._timed("quantize", t0)
         return self
@@ -527,7 +528,8 @@ class Pipeline:
                                                    self.model_name)
         self._calibrated = True
         check_observers(self.prepared, self.model_name)
-        table_saturation_warnings(self.prepared, self.model_name, tables.batches)
+        with range_search_once(self.prepared, self._range_searches):
+            table_saturation_warnings(self.prepared, self.model_name, tables.batches)
         _output_saturation_warnings(self.prepared, self.output_tree)
         self._timed("quantize", t0)
         return self
@@ -540,7 +542,8 @@ class Pipeline:
         t0 = _clock()
         # convert_pt2e draws from torch's global RNG: give it its own seeded stream and leave the
         # caller's generator state as it was.
-        with _torchao_warnings(), torch.random.fork_rng(devices=[]), range_search_once(self.prepared):
+        with _torchao_warnings(), torch.random.fork_rng(devices=[]), \
+                range_search_once(self.prepared, self._range_searches):
             torch.manual_seed(self.seed)
             self.converted = convert_pt2e(self.prepared)
         self._timed("quantize", t0)

@@ -89,6 +89,50 @@ def observer_class(name: str) -> type:
     return classes[name]
 
 
+_TORCH_SEARCH = HistogramObserver._non_linear_param_search
+
+
+def l2_range_search(obs: HistogramObserver) -> tuple[torch.Tensor, torch.Tensor]:
+    """``HistogramObserver._non_linear_param_search`` computed on Python numbers: the same range,
+    bit for bit, about 20x faster.  torch's loop walks the two quantile bounds inward in steps of
+    1e-5 (up to 10^5 steps, each indexing and comparing 0-d tensors) until the L2 error of the
+    clipped histogram (``_compute_quantization_error``, still torch's, called at each move) grows.
+    Its tests ``cSum[l] < next_alpha * total`` compare a float32 element with a Python float that
+    torch first rounds to float32 (a wrapped scalar takes the tensor's dtype): here the cumulative
+    sums are the same float32 values as doubles and each bound is rounded to float32 the same way
+    (``tests/test_quantizer.py`` checks the ranges equal torch's on random and degenerate histograms)."""
+    import numpy as np
+
+    assert obs.histogram.size()[0] == obs.bins, "bins mismatch"
+    bin_width = (obs.max_val - obs.min_val) / obs.bins
+    total = torch.sum(obs.histogram).item()
+    c_sum = torch.cumsum(obs.histogram, dim=0).tolist()
+    f32 = np.float32
+    stepsize, alpha, beta = 1e-5, 0.0, 1.0
+    start_bin, end_bin = 0, obs.bins - 1
+    norm_min = float("inf")
+    while alpha < beta:
+        next_alpha, next_beta = alpha + stepsize, beta - stepsize
+        lo_bound, hi_bound = float(f32(next_alpha * total)), float(f32(next_beta * total))
+        left, right = start_bin, end_bin
+        while left < end_bin and c_sum[left] < lo_bound:
+            left += 1
+        while right > start_bin and c_sum[right] > hi_bound:
+            right -= 1
+        next_start, next_end = start_bin, end_bin
+        if (left - start_bin) > (end_bin - right):
+            next_start, alpha = left, next_alpha
+        else:
+            next_end, beta = right, next_beta
+        if next_start == start_bin and next_end == end_bin:
+            continue
+        norm = obs._compute_quantization_error(next_start, next_end)
+        if norm > norm_min:
+            break
+        norm_min, start_bin, end_bin = norm, next_start, next_end
+    return obs.min_val + bin_width * start_bin, obs.min_val + bin_width * (end_bin + 1)
+
+
 class _SearchOnce:
     """One histogram observer's range search (``_non_linear_param_search``), remembered with the
     histogram and min/max it was computed from: asked again with the same ones, the same range
@@ -103,21 +147,25 @@ class _SearchOnce:
         obs = self.observer
         state = (obs.histogram, obs.min_val, obs.max_val)
         if self.seen is None or not all(torch.equal(a, b) for a, b in zip(self.seen, state)):
-            self.found = type(obs)._non_linear_param_search(obs)
+            search = type(obs)._non_linear_param_search
+            self.found = l2_range_search(obs) if search is _TORCH_SEARCH else search(obs)
             self.seen = tuple(t.clone() for t in state)
         return self.found[0].clone(), self.found[1].clone()
 
 
 @contextmanager
-def range_search_once(gm: torch.nn.Module) -> Iterator[None]:
+def range_search_once(gm: torch.nn.Module, memo: dict | None = None) -> Iterator[None]:
     """While in the block, each histogram observer of ``gm`` (all four rules of :data:`OBSERVERS`
     but minmax) searches its range once per histogram.  ``convert_pt2e`` asks every activation
     observer for its qparams, and the bias of every conv/linear asks its input's observer again
     (``_derive_bias_qparams``): 53 of MobileNetV2's 118 searches repeat one already done.  The
-    observers keep their class; the memo is an instance attribute, removed on exit."""
+    observers keep their class; the memo is an instance attribute, removed on exit.  ``memo`` (a
+    dict the caller keeps) carries the searches from one block to the next: the compiler's
+    calibration checks (the lookup tables' saturation warning) and ``convert_pt2e`` search once."""
+    memo = {} if memo is None else memo
     observers = [m for m in gm.modules() if isinstance(m, HistogramObserver)]
     for obs in observers:
-        obs._non_linear_param_search = _SearchOnce(obs)
+        obs._non_linear_param_search = memo.setdefault(id(obs), _SearchOnce(obs))
     try:
         yield
     finally:
