@@ -10,12 +10,16 @@ Trains small models on data scikit-learn ships (no download), with fixed seeds, 
 * ``cancer-raw``   - breast cancer on the raw features (1e-3 ... 1e3): the pitfall Corten warns about.
 
 For each it prints float accuracy, int8 PTQ accuracy (64 real calibration samples) and top-1
-agreement with float, QAT accuracy after a short fine-tune (``corten.prepare_qat``), and whether the
-C library (portable kernels, host) gives the reference bytes on ``--c-images`` test samples.  With
-the ExecuTorch Cortex-M quantizer installed (``executorch``), its fake-quant accuracy is shown too.
+agreement with float, the PTQ accuracy with output-aware weight rounding (``rounding="adaptive"``)
+and with int4 weights (``weights="int4"``, nearest and adaptive rounding), QAT accuracy after a
+short fine-tune (``corten.prepare_qat``), and whether the C library (portable kernels, host) gives
+the reference bytes on ``--c-images`` test samples (of the int8 program and of the int4 adaptive
+one).  With the ExecuTorch Cortex-M quantizer installed (``executorch``), its fake-quant accuracy is
+shown too.
 
     python benchmarks/accuracy.py                 # all models (~1-2 min of training on one core)
     python benchmarks/accuracy.py --models digits-cnn --c-images 100
+    python benchmarks/accuracy.py --markdown --write-readme README.md   # the README's table
 """
 from __future__ import annotations
 
@@ -26,9 +30,14 @@ import warnings
 
 import numpy as np
 import torch
+from readme_block import replace_block  # (benchmarks/ is the script directory)
 from torch import nn
 
 CALIBRATION = 64
+README_BEGIN, README_END = "<!-- accuracy: begin (generated) -->", "<!-- accuracy: end -->"
+# the (weights, rounding) columns besides int8 nearest (the "int8 PTQ" column)
+VARIANTS = {"int8_adaptive": ("int8", "adaptive"), "int4_nearest": ("int4", "nearest"),
+            "int4_adaptive": ("int4", "adaptive")}
 
 
 # ----------------------------------------------------------------------------- data
@@ -174,6 +183,17 @@ def evaluate(name: str, c_images: int = 100, qat_epochs: int = 3, seed: int = 0,
     q_pred = predict_program(prog, xte)
     row["ptq"] = float((q_pred == yte).float().mean())
     row["agree"] = float((q_pred == f_pred).float().mean())
+    for key, (weights, rounding) in VARIANTS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t0 = time.perf_counter()
+            vprog = corten.compile(model, example, calibration=calib, name=f"{name.replace('-', '_')}_{key}",
+                                   weights=weights, rounding=rounding)
+            row[f"{key}_s"] = time.perf_counter() - t0
+        row[key] = float((predict_program(vprog, xte) == yte).float().mean())
+        if key == "int4_adaptive" and c_images:
+            ok, n = c_byte_exact(vprog, xte, c_images)
+            row["c_exact_int4"] = f"{ok}/{n}"
     if not standardise:  # raw features: the same PTQ with per-feature input scales (input_scaling=)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -215,8 +235,8 @@ def _peer_fake_quant_accuracy(model, example, calib, xte, yte) -> float | None:
     return float((pred == yte).float().mean())
 
 
-HEADER = (f"{'model':<12} {'float':>7} {'int8 PTQ':>9} {'agree':>7} {'per-feat':>9} {'QAT':>7} {'C exact':>9}  "
-          "warnings")
+HEADER = (f"{'model':<12} {'float':>7} {'int8 PTQ':>9} {'agree':>7} {'int8 ada':>9} {'int4':>7} {'int4 ada':>9} "
+          f"{'per-feat':>9} {'QAT':>7} {'C exact':>9}  warnings")
 
 
 def _format_row(r: dict) -> str:
@@ -224,7 +244,23 @@ def _format_row(r: dict) -> str:
     warn = "; ".join(w[:60] for w in r.get("warnings", [])) or "-"
     peer = f"  (ExecuTorch fake-quant {pct(r['executorch'])})" if "executorch" in r else ""
     return (f"{r['model']:<12} {pct(r['float']):>7} {pct(r['ptq']):>9} {pct(r['agree']):>7} "
+            f"{pct(r.get('int8_adaptive')):>9} {pct(r.get('int4_nearest')):>7} {pct(r.get('int4_adaptive')):>9} "
             f"{pct(r.get('per_feature')):>9} {pct(r.get('qat')):>7} {r.get('c_exact', '-'):>9}  {warn}{peer}")
+
+
+def markdown(rows: list[dict]) -> str:
+    pct = lambda v: f"{100 * v:.2f}" if isinstance(v, float) else "-"  # noqa: E731
+    lines = ["| model | float | int8 PTQ (64 samples) | top-1 agreement | int8 adaptive rounding | int4 weights "
+             "| int4 adaptive rounding | per-feature input scales | QAT | C bytes equal (int8 / int4 adaptive) "
+             "| warning |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        warn = "; ".join(w.split(";")[0][:70] for w in r.get("warnings", [])) or ""
+        lines.append(f"| {r['model']} | {pct(r['float'])} | {pct(r['ptq'])} | {pct(r['agree'])} "
+                     f"| {pct(r.get('int8_adaptive'))} | {pct(r.get('int4_nearest'))} | {pct(r.get('int4_adaptive'))} "
+                     f"| {pct(r.get('per_feature'))} | {pct(r.get('qat'))} "
+                     f"| {r.get('c_exact', '-')} / {r.get('c_exact_int4', '-')} | {warn} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -234,6 +270,8 @@ def main(argv=None) -> int:
     ap.add_argument("--qat-epochs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown (the README's)")
+    ap.add_argument("--write-readme", default=None, metavar="README.md",
+                    help="put the Markdown table between the accuracy markers of this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -243,15 +281,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     rows = [evaluate(name, args.c_images, args.qat_epochs, args.seed) for name in args.models]
     print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    if args.markdown:
-        pct = lambda v: f"{100 * v:.2f}" if isinstance(v, float) else "-"  # noqa: E731
-        print("\n| model | float | int8 PTQ (64 samples) | top-1 agreement | per-feature input scales | QAT "
-              "| C bytes equal | warning |")
-        print("|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            warn = "; ".join(w.split(";")[0][:70] for w in r.get("warnings", [])) or ""
-            print(f"| {r['model']} | {pct(r['float'])} | {pct(r['ptq'])} | {pct(r['agree'])} "
-                  f"| {pct(r.get('per_feature'))} | {pct(r.get('qat'))} | {r.get('c_exact', '-')} | {warn} |")
+    if args.markdown or args.write_readme:
+        text = markdown(rows)
+        print("\n" + text)
+        if args.write_readme:
+            replace_block(args.write_readme, README_BEGIN, README_END, text, "the accuracy table")
     return 0
 
 

@@ -141,7 +141,7 @@ def cmd_compile(args) -> int:
             prog = corten_compile(model, example_inputs, target=args.target, calibration=calibration,
                                   seed=args.seed, name=name, progress=True, observer=args.observer,
                                   precision=_precision_arg(args.precision), input_scaling=args.input_scaling,
-                                  weights=_precision_arg(args.weights),
+                                  weights=_precision_arg(args.weights), rounding=args.rounding,
                                   max_flash=args.max_flash if args.weights == "auto" else None)
         if args.memory or args.weights_section:  # the board's memory map (UsageError -> exit code 2)
             prog = prog.with_memory(args.memory, args.weights_section)
@@ -371,6 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int8 (default), int4 (A8W4: int4 conv/depthwise/linear weights, packed two per byte), "
                         "auto (with --max-flash: the layers with the least int4 error per byte saved go int4 "
                         "until the constants fit) or module path prefixes: 'classifier=int4' (the rest int8)")
+    c.add_argument("--rounding", default="nearest", choices=["nearest", "adaptive"],
+                   help="adaptive: each conv/linear's int8 or int4 weights rounded up or down to minimise the "
+                        "error of its output on the calibration samples (kept per output channel where it wins "
+                        "on held-out samples)")
     c.add_argument("--compare", action="store_true",
                    help="print the per-layer int8-vs-float error (SQNR) on the calibration samples")
     c.add_argument("--compare-samples", type=int, default=16, metavar="N", help="samples --compare uses (16)")

@@ -30,6 +30,7 @@ from corten.quantizer.calibration import calibration_batches, input_range_warnin
 from corten.quantizer.calibration import warn as warn_quantization
 from corten.quantizer.observers import observer_class, range_search_once
 from corten.quantizer.qat import convert_qat, is_qat_module
+from corten.quantizer.rounding import adaptive_rounding, float_weights, rounding_summary
 from corten.targets import get_target
 
 # the program outputs that are not float: argmax/argmin indices (int32 in the C library, ops/reduce.py)
@@ -382,14 +383,16 @@ class Pipeline:
                  target: str = "cortex-m55", calibration: Any = None, seed: int = 0, *,
                  name: str = "model", progress: bool | Callable[[str], None] = False,
                  observer: str = "histogram", precision="int8", input_ranges=None,
-                 input_scaling: str = "per_tensor", weights="int8") -> None:
+                 input_scaling: str = "per_tensor", weights="int8", rounding: str = "nearest") -> None:
         from corten.quantizer.input_scaling import check_mode
         from corten.quantizer.observers import check_input_ranges
         from corten.quantizer.quantizer import check_precision, check_weights
+        from corten.quantizer.rounding import check_rounding
         from corten.validation import as_input_tuple, check_example_inputs, check_samples
 
         self.precision = check_precision(precision)  # refused before anything runs
         self.weights = check_weights(weights)
+        self.rounding = check_rounding(rounding)
 
         self.model = model
         self.model_name = type(model).__name__
@@ -427,6 +430,8 @@ class Pipeline:
         self.prepared: torch.fx.GraphModule | None = None
         self.calibration_samples = 0
         self._calibrated = False
+        self._samples: list[tuple] = []  # the calibration input tuples (kept for adaptive rounding)
+        self.rounding_report: list = []  # LayerRounding per conv/linear (rounding="adaptive")
         self.converted: torch.fx.GraphModule | None = None
         self.pass_manager: CortenPassManager | None = None
         self.lowered: torch.fx.GraphModule | None = None
@@ -523,6 +528,12 @@ class Pipeline:
         else:
             samples = calibration_batches(None, self.example_inputs, self.seed)  # random, with a warning
         self.say("corten: calibrating")
+        if self.rounding == "adaptive":
+            if callable(samples):
+                raise UsageError("rounding='adaptive' needs calibration samples (a tensor, tuples or a DataLoader) "
+                                 "to measure each layer's output error, not a calibrate(model) callable")
+            samples = list(samples)
+            self._samples += samples
         with torch.no_grad(), record_table_batches(self.prepared) as tables:
             self.calibration_samples += _calibrate(self.prepared, samples, self.say, self.float_module,
                                                    self.model_name)
@@ -540,12 +551,15 @@ class Pipeline:
         if self.calibration_samples == 0 and not self._calibrated:
             self.calibrate()
         t0 = _clock()
+        layer_weights = float_weights(self.prepared) if self.rounding == "adaptive" else {}
         # convert_pt2e draws from torch's global RNG: give it its own seeded stream and leave the
         # caller's generator state as it was.
         with _torchao_warnings(), torch.random.fork_rng(devices=[]), \
                 range_search_once(self.prepared, self._range_searches):
             torch.manual_seed(self.seed)
             self.converted = convert_pt2e(self.prepared)
+        if self.rounding == "adaptive":
+            self.rounding_report = adaptive_rounding(self.converted, layer_weights, self._samples, say=self.say)
         self._timed("quantize", t0)
         t0 = _clock()
         propagate_shapes(self.converted, self.example_inputs)
@@ -600,6 +614,8 @@ class Pipeline:
                                         if self.precision != "int8" else {}),
                                      **({"weights": _weights_info(self.weights, self.quantizer)}
                                         if self.weights != "int8" else {}),
+                                     **({"rounding": rounding_summary(self.rounding_report)}
+                                        if self.rounding != "nearest" else {}),
                                      "tensors": record_provenance(self.lowered, program_ep.graph)})
         return self.program
 
@@ -698,10 +714,11 @@ def _layer_costs(prog8: Program, prog16: Program, modules: list[str]) -> dict[st
 
 
 def _compile_auto(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
-                  max_arena, max_flash, kernels, target_db) -> Program:
+                  max_arena, max_flash, kernels, target_db, rounding="nearest") -> Program:
     """precision="auto" (see :func:`compile`)."""
     samples = _auto_samples(calibration, example_inputs, seed)
-    base = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress)
+    base = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
+                    rounding=rounding)
     db8, agree8 = output_sqnr_db(base, model, samples), output_agreement(base, model, samples)
     info = {"target_db": target_db, "int8_output_sqnr_db": db8, "int8_top1_agreement": agree8, "int16_layers": [],
             "tried": [], "int8_costs": _program_costs(base)}
@@ -713,7 +730,7 @@ def _compile_auto(model, example_inputs, target, calibration, seed, observer, na
         while candidates and n <= 2 * len(candidates):
             chosen = [m for m, _ in candidates[:n]]
             prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
-                            progress, {m: "int16" for m in chosen})
+                            progress, {m: "int16" for m in chosen}, rounding=rounding)
             db, agree = output_sqnr_db(prog, model, samples), output_agreement(prog, model, samples)
             costs = _program_costs(prog)
             over = (max_arena is not None and costs["arena_bytes"] > max_arena) or \
@@ -776,7 +793,8 @@ AUTO_WEIGHTS_SAMPLES = 8  # weights="auto": the calibration samples the per-laye
 
 
 def _compile_weights_auto(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
-                          progress, precision, max_flash, input_ranges=None, input_scaling="per_tensor") -> Program:
+                          progress, precision, max_flash, input_ranges=None, input_scaling="per_tensor",
+                          rounding="nearest") -> Program:
     """weights="auto" (see :func:`compile`)."""
     if max_flash is None:
         raise UsageError("weights='auto' moves layers to int4 until the constants fit max_flash: pass max_flash= "
@@ -787,7 +805,7 @@ def _compile_weights_auto(model, example_inputs, target, calibration, seed, obse
 
     def build(weights):
         return _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
-                        precision, input_ranges, input_scaling, weights=weights)
+                        precision, input_ranges, input_scaling, weights=weights, rounding=rounding)
 
     base = build("int8")
     flash8 = _program_costs(base)["constant_bytes"]
@@ -887,6 +905,7 @@ def compile(
     memory: Any = None,
     weights_section: Any = None,
     weights: Any = "int8",
+    rounding: str = "nearest",
 ) -> Program:
     """Compile ``model`` to a Corten int8 program for ``target`` (runs every :class:`Pipeline` stage).
 
@@ -950,6 +969,10 @@ def compile(
     ``max_flash``: int8 when the constants fit, else the layers whose int4 rounding costs least (op-alone
     SQNR of the all-int4 program, :meth:`Program.compare`, per byte of flash saved) go to int4 until they fit;
     ``prog.info["weights"]["auto"]`` records the choice, :func:`weights_report` the flash per layer.
+    ``rounding``: ``"nearest"`` (default) or ``"adaptive"``: each conv/linear's int8 or int4 weights rounded
+    up or down to minimise the error of its output on the calibration samples (AdaRound,
+    :mod:`corten.quantizer.rounding`; kept per output channel only where it wins on held-out samples;
+    ``prog.info["rounding"]`` says where).
     """
     from corten.deployment import parse_memory, parse_weights_section
 
@@ -974,16 +997,17 @@ def compile(
         if isinstance(precision, str) and precision == "auto":
             raise UsageError("weights='auto' and precision='auto' together are not supported: fix one of them")
         prog = _compile_weights_auto(model, example_inputs, target, calibration, seed, observer, name,
-                                     allow_unlowered, progress, precision, max_flash, input_ranges, input_scaling)
+                                     allow_unlowered, progress, precision, max_flash, input_ranges, input_scaling,
+                                     rounding)
     elif isinstance(precision, str) and precision == "auto":
         if weights != "int8":
             raise UsageError("precision='auto' compiles int8 weights; combine int16 layers and int4 weights with "
                              "explicit dicts")
         prog = _compile_auto(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered,
-                             progress, max_arena, max_flash, kernels, precision_target_db)
+                             progress, max_arena, max_flash, kernels, precision_target_db, rounding=rounding)
     else:
         prog = _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
-                        precision, input_ranges, input_scaling, weights)
+                        precision, input_ranges, input_scaling, weights, rounding)
     if regions or sections:
         prog = prog.with_memory([r.to_json() for r in regions] or None, dict(sections) or None)
     if (max_arena is None and max_flash is None and not regions) or prog.unlowered_ops():
@@ -992,17 +1016,21 @@ def compile(
 
 
 def _compile(model, example_inputs, target, calibration, seed, observer, name, allow_unlowered, progress,
-             precision="int8", input_ranges=None, input_scaling="per_tensor", weights="int8") -> Program:
+             precision="int8", input_ranges=None, input_scaling="per_tensor", weights="int8",
+             rounding="nearest") -> Program:
     if is_qat_module(model):
         if precision != "int8":
             raise UsageError("precision= applies to post-training quantization; a prepare_qat module is int8")
         if weights != "int8":
             raise UsageError("weights= of a QAT module are chosen when it is prepared: "
                              "corten.prepare_qat(model, example_inputs, weights=...)")
+        if rounding != "nearest":
+            raise UsageError("rounding='adaptive' applies to post-training quantization; a prepare_qat module "
+                             "learnt its weights for round-to-nearest")
         return _compile_qat(model, example_inputs, target, calibration, seed, name, allow_unlowered, progress)
     pipeline = Pipeline(model, example_inputs, target, calibration, seed, name=name, progress=progress,
                         observer=observer, precision=precision, input_ranges=input_ranges,
-                        input_scaling=input_scaling, weights=weights)
+                        input_scaling=input_scaling, weights=weights, rounding=rounding)
     try:
         return pipeline.run(allow_unlowered)
     except Exception as e:  # a torch-internal failure on an op Corten does not know: name the op

@@ -38,7 +38,7 @@ from torchao.quantization.pt2e.quantizer import (
 
 from corten.fixed_point import INT8_MAX, INT8_MIN, INT16_MAX, INT16_MIN
 from corten.ops._rules import ACTIVATIONS  # the fusable activations: fused into the op before them
-from corten.quantizer.observers import observer_class
+from corten.quantizer.observers import PerChannelMseWeightObserver, observer_class
 
 aten = torch.ops.aten
 
@@ -100,8 +100,8 @@ INT4_WEIGHT_MAX = 7
 def weight_qspec(is_qat: bool, ch_axis: int = 0, int4: bool = False) -> QuantizationSpec:
     if is_qat:
         ctr = FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAveragePerChannelMinMaxObserver, eps=2**-12)
-    else:
-        ctr = PerChannelMinMaxObserver.with_args(eps=2**-12)
+    else:  # (int4: the per-channel range that minimises the weights' squared error)
+        ctr = (PerChannelMseWeightObserver if int4 else PerChannelMinMaxObserver).with_args(eps=2**-12)
     top = INT4_WEIGHT_MAX if int4 else INT8_MAX
     return QuantizationSpec(dtype=torch.int8, quant_min=-top, quant_max=top,
                             qscheme=torch.per_channel_symmetric, ch_axis=ch_axis, observer_or_fake_quant_ctr=ctr)

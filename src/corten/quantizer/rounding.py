@@ -1,0 +1,289 @@
+"""Output-aware weight rounding (``corten.compile(..., rounding="adaptive")``), int8 and int4 weights.
+
+Round-to-nearest minimises each weight's own error; what matters is the error of the layer's
+*output*.  For a conv/linear layer with per-channel weights ``w`` (scale ``s_c`` per output channel
+``c``), integer weights ``q`` and layer inputs ``x`` (rows of the input as the layer reads them: the
+im2col patches of a conv, the feature vectors of a linear), the output error of channel ``c`` is
+
+    sum_rows (x . (s_c q_c - w_c))^2 = s_c^2 r_c^T H r_c,    r_c = q_c - w_c / s_c,  H = X^T X
+
+(AdaRound's layer-wise objective, Nagel et al. 2020, with its constraint: each weight is rounded
+*up or down*, ``q = floor(w / s)`` or ``floor(w / s) + 1``, clamped to the weight range).  ``H`` is
+the Gram matrix of the layer's quantized inputs over the calibration samples (per group for grouped
+and depthwise convolutions), so the cost of the search does not grow with the sample count.
+
+Solver: exact coordinate descent from round-to-nearest (:func:`round_adaptive`): in every channel,
+the single up/down flip that lowers ``r^T H r`` most is applied, until no flip lowers it.  Each step
+lowers the objective, so the result is never worse than nearest on the samples it was fitted on;
+deterministic, no learning rate, temperature or iteration schedule (AdaRound's sigmoid relaxation
+needs all three) and fast: a step updates ``H r`` by one row of ``H``.
+
+Against overfitting small sample counts:
+
+* a weight moves at most one step from its float value (floor or ceil);
+* ``H`` is damped, ``H + DAMPING * mean(diag H) * I``: directions the samples do not excite keep the
+  nearest rounding (the damping term is the weights' own squared error, minimised by nearest);
+* a held-out guard: the layer is fitted on the first samples and each output channel keeps the new
+  rounding only where it has a smaller output error than nearest on the held-out quarter of the
+  samples (at least one); otherwise the channel keeps nearest.  With fewer than two samples nothing
+  changes.
+
+Only the integer weight constants change: scales, zero points, biases and every activation range
+stay those of calibration, so the lowering, the C and the bit-exactness are untouched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from corten.fx_nodes import get_attr, node_arg
+
+ROUNDINGS = ("nearest", "adaptive")
+DAMPING = 0.01  # the weight-error term added to H, relative to H's mean diagonal
+HELD_OUT = 4  # 1 / HELD_OUT of the calibration samples (at least one) judge each layer's rounding
+_CONVS = {torch.ops.aten.conv1d.default, torch.ops.aten.conv2d.default}
+_LAYERS = _CONVS | {torch.ops.aten.linear.default}
+_DQ_PER_CHANNEL = torch.ops.quantized_decomposed.dequantize_per_channel.default
+
+
+@dataclass
+class LayerRounding:
+    """What adaptive rounding did to one layer: output mean squared errors on the held-out samples
+    with nearest and with the chosen rounding, the output channels that took the new rounding and
+    the weights that differ from nearest."""
+
+    node: str
+    nearest_error: float
+    adaptive_error: float
+    channels: int
+    channels_changed: int
+    changed: int
+
+
+def check_rounding(rounding) -> str:
+    from corten.errors import UsageError
+
+    if rounding not in ROUNDINGS:
+        raise UsageError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    return rounding
+
+
+# ----------------------------------------------------------------------------- the math (pure functions)
+def layer_rows(x: torch.Tensor, kind: str, weight_shape: tuple, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+               groups: int = 1) -> torch.Tensor:
+    """The rows a layer multiplies its weights with, ``[groups, rows, K]`` (``K`` = the weights of one
+    output channel, in ``weight.reshape(C_out, -1)`` order): for ``kind="linear"`` the input's feature
+    vectors, for ``"conv1d"`` / ``"conv2d"`` the zero-padded im2col patches of each group."""
+    x = x.detach().to(torch.float32)
+    if kind == "linear":
+        return x.reshape(1, -1, weight_shape[1])
+    if kind == "conv1d":  # [N, C, L] as [N, C, 1, L]
+        x, kernel = x.unsqueeze(2), (1, weight_shape[2])
+        stride, padding, dilation = (1, stride[0]), (0, padding[0]), (1, dilation[0])
+    else:
+        kernel = tuple(weight_shape[2:4])
+    cols = torch.nn.functional.unfold(x, kernel, dilation=tuple(dilation), padding=tuple(padding),
+                                      stride=tuple(stride))  # [N, C_in * kH * kW, L], channel-major
+    n, k, length = cols.shape
+    return cols.reshape(n, groups, k // groups, length).permute(1, 0, 3, 2).reshape(groups, n * length, k // groups)
+
+
+def gram(rows: torch.Tensor) -> torch.Tensor:
+    """``X^T X`` of each group's rows, ``[groups, K, K]`` in float64."""
+    return torch.matmul(rows.transpose(1, 2), rows).to(torch.float64)
+
+
+def damped(h: torch.Tensor, damping: float = DAMPING) -> torch.Tensor:
+    """``H + damping * mean(diag H) * I`` per group."""
+    diag = torch.diagonal(h, dim1=1, dim2=2)
+    eye = torch.eye(h.shape[-1], dtype=h.dtype)
+    return h + damping * diag.mean(1).clamp_min(1e-30)[:, None, None] * eye
+
+
+def channel_losses(q: torch.Tensor, w_scaled: torch.Tensor, h: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """``r_c^T H_g(c) r_c`` per output channel, ``r = q - w / s`` (``[C, K]``), ``h`` ``[G, K, K]``."""
+    r = (q - w_scaled).to(torch.float64)
+    if h.shape[0] == 1:
+        return ((r @ h[0]) * r).sum(1)
+    return (torch.bmm(r.unsqueeze(1), h[group]).squeeze(1) * r).sum(1)
+
+
+def round_adaptive(w_scaled: torch.Tensor, h: torch.Tensor, group: torch.Tensor, qmin: int, qmax: int,
+                   start: torch.Tensor | None = None) -> torch.Tensor:
+    """Integer weights ``[C, K]`` (float tensor of integers) minimising ``r_c^T H_g(c) r_c`` per
+    channel over ``q`` in ``{floor(w/s), floor(w/s) + 1}`` clamped to ``[qmin, qmax]``, by coordinate
+    descent from ``start`` (default: round-to-nearest, half to even): each step applies, in every
+    channel, the one flip that lowers its loss most; it stops when no flip lowers any.
+    ``w_scaled = w / s`` (``[C, K]``), ``h`` ``[G, K, K]`` symmetric, ``group[c]`` the group of channel ``c``."""
+    w = w_scaled.to(torch.float64)
+    lo = torch.clamp(torch.floor(w), qmin, qmax)
+    hi = torch.clamp(torch.floor(w) + 1, qmin, qmax)
+    q = torch.clamp(torch.round(w), qmin, qmax) if start is None else start.to(torch.float64).clone()
+    shared = h.shape[0] == 1
+    hc = h[0] if shared else h[group]  # [K, K] or [C, K, K]
+    grad = 2 * ((q - w) @ hc if shared else torch.bmm((q - w).unsqueeze(1), hc).squeeze(1))  # d loss / d q
+    diag = torch.diagonal(hc).expand_as(w).contiguous() if shared else torch.diagonal(hc, dim1=1, dim2=2)
+    tol = 1e-12 * diag.abs().amax(1).clamp_min(1e-30)
+    # the working set: the channels that may still improve (converged ones are dropped in batches,
+    # when a third of them are done; a channel without an improving flip no longer changes)
+    rows_of = torch.arange(w.shape[0])
+    wq, wlo, whi, wgrad, wdiag, wtol = q.clone(), lo, hi, grad, diag, tol
+    for _ in range(4 * w.shape[1] + 4):  # (each flip lowers the loss: a bound that is never reached)
+        d = torch.where(wq == wlo, whi, wlo) - wq  # the other candidate of each weight: +1, -1 or 0
+        delta = d * (wgrad + d * wdiag)  # the loss change of flipping that weight alone
+        delta.masked_fill_(d == 0, float("inf"))
+        best, idx = delta.min(1)
+        move = best < -wtol
+        n_move = int(move.sum())
+        if n_move == 0:
+            break
+        ch = move.nonzero().squeeze(1)
+        i = idx[ch]
+        step = d[ch, i]
+        wq[ch, i] += step
+        rows = hc[i] if shared else hc[rows_of[ch], i]  # row i of each moving channel's H
+        wgrad[ch] += 2 * step[:, None] * rows
+        if n_move < 2 * len(rows_of) // 3:  # compact: keep the moving channels only
+            q[rows_of] = wq
+            rows_of = rows_of[ch]
+            wq, wlo, whi, wgrad, wdiag, wtol = (t[ch] for t in (wq, wlo, whi, wgrad, wdiag, wtol))
+    q[rows_of] = wq
+    return q
+
+
+def guarded(q_near: torch.Tensor, q_adapt: torch.Tensor, w_scaled: torch.Tensor, h_test: torch.Tensor,
+            group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, keep, loss nearest, loss chosen)``: per channel the adaptive rounding where its held-out
+    loss ``r^T H_test r`` is below nearest's, else nearest."""
+    near, adapt = channel_losses(q_near, w_scaled, h_test, group), channel_losses(q_adapt, w_scaled, h_test, group)
+    keep = adapt < near
+    return torch.where(keep[:, None], q_adapt, q_near), keep, near, torch.where(keep, adapt, near)
+
+
+# ----------------------------------------------------------------------------- the converted graph
+def _layer_kind(node: torch.fx.Node) -> str:
+    if node.target == torch.ops.aten.linear.default:
+        return "linear"
+    return "conv1d" if node.target == torch.ops.aten.conv1d.default else "conv2d"
+
+
+def _int_weight(node: torch.fx.Node, gm: torch.fx.GraphModule):
+    """``(int constant target, scale [C], qmin, qmax)`` of a converted layer whose weights are
+    quantized per output channel (axis 0), else None."""
+    dq = node.args[1] if len(node.args) > 1 else None
+    if not (isinstance(dq, torch.fx.Node) and dq.target == _DQ_PER_CHANNEL):
+        return None
+    q, scale, _zp, axis, qmin, qmax = dq.args[:6]
+    if axis != 0 or not (isinstance(q, torch.fx.Node) and q.op == "get_attr"):
+        return None
+    s = get_attr(gm, scale) if isinstance(scale, torch.fx.Node) else torch.as_tensor(scale)
+    return q.target, s.detach().to(torch.float64), int(qmin), int(qmax)
+
+
+def _weight_source(node: torch.fx.Node):
+    """The get_attr node of an observed weight in a prepared graph (through its observer)."""
+    w = node.args[1] if len(node.args) > 1 else None
+    while isinstance(w, torch.fx.Node) and w.op == "call_module":
+        w = w.args[0]
+    return w if isinstance(w, torch.fx.Node) and w.op == "get_attr" else None
+
+
+def float_weights(prepared: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
+    """``{layer node name: float weight}`` of the conv/linear layers of a prepared graph (BatchNorm
+    folded), taken before ``convert_pt2e`` replaces them by integer constants."""
+    return {node.name: get_attr(prepared, _weight_source(node)).detach().clone()
+            for node in prepared.graph.nodes
+            if node.op == "call_function" and node.target in _LAYERS and _weight_source(node) is not None}
+
+
+def _geometry(node: torch.fx.Node) -> dict:
+    if node.target == torch.ops.aten.linear.default:
+        return {}
+    return {k: tuple(node_arg(node, k)) for k in ("stride", "padding", "dilation")} | \
+        {"groups": int(node_arg(node, "groups"))}
+
+
+class _GramRecorder(torch.fx.Interpreter):
+    """Runs the converted graph and adds each layer's input rows to its Gram matrices (the fit and
+    the held-out ones, by sample)."""
+
+    def __init__(self, gm, layers: dict[str, dict]):
+        super().__init__(gm)
+        self.layers = layers
+        self.held_out = False
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        spec = self.layers.get(n.name)
+        if spec is not None and isinstance(n.args[0], torch.fx.Node):
+            rows = layer_rows(self.env[n.args[0]], spec["kind"], spec["shape"], **spec["geometry"])
+            key = "h_test" if self.held_out else "h_fit"
+            spec[key] = gram(rows) + spec.get(key, 0)
+            spec["rows_test" if self.held_out else "rows_fit"] = spec.get("rows_test" if self.held_out else
+                                                                          "rows_fit", 0) + rows.shape[1]
+        return out
+
+
+def adaptive_rounding(converted: torch.fx.GraphModule, weights: dict[str, torch.Tensor], samples: list,
+                      say=lambda s: None) -> list[LayerRounding]:
+    """Re-round the integer weights of ``converted``'s conv/linear layers in place (see the module
+    docstring); ``weights`` from :func:`float_weights` of the prepared graph, ``samples`` the
+    calibration input tuples.  Returns one :class:`LayerRounding` per layer."""
+    layers: dict[str, dict] = {}
+    for node in converted.graph.nodes:
+        if node.op != "call_function" or node.target not in _LAYERS or node.name not in weights:
+            continue
+        found = _int_weight(node, converted)
+        if found is None:
+            continue
+        target, scale, qmin, qmax = found
+        w = weights[node.name].to(torch.float64)
+        layers[node.name] = {"kind": _layer_kind(node), "shape": tuple(w.shape), "geometry": _geometry(node),
+                             "target": target, "scale": scale, "qmin": qmin, "qmax": qmax, "w": w}
+    if not layers or len(samples) < 2:
+        return []
+    n_test = max(1, len(samples) // HELD_OUT)
+    recorder = _GramRecorder(converted, layers)
+    with torch.no_grad():
+        for k, sample in enumerate(samples):
+            recorder.held_out = k >= len(samples) - n_test
+            recorder.run(*sample)
+    report = []
+    for k, (name, spec) in enumerate(layers.items(), 1):
+        say(f"\r  adaptive rounding [{k}/{len(layers)}] {name}" + ("\n" if k == len(layers) else ""))
+        if "h_fit" not in spec or "h_test" not in spec:
+            continue  # (a layer the samples never reached)
+        w = spec["w"].reshape(spec["shape"][0], -1)
+        s = spec["scale"].reshape(-1, 1)
+        w_scaled = w / s
+        groups = spec["h_fit"].shape[0]
+        group = torch.arange(w.shape[0]) // (w.shape[0] // groups)
+        current = get_attr(converted, spec["target"])
+        q_near = current.reshape(w.shape[0], -1).to(torch.float64)
+        q_adapt = round_adaptive(w_scaled, damped(spec["h_fit"]), group, spec["qmin"], spec["qmax"], start=q_near)
+        q, keep, near, chosen = guarded(q_near, q_adapt, w_scaled, spec["h_test"], group)
+        changed = int((q != q_near).sum())
+        if changed:
+            _set_attr(converted, spec["target"], q.reshape(current.shape).to(current.dtype))
+        per_output = float(spec["rows_test"] * w.shape[0])
+        s2 = spec["scale"] ** 2
+        report.append(LayerRounding(name, float((s2 * near).sum()) / per_output, float((s2 * chosen).sum()) / per_output,
+                                    w.shape[0], int(keep.sum()), changed))
+    return report
+
+
+def _set_attr(gm: torch.nn.Module, target: str, value: torch.Tensor) -> None:
+    *path, last = target.split(".")
+    obj = gm
+    for part in path:
+        obj = getattr(obj, part)
+    setattr(obj, last, value)
+
+
+def rounding_summary(report: list[LayerRounding]) -> dict:
+    """What ``Program.info["rounding"]`` keeps of a report."""
+    return {"layers": len(report), "layers_changed": sum(1 for r in report if r.changed),
+            "weights_changed": sum(r.changed for r in report),
+            "per_layer": [{"node": r.node, "nearest_mse": r.nearest_error, "adaptive_mse": r.adaptive_error,
+                           "channels_changed": r.channels_changed, "weights_changed": r.changed} for r in report]}
