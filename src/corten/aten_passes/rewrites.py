@@ -175,6 +175,8 @@ class RewriteTablePass(PassBase):
                     gm.graph.erase_node(a)
             modified = True
         if modified:
+            # fake tensors everywhere (the traces carried real ones), before finish_rewrite: it
+            # then finds every node with a shape and does not propagate a second time
+            refresh_meta_val(gm)
             finish_rewrite(gm)
-            refresh_meta_val(gm)  # fake tensors everywhere (the traces carried real ones)
         return PassResult(gm, modified)
