@@ -433,6 +433,107 @@ def mve_interleaved_weights(weight: torch.Tensor) -> torch.Tensor:
     return w.reshape(co // 4, 4, kh, chunks, 16).permute(0, 2, 3, 1, 4).reshape(-1).contiguous()
 
 
+def mve_epilogue_flags(shift: torch.Tensor) -> int:
+    """``cg_requant4_mve``'s ``flags``: CG_LEFT (1) when a channel shifts left, CG_ALL_RIGHT (2) when every
+    channel shifts right by at least one bit."""
+    return (1 if bool((shift > 0).any()) else 0) | (2 if bool((shift < 0).all()) else 0)
+
+
+MVE_TILE_GROUPS = 16  # groups of four filters per pass of a Helium tile loop (its accumulators: 512 stack bytes)
+THUMB_IMM12 = 4095  # largest ADDW/SUBW immediate
+
+
+def mve_tile_asm(npx: int, rows: int, chunks: int, tail: int, x_row: int, row_bytes: int, skip: int,
+                 groups: int) -> str | None:
+    """The assembly of one Helium tile loop: ``groups`` groups of four filters times ``npx`` pixels
+    (``%[xa]``, ``%[xb]``) over ``rows`` kernel rows of ``chunks`` full 16-byte chunks and a
+    ``tail``-byte predicated one, every chunk unrolled, the first VMLADAV (no accumulator to
+    initialise), the accumulators pinned to r0, r2, r4, r6 (pixel 0) and r8, r10, r12, lr (pixel 1)
+    and stored with one STM per group; ``%[n]`` holds the tail on entry (VCTP), then counts groups.
+    None when a pointer step does not fit an ADDW/SUBW immediate."""
+    adv = 16 * chunks
+    back = (rows - 1) * x_row + adv
+    if max(x_row - adv if rows > 1 else 0, back, skip) > THUMB_IMM12:
+        return None
+    a, b = ["r0", "r2", "r4", "r6"], ["r8", "r10", "r12", "lr"]
+    ptrs = ["%[xa]", "%[xb]"][:npx]
+    lines = ["vctp.8 %[n]"] if tail else []
+    lines += [f"mov %[n], #{groups}", "1:"]
+    first = True
+    for r in range(rows):
+        for k in range(chunks + (1 if tail else 0)):
+            if k == chunks:  # the row's last inputs: lanes past the tail load zeros (their weights are zero too)
+                lines.append("vpst" + "t" * (npx - 1))
+                lines += [f"vldrbt.8 q{p}, [{ptr}]" for p, ptr in enumerate(ptrs)]
+            else:
+                lines += [f"vldrb.8 q{p}, [{ptr}], #16" for p, ptr in enumerate(ptrs)]
+            op = "vmladav.s8" if first else "vmladava.s8"
+            first = False
+            lines += ["vldrb.8 q2, [%[w], #16]", "vldrb.8 q3, [%[w]], #64"]
+            for f, wq in ((0, "q3"), (1, "q2")):
+                lines += [f"{op} {acc[f]}, q{p}, {wq}" for p, acc in enumerate((a, b)[:npx])]
+            lines += ["vldrb.8 q2, [%[w], #-32]", "vldrb.8 q3, [%[w], #-16]"]
+            for f, wq in ((2, "q2"), (3, "q3")):
+                lines += [f"{op} {acc[f]}, q{p}, {wq}" for p, acc in enumerate((a, b)[:npx])]
+        if r < rows - 1 and x_row != adv:
+            lines += [f"add {ptr}, {ptr}, #{x_row - adv}" for ptr in ptrs]
+    if back:
+        lines += [f"sub {ptr}, {ptr}, #{back}" for ptr in ptrs]
+    if skip:
+        lines.append(f"add %[w], %[w], #{skip}")
+    lines += ["stmia %[acc]!, {" + ", ".join(a + b[:4 * (npx - 1)]) + "}", "subs %[n], %[n], #1", "bne 1b"]
+    return "".join(f'"{ln}\\n\\t"' for ln in lines)
+
+
+def mve_tile_function(fname: str, npx: int, rows: int, chunks: int, tail: int, x_row: int, xs: int, row_bytes: int,
+                      skip: int, co: int, q_name: str, flags: int, spec: LayerSpec) -> str | None:
+    """``fname(x, w, bias, y0, y1)``: all ``co`` output channels of ``npx`` pixels (``x``, ``x + xs``)
+    over ``rows`` whole kernel rows (interleaved weights from ``w``), in passes of
+    MVE_TILE_GROUPS groups of four filters - the assembly tile loop (``mve_tile_asm``; C on hosts)
+    into a stack buffer, then ``cg_tile_epilogue_mve``.  None when the loop cannot be written."""
+    groups = co // 4
+    sizes = [MVE_TILE_GROUPS] * (groups // MVE_TILE_GROUPS) + ([groups % MVE_TILE_GROUPS] if groups % MVE_TILE_GROUPS else [])
+    asms = {g: mve_tile_asm(npx, rows, chunks, tail, x_row, row_bytes, skip, g) for g in set(sizes)}
+    if any(v is None for v in asms.values()):
+        return None
+    regs = '"r0", "r2", "r4", "r6", ' + ('"r8", "r10", "r12", "lr", ' if npx == 2 else "")
+    ops = ('[xa] "+r"(xa), ' + ('[xb] "+r"(xb), ' if npx == 2 else "") + '[w] "+r"(w), [n] "+r"(n), [acc] "+r"(ap)')
+
+    def batch(g: int, o: str) -> list[str]:
+        return [
+            "#ifdef CG_HAVE_MVE",
+            "    {",
+            "        const int8_t *xa = x;" + (f" const int8_t *xb = x + {xs};" if npx == 2 else ""),
+            "        int32_t *ap = acc;",
+            f"        int32_t n = {tail};",
+            f"        __asm__ volatile({asms[g]}",
+            f"                         : {ops}",
+            "                         :",
+            f"                         : {regs}\"q0\", \"q1\", \"q2\", \"q3\", \"memory\", \"cc\");",
+            "    }",
+            "#else",
+            f"    cg_tiles_c(x, {xs}, {x_row}, w, {rows}, {chunks}, {tail}, {skip}, {g}, {npx}, acc);",
+            f"    w += {g * (rows * row_bytes + skip)};",
+            "#endif",
+            f"    cg_tile_epilogue_mve(acc, {g}, {npx}, bias + {o}, {q_name} + {o}, {co}, {flags}, {spec.output_offset}, "
+            f"{spec.act_min}, {spec.act_max}, y0 + {o}, y1 + {o});",
+        ]
+
+    full = groups - groups % MVE_TILE_GROUPS
+    lines = [f"static __attribute__((noinline, unused)) void {fname}(const int8_t *x, const int8_t *w, const int32_t *bias, int8_t *y0, int8_t *y1)",
+             "{", f"    int32_t acc[{4 * npx * min(groups, MVE_TILE_GROUPS)}] __attribute__((aligned(8)));"]
+    if npx == 1:
+        lines.append("    (void)y1;")
+    if full:
+        lines += ["    int32_t o;", f"    for (o = 0; o < {4 * full}; o += {4 * MVE_TILE_GROUPS}) {{"]
+        lines += ["    " + ln if not ln.startswith("#") else ln for ln in batch(MVE_TILE_GROUPS, "o")]
+        lines.append("    }")
+    if groups % MVE_TILE_GROUPS:
+        lines += batch(groups % MVE_TILE_GROUPS, str(4 * full))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 MVE_WINDOW_MAX = 256  # bytes of a window the Helium path gathers into a stack buffer (narrow rows)
 
 
@@ -457,8 +558,7 @@ def _windows_mve(spec, fname, array, segs, biases, x_expr, y_expr) -> GeneratedL
     wi = array("gen_weight_mve", mve_interleaved_weights(spec.weight.to(torch.int8).reshape(co, 1, 1, k)))
     b_name = array("gen_bias", biases.to(torch.int32).contiguous())
     q_name = array("gen_q", epilogue_table(spec.multiplier, spec.shift, True, planar=True))
-    has_left = int(bool((spec.shift > 0).any()))
-    ep = f"{co}, {has_left}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
+    ep = f"{co}, {mve_epilogue_flags(spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
     blocks = []
     for s in segs:
         run = (s.j1 - s.j0) * c
@@ -545,22 +645,39 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
         return ["#pragma GCC unroll 16", "    for (r = 0; r < rows; r++) {", "        if (wt != NULL) {", f"            {wide}",
                 "        } else {", f"            {narrow}", "        }", "    }"]
 
-    if mve4:  # whole kernel rows read the interleaved table (cg_conv_2x4_mvei), border segments the int8 rows
+    tiles: dict[tuple[int, int], str] = {}  # (rows, pixels) -> the layer's Helium tile function
+    if mve4:  # whole kernel rows read the interleaved table (the tile loops), border segments the int8 rows
         arrays["gen_weight_mve"] = wi = array("gen_weight_mve", mve_interleaved_weights(spec.weight.to(torch.int8)))
         chunks, tail = divmod(kw * c, 16)
         row_bytes = 64 * (chunks + (1 if tail else 0))
+        flags = mve_epilogue_flags(spec.shift)
+        for rows in sorted({s.i1 - s.i0 for s, _ in views if s.j0 == 0 and s.j1 == kw and s.i1 > s.i0}):
+            for npx in (1, 2):
+                fn = mve_tile_function(f"{fname}_tiles_{rows}_{npx}", npx, rows, chunks, tail, spec.w * c, sw * c,
+                                       row_bytes, (spec.kh - rows) * row_bytes, co, q_name, flags, spec)
+                if fn is not None:
+                    tiles[(rows, npx)] = fn
 
     def tile_mve4(two_px: bool) -> str:
         xs = f"{sw * c}" if two_px else "0"
-        tail_args = (f"bias + o, {q_name} + o, {co}, {int(bool((spec.shift > 0).any()))}, {spec.output_offset}, "
+        tail_args = (f"bias + o, {q_name} + o, {co}, {mve_epilogue_flags(spec.shift)}, {spec.output_offset}, "
                      f"{spec.act_min}, {spec.act_max}, yp + o, yp + {co if two_px else 0} + o);")
+        fast = []  # (the rows of the segment select its tile function; constant once the segment is inlined)
+        for (rows, npx) in tiles:
+            if npx == (2 if two_px else 1):
+                fast += [f"if (rows == {rows}) {{",
+                         f"    {fname}_tiles_{rows}_{npx}(xp, {wi} + i0 * {row_bytes}, bias, yp, yp + {co});",
+                         "} else"]
         lines = [
             "int32_t o;",
             "(void)wt; (void)woff; (void)wrow; (void)wk; (void)xback; (void)runp;",
             f"if (j0 == 0 && j1 == {kw}) {{",
-            f"    for (o = 0; o < {co}; o += 4) {{",
-            f"        cg_conv_2x4_mvei(xp, {xs}, {spec.w * c}, {wi} + (o / 4) * {spec.kh * row_bytes} + i0 * {row_bytes}, "
+            *("    " + ln for ln in fast),
+            "    {",
+            f"        for (o = 0; o < {co}; o += 4) {{",
+            f"            cg_conv_2x4_mvei(xp, {xs}, {spec.w * c}, {wi} + (o / 4) * {spec.kh * row_bytes} + i0 * {row_bytes}, "
             f"rows, {chunks}, {tail}, " + tail_args,
+            "        }",
             "    }",
             "} else {",
             f"    for (o = 0; o < {co}; o += 4) {{",
@@ -639,7 +756,8 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
            "int32_t i1, int32_t j0, int32_t j1, const int32_t *bias, const int16_t *wt, int32_t woff, "
            "int32_t wrow, int32_t wk, int32_t xback, int32_t runp, const int8_t *w8base)")
     need_general = any(not _specialised(spec, s, split) for s in split)
-    fns = f"CG_INLINE void {fname}_segf{sig}\n{{\n{body}}}\n"
+    fns = "".join(tiles[key] + "\n" for key in sorted(tiles))
+    fns += f"CG_INLINE void {fname}_segf{sig}\n{{\n{body}}}\n"
     if need_general:
         fns += (f"\nstatic __attribute__((noinline)) void {fname}_seg{sig}\n{{\n"
                 f"    {fname}_segf(in, out, oy0, oy1, ox0, ox1, i0, i1, j0, j1, bias, wt, woff, wrow, wk, xback, "
@@ -753,8 +871,7 @@ def _dw_mve_segment(spec: LayerSpec, s: Segment, wm: str, q_name: str, b_name: s
     c, kw, ntaps = spec.c_in, spec.kw, spec.kh * spec.kw
     sh, sw = spec.stride
     ph, pw = spec.padding
-    has_left = int(bool((spec.shift > 0).any()))
-    ep = f"{c}, {has_left}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
+    ep = f"{c}, {mve_epilogue_flags(spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
     taps = [(r, j) for r in range(s.i1 - s.i0) for j in range(s.j1 - s.j0)]
 
     def step(npx: int) -> list[str]:

@@ -440,17 +440,26 @@ CG_INLINE void cg_dot_2x2_mve(const int8_t *x, int32_t xs, const int8_t *w, int3
  * Helium: per 16 inputs 2 + 4 loads and 8 VMLADAVA (128 MACs); one vector requantization per
  * pixel.  Elsewhere: the same values in C.
  */
+#define CG_LEFT 1      /* epilogue flag: some channel shifts left (q's left row is read) */
+#define CG_ALL_RIGHT 2 /* epilogue flag: every channel shifts right by >= 1 (no fix-up mask) */
 #ifdef CG_HAVE_MVE
-CG_INLINE int32x4_t cg_requant4_mve(int32x4_t acc, const int32_t *q, int32_t c_total, int has_left, int32_t out_offset,
+/**
+ * The short epilogue on four lanes (cg_requant_short's values; q planar: multiplier[c], left[c],
+ * -right[c], 2**right[c] at c, c + C, c + 2C, c + 3C), then the output offset and the clamp.
+ * ``flags``: CG_LEFT, CG_ALL_RIGHT (compile-time constants of the layer).  The rounding shift is
+ * VRSHL by -right (round half up, computed without overflow) of v - 1 for negative v when
+ * right > 0: divide_by_power_of_two's ties away from zero, as CMSIS-NN's arm_requantize_mve_32x4
+ * does; with CG_ALL_RIGHT the sign alone gives the -1 (VSHR #31), else it is masked by -right's
+ * sign bit (0 where right is 0).
+ */
+CG_INLINE int32x4_t cg_requant4_mve(int32x4_t acc, const int32_t *q, int32_t c_total, int flags, int32_t out_offset,
                                     int32_t act_min, int32_t act_max)
 {
-    const int32x4_t mult = vldrwq_s32(q), neg_right = vldrwq_s32(q + 2 * c_total), pow2 = vldrwq_s32(q + 3 * c_total);
-    int32x4_t v = has_left ? vshlq_s32(acc, vldrwq_s32(q + c_total)) : acc;
-    int32x4_t t;
+    const int32x4_t mult = vldrwq_s32(q), neg_right = vldrwq_s32(q + 2 * c_total);
+    int32x4_t v = (flags & CG_LEFT) ? vshlq_s32(acc, vldrwq_s32(q + c_total)) : acc;
     v = vqrdmulhq_s32(v, mult);
-    t = vaddq_s32(pow2, vshrq_n_s32(v, 31));
-    v = vaddq_s32(v, vshrq_n_s32(t, 1));
-    v = vshlq_s32(v, neg_right);
+    v = vaddq_s32(v, vshrq_n_s32((flags & CG_ALL_RIGHT) ? v : vandq_s32(v, neg_right), 31));
+    v = vrshlq_s32(v, neg_right);
     v = vaddq_n_s32(v, out_offset);
     v = vmaxq_s32(v, vdupq_n_s32(act_min));
     return vminq_s32(v, vdupq_n_s32(act_max));
@@ -629,6 +638,80 @@ CG_INLINE void cg_conv_2x4_mvei(const int8_t *x, int32_t xs, int32_t x_row, cons
             qc[2] = q[3 * c_total + f];
             qc[3] = q[c_total + f];
             (px ? y1 : y0)[f] = cg_output(acc, qc, 2, out_offset, act_min, act_max);
+        }
+    }
+}
+#endif
+
+/*
+ * Helium tiles of whole kernel rows, the accumulators in a buffer: the generator writes, per layer,
+ * one assembly loop over groups of four filters (its ``_tiles`` functions: every chunk unrolled,
+ * the first one VMLADAV so that no accumulator is initialised, the eight (or four) accumulators
+ * pinned to the even registers and stored with one STM per tile) that leaves, per group g,
+ * ``acc[g * 4 * npx ..]`` = pixel 0's four sums, then pixel 1's; cg_tile_epilogue_mve then adds
+ * the biases and requantizes four lanes at a time.  cg_tiles_c is that loop in C (hosts: the same
+ * sums, so the host tests check the generator's weight walk).  The interleaved weights
+ * (cg_conv_2x4_mvei's table) start at ``w``; ``skip`` bytes follow each group's ``rows`` rows.
+ */
+CG_INLINE void cg_tiles_c(const int8_t *x, int32_t xs, int32_t x_row, const int8_t *w, int32_t rows, int32_t chunks,
+                          int32_t tail, int32_t skip, int32_t groups, int npx, int32_t *acc)
+{
+    const int32_t row_bytes = 64 * (chunks + (tail ? 1 : 0)), run = 16 * chunks + tail;
+    int32_t g, f, px, r, i;
+    for (g = 0; g < groups; g++) {
+        for (px = 0; px < npx; px++) {
+            for (f = 0; f < 4; f++) {
+                int32_t a = 0;
+                for (r = 0; r < rows; r++) {
+                    for (i = 0; i < run; i++) {
+                        a += x[px * xs + r * x_row + i] * w[r * row_bytes + (i / 16) * 64 + f * 16 + i % 16];
+                    }
+                }
+                acc[(g * npx + px) * 4 + f] = a;
+            }
+        }
+        w += rows * row_bytes + skip;
+    }
+}
+
+/** The epilogue of ``groups`` tiles of cg_tiles_c's layout: bias, requantize, clamp, store (y1: pixel 1). */
+#ifdef CG_HAVE_MVE
+CG_INLINE void cg_tile_epilogue_mve(const int32_t *acc, int32_t groups, int npx, const int32_t *bias, const int32_t *q,
+                                    int32_t c_total, int flags, int32_t out_offset, int32_t act_min, int32_t act_max,
+                                    int8_t *y0, int8_t *y1)
+{
+    int32_t g;
+    for (g = 0; g < groups; g++) {
+        const int32x4_t b = vldrwq_s32(bias + 4 * g);
+        const int32x4_t va = cg_requant4_mve(vaddq_s32(vldrwq_s32(acc + g * 4 * npx), b), q + 4 * g, c_total, flags,
+                                             out_offset, act_min, act_max);
+        if (npx == 2) {
+            const int32x4_t vb = cg_requant4_mve(vaddq_s32(vldrwq_s32(acc + g * 8 + 4), b), q + 4 * g, c_total,
+                                                 flags, out_offset, act_min, act_max);
+            vstrbq_s32(y1 + 4 * g, vb);
+        }
+        vstrbq_s32(y0 + 4 * g, va);
+    }
+}
+#else
+CG_INLINE void cg_tile_epilogue_mve(const int32_t *acc, int32_t groups, int npx, const int32_t *bias, const int32_t *q,
+                                    int32_t c_total, int flags, int32_t out_offset, int32_t act_min, int32_t act_max,
+                                    int8_t *y0, int8_t *y1)
+{
+    int32_t g, f, px;
+    (void)flags;
+    for (g = 0; g < groups; g++) {
+        for (px = 0; px < npx; px++) {
+            for (f = 0; f < 4; f++) {
+                const int32_t c = 4 * g + f;
+                int32_t qc[4];
+                qc[0] = q[c];
+                qc[1] = -q[2 * c_total + c];
+                qc[2] = q[3 * c_total + c];
+                qc[3] = q[c_total + c];
+                (px ? y1 : y0)[c] = cg_output(acc[(g * npx + px) * 4 + f] + bias[c], qc, 2, out_offset, act_min,
+                                              act_max);
+            }
         }
     }
 }
