@@ -497,36 +497,43 @@ def mve_tile_function(fname: str, npx: int, rows: int, chunks: int, tail: int, x
     if any(v is None for v in asms.values()):
         return None
     regs = '"r0", "r2", "r4", "r6", ' + ('"r8", "r10", "r12", "lr", ' if npx == 2 else "")
-    ops = ('[xa] "+r"(xa), ' + ('[xb] "+r"(xb), ' if npx == 2 else "") + '[w] "+r"(w), [n] "+r"(n), [acc] "+r"(ap)')
-
-    def batch(g: int, o: str) -> list[str]:
-        return [
+    ops = ('[xa] "+r"(xa), ' + ('[xb] "+r"(xb), ' if npx == 2 else "") + '[w] "+r"(w), [n] "+r"(n), [acc] "+r"(acc)')
+    helpers = []
+    for g in sorted(asms):  # (the loop alone in its function: gcc finds no registers for it inside a C loop)
+        helpers += [
+            f"static __attribute__((noinline, unused)) const int8_t *{fname}_g{g}(const int8_t *x, const int8_t *w, "
+            "int32_t *acc)",
+            "{",
             "#ifdef CG_HAVE_MVE",
-            "    {",
-            "        const int8_t *xa = x;" + (f" const int8_t *xb = x + {xs};" if npx == 2 else ""),
-            "        int32_t *ap = acc;",
-            f"        int32_t n = {tail};",
-            f"        __asm__ volatile({asms[g]}",
-            f"                         : {ops}",
-            "                         :",
-            f"                         : {regs}\"q0\", \"q1\", \"q2\", \"q3\", \"memory\", \"cc\");",
-            "    }",
+            "    const int8_t *xa = x;" + (f" const int8_t *xb = x + {xs};" if npx == 2 else ""),
+            f"    int32_t n = {tail};",
+            f"    __asm__ volatile({asms[g]}",
+            f"                     : {ops}",
+            "                     :",
+            f"                     : {regs}\"q0\", \"q1\", \"q2\", \"q3\", \"memory\", \"cc\");",
+            "    return w;",
             "#else",
             f"    cg_tiles_c(x, {xs}, {x_row}, w, {rows}, {chunks}, {tail}, {skip}, {g}, {npx}, acc);",
-            f"    w += {g * (rows * row_bytes + skip)};",
+            f"    return w + {g * (rows * row_bytes + skip)};",
             "#endif",
-            f"    cg_tile_epilogue_mve(acc, {g}, {npx}, bias + {o}, {q_name} + {o}, {co}, {flags}, {spec.output_offset}, "
-            f"{spec.act_min}, {spec.act_max}, y0 + {o}, y1 + {o});",
+            "}",
         ]
 
+    def batch(g: int, o: str) -> list[str]:
+        return [f"    w = {fname}_g{g}(x, w, acc);",
+                f"    cg_tile_epilogue_mve(acc, {g}, {npx}, bias + {o}, {q_name} + {o}, {co}, {flags}, "
+                f"{spec.output_offset}, {spec.act_min}, {spec.act_max}, y0 + {o}, y1 + {o});"]
+
     full = groups - groups % MVE_TILE_GROUPS
-    lines = [f"static __attribute__((noinline, unused)) void {fname}(const int8_t *x, const int8_t *w, const int32_t *bias, int8_t *y0, int8_t *y1)",
+    lines = helpers + [
+        f"static __attribute__((noinline, unused)) void {fname}(const int8_t *x, const int8_t *w, const int32_t *bias, "
+        "int8_t *y0, int8_t *y1)",
              "{", f"    int32_t acc[{4 * npx * min(groups, MVE_TILE_GROUPS)}] __attribute__((aligned(8)));"]
     if npx == 1:
         lines.append("    (void)y1;")
     if full:
         lines += ["    int32_t o;", f"    for (o = 0; o < {4 * full}; o += {4 * MVE_TILE_GROUPS}) {{"]
-        lines += ["    " + ln if not ln.startswith("#") else ln for ln in batch(MVE_TILE_GROUPS, "o")]
+        lines += ["    " + ln for ln in batch(MVE_TILE_GROUPS, "o")]
         lines.append("    }")
     if groups % MVE_TILE_GROUPS:
         lines += batch(groups % MVE_TILE_GROUPS, str(4 * full))
