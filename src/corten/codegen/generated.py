@@ -275,12 +275,13 @@ def _specialised(spec: LayerSpec, s: Segment, segs: list[Segment]) -> bool:
 
 
 def _driver(spec: LayerSpec, fname: str, segs: list[Segment], bias_name: str, n_out: int, inline=None) -> str:
-    """The layer function: batches x segments, the interior segment through the inlined copy
-    (``inline(segment)``: the segment's own C block, when the path writes one)."""
+    """The layer function: batches x segments, each through ``inline(segment)`` (the segment's own C
+    block, or None where the path writes none for it) or else the segment function."""
     calls = []
     for s in segs:
-        if inline is not None and _specialised(spec, s, segs) and _dw_offsets_ok(spec, s):
-            calls.append(inline(s))
+        block = inline(s) if inline is not None else None
+        if block is not None:
+            calls.append(block)
             continue
         seg_fn = f"{fname}_segf" if _specialised(spec, s, segs) else f"{fname}_seg"
         calls.append(f"        {seg_fn}(x, y, {s.oy0}, {s.oy1}, {s.ox0}, {s.ox1}, {s.i0}, {s.i1}, {s.j0}, {s.j1}, "
@@ -795,8 +796,11 @@ def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> 
     c0 = c - c % 4 if isa == "dsp" else 0
     if isa != "dsp" or c0 < c:  # (the DSP path reads the int8 weights only for the last C % 4 channels)
         arrays["gen_weight"] = w8 = array("gen_weight", spec.weight.to(torch.int8).reshape(-1).contiguous())
-    b_name = array("gen_bias", biases.to(torch.int32).contiguous())
-    q_name = array("gen_q", epilogue_table(spec.multiplier, spec.shift, short, planar=isa == "mve"))
+    lanes = 8 if isa == "mve" and c % 8 == 0 and DW_MVE_LANES == 8 else 4  # Helium: eight channels as int16 lanes (cg_v8)
+    order = even_odd(c) if lanes == 8 else torch.arange(c)
+    b_name = array("gen_bias", biases[:, order].to(torch.int32).contiguous())
+    q_name = array("gen_q", epilogue_table(spec.multiplier, spec.shift, short, planar=True)[:, order].contiguous()
+                   if isa == "mve" else epilogue_table(spec.multiplier, spec.shift, short))
     arrays.update(gen_bias=b_name, gen_q=q_name)
     ep = f"{epilogue_mode(short, spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
     head = (f"    const int32_t rows = i1 - i0, cols = j1 - j0;\n"
@@ -847,13 +851,17 @@ def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> 
     body = head + inner + tail
     inline = None
     if isa == "dsp" and c0 and spec.kh * kw * 8 <= 1024:
-        inline = lambda seg: _dw_dsp_segment(spec, seg, w16, q_name, b_name, ep, scalar_tail)  # noqa: E731
+        def inline(seg):
+            if _specialised(spec, seg, segs) and _dw_offsets_ok(spec, seg):
+                return _dw_dsp_segment(spec, seg, w16, q_name, b_name, ep, scalar_tail)
+            return None
     if isa == "mve" and c % 4 == 0:
-        def inline(seg):  # (the grouped table is written once a segment reads it)
+        def inline(seg):  # (every segment its own loop nest; the grouped table written once one reads it)
             if "gen_weight_mve" not in arrays:
-                arrays["gen_weight_mve"] = array("gen_weight_mve", grouped_depthwise_weights(spec.weight.to(torch.int8)))
-            return _dw_mve_segment(spec, seg, arrays["gen_weight_mve"], q_name, b_name)
-    need_general = any(not _specialised(spec, s, segs) for s in segs)
+                arrays["gen_weight_mve"] = array("gen_weight_mve",
+                                                 grouped_depthwise_weights(spec.weight.to(torch.int8), lanes))
+            return _dw_mve_segment(spec, seg, arrays["gen_weight_mve"], q_name, b_name, lanes)
+    need_general = any(not _specialised(spec, s, segs) for s in segs) and not (isa == "mve" and c % 4 == 0)
     fns = (_seg_functions(fname, body, need_general) + "\n"
            + _driver(spec, fname, segs, b_name, c, inline if inline else None))
     what = (f"generated {isa} {spec.kh}x{spec.kw} depthwise: no im2col, {len(biases)} bias class(es), "
@@ -861,37 +869,52 @@ def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> 
     return GeneratedLayer(fns, f"{fname}({x_expr}, {y_expr});", what, short, arrays)
 
 
-def grouped_depthwise_weights(weight: torch.Tensor) -> torch.Tensor:
-    """int8 ``[C//4, kH*kW, 4]`` (C % 4 == 0): per group of four channels its taps in order, so a
-    group's window is one short block (``VLDRB.S32`` immediate offsets)."""
+def grouped_depthwise_weights(weight: torch.Tensor, lanes: int = 4) -> torch.Tensor:
+    """int8 ``[C//lanes, kH*kW, lanes]`` (C % lanes == 0): per group of ``lanes`` channels its taps in
+    order, so a group's window is one short block (``VLDRB.S32`` / ``VLDRB.S16`` immediate offsets)."""
     kh, kw, c = weight.shape
-    return weight.reshape(kh * kw, c // 4, 4).permute(1, 0, 2).contiguous()
+    return weight.reshape(kh * kw, c // lanes, lanes).permute(1, 0, 2).contiguous()
+
+
+def even_odd(c: int) -> torch.Tensor:
+    """The channel order of ``cg_v8``'s tables: per eight channels the even ones, then the odd ones."""
+    return torch.tensor([8 * g + k for g in range(c // 8) for k in (0, 2, 4, 6, 1, 3, 5, 7)], dtype=torch.long)
 
 
 DW_MVE_PIXELS = 2  # output pixels per Helium depthwise step (each tap's weights loaded once for them)
+DW_MVE_LANES = 4  # channels per Helium depthwise step: 4 (int32 lanes) or 8 (int16 lanes, cg_v8: gcc spills its vectors today)
 
 
-def _dw_mve_segment(spec: LayerSpec, s: Segment, wm: str, q_name: str, b_name: str) -> str:
-    """One segment of a Helium depthwise layer (C % 4 == 0) as its own loop nest: per four channels,
-    per tap one widening weight load shared by two output pixels, one widening input load, VMUL and
-    VADD per pixel (literal offsets), then the 4-lane short epilogue and narrowing stores."""
+def _dw_mve_segment(spec: LayerSpec, s: Segment, wm: str, q_name: str, b_name: str, lanes: int = 4) -> str:
+    """One segment of a Helium depthwise layer (C % lanes == 0) as its own loop nest: per ``lanes``
+    channels (4: int32 lanes, cg_v4; 8: int16 lanes, cg_v8), per tap one widening weight load shared
+    by two output pixels, one widening input load and the multiply-adds per pixel (literal offsets),
+    then the short epilogue on four lanes and narrowing stores."""
     c, kw, ntaps = spec.c_in, spec.kw, spec.kh * spec.kw
     sh, sw = spec.stride
     ph, pw = spec.padding
     ep = f"{c}, {mve_epilogue_flags(spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
     taps = [(r, j) for r in range(s.i1 - s.i0) for j in range(s.j1 - s.j0)]
+    v = f"cg_v{lanes}"
 
     def step(npx: int) -> list[str]:
-        lines = [f"for (ch = 0; ch < {c}; ch += 4, wg += {ntaps * 4}) {{",
-                 "    const cg_v4 b = cg_v4_ld32(bias + ch);"]
-        lines += [f"    cg_v4 acc{p} = b;" for p in range(npx)]
+        lines = [f"for (ch = 0; ch < {c}; ch += {lanes}, wg += {ntaps * lanes}) {{"]
+        if lanes == 4:
+            lines.append("    const cg_v4 b = cg_v4_ld32(bias + ch);")
+            lines += [f"    cg_v4 acc{p} = b;" for p in range(npx)]
+        else:
+            lines += [f"    cg_v8 acc{p} = cg_v8_init(bias + ch);" for p in range(npx)]
+        wtype = "cg_v4" if lanes == 4 else "cg_h8"
         for r, j in taps:
-            lines.append(f"    {{ const cg_v4 wv = cg_v4_ld8(wg + {((s.i0 + r) * kw + s.j0 + j) * 4});")
+            lines.append(f"    {{ const {wtype} wv = {v}_ld8(wg + {((s.i0 + r) * kw + s.j0 + j) * lanes});")
             for p in range(npx):
-                lines.append(f"      acc{p} = cg_v4_mla(acc{p}, cg_v4_ld8(xp + ch + {(r * spec.w + j + p * sw) * c}), wv);")
+                lines.append(f"      acc{p} = {v}_mla(acc{p}, {v}_ld8(xp + ch + {(r * spec.w + j + p * sw) * c}), wv);")
             lines.append("    }")
-        lines += [f"    acc{p} = cg_v4_out(acc{p}, {q_name} + ch, {ep});" for p in range(npx)]
-        lines += [f"    cg_v4_st8(yp + ch + {p * c}, acc{p});" for p in range(npx)]
+        if lanes == 4:
+            lines += [f"    acc{p} = cg_v4_out(acc{p}, {q_name} + ch, {ep});" for p in range(npx)]
+            lines += [f"    cg_v4_st8(yp + ch + {p * c}, acc{p});" for p in range(npx)]
+        else:
+            lines += [f"    cg_v8_out_st8(yp + ch + {p * c}, acc{p}, {q_name} + ch, {ep});" for p in range(npx)]
         lines.append("}")
         return lines
 
