@@ -796,12 +796,10 @@ def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> 
     c0 = c - c % 4 if isa == "dsp" else 0
     if isa != "dsp" or c0 < c:  # (the DSP path reads the int8 weights only for the last C % 4 channels)
         arrays["gen_weight"] = w8 = array("gen_weight", spec.weight.to(torch.int8).reshape(-1).contiguous())
-    lanes = 8 if isa == "mve" and c % 8 == 0 and DW_MVE_LANES == 8 else 4  # Helium: eight channels as int16 lanes (cg_v8)
-    order = even_odd(c) if lanes == 8 else torch.arange(c)
-    b_name = array("gen_bias", biases[:, order].to(torch.int32).contiguous())
-    q_name = array("gen_q", epilogue_table(spec.multiplier, spec.shift, short, planar=True)[:, order].contiguous()
-                   if isa == "mve" else epilogue_table(spec.multiplier, spec.shift, short))
-    arrays.update(gen_bias=b_name, gen_q=q_name)
+    all16 = isa == "mve" and all(dw16_ok(spec, s) for s in segs)  # (then no segment reads the plain bias table)
+    b_name = "NULL" if all16 else array("gen_bias", biases.to(torch.int32).contiguous())
+    q_name = array("gen_q", epilogue_table(spec.multiplier, spec.shift, short, planar=isa == "mve"))
+    arrays.update(gen_q=q_name, **({} if all16 else {"gen_bias": b_name}))
     ep = f"{epilogue_mode(short, spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
     head = (f"    const int32_t rows = i1 - i0, cols = j1 - j0;\n"
             "    int32_t oy, ox;\n"
@@ -856,14 +854,25 @@ def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> 
                 return _dw_dsp_segment(spec, seg, w16, q_name, b_name, ep, scalar_tail)
             return None
     if isa == "mve" and c % 4 == 0:
-        def inline(seg):  # (every segment its own loop nest; the grouped table written once one reads it)
+        dw16: dict[tuple[int, int, int, int], str] = {}  # tap box -> its assembly row function
+
+        def inline(seg):  # (every segment its own loop nest; each table written once a segment reads it)
+            box = (seg.i0, seg.i1, seg.j0, seg.j1)
+            if dw16_ok(spec, seg):
+                if "gen_weight_dw16" not in arrays:
+                    wt, qt, bt = dw16_tables(spec, biases)
+                    arrays.update(gen_weight_dw16=array("gen_weight_dw16", wt), gen_q_dw16=array("gen_q_dw16", qt),
+                                  gen_bias_dw16=array("gen_bias_dw16", bt))
+                if box not in dw16:
+                    dw16[box] = dw16_function(f"{fname}_dw16_{len(dw16)}", spec, seg)
+                return _dw16_segment(spec, seg, dw16[box], arrays)
             if "gen_weight_mve" not in arrays:
-                arrays["gen_weight_mve"] = array("gen_weight_mve",
-                                                 grouped_depthwise_weights(spec.weight.to(torch.int8), lanes))
-            return _dw_mve_segment(spec, seg, arrays["gen_weight_mve"], q_name, b_name, lanes)
+                arrays["gen_weight_mve"] = array("gen_weight_mve", grouped_depthwise_weights(spec.weight.to(torch.int8)))
+            return _dw_mve_segment(spec, seg, arrays["gen_weight_mve"], q_name, b_name)
     need_general = any(not _specialised(spec, s, segs) for s in segs) and not (isa == "mve" and c % 4 == 0)
-    fns = (_seg_functions(fname, body, need_general) + "\n"
-           + _driver(spec, fname, segs, b_name, c, inline if inline else None))
+    driver = _driver(spec, fname, segs, b_name, c, inline if inline else None)
+    rows16 = "".join(text for _, text in (dw16.values() if isa == "mve" and c % 4 == 0 else ()))
+    fns = rows16 + _seg_functions(fname, body, need_general) + "\n" + driver
     what = (f"generated {isa} {spec.kh}x{spec.kw} depthwise: no im2col, {len(biases)} bias class(es), "
             f"{'short' if short else 'general'} epilogue")
     return GeneratedLayer(fns, f"{fname}({x_expr}, {y_expr});", what, short, arrays)
@@ -871,50 +880,149 @@ def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> 
 
 def grouped_depthwise_weights(weight: torch.Tensor, lanes: int = 4) -> torch.Tensor:
     """int8 ``[C//lanes, kH*kW, lanes]`` (C % lanes == 0): per group of ``lanes`` channels its taps in
-    order, so a group's window is one short block (``VLDRB.S32`` / ``VLDRB.S16`` immediate offsets)."""
+    order, so a group's window is one short block (``VLDRB.S32`` immediate offsets; 16: ``VLDRW``)."""
     kh, kw, c = weight.shape
     return weight.reshape(kh * kw, c // lanes, lanes).permute(1, 0, 2).contiguous()
 
 
-def even_odd(c: int) -> torch.Tensor:
-    """The channel order of ``cg_v8``'s tables: per eight channels the even ones, then the odd ones."""
-    return torch.tensor([8 * g + k for g in range(c // 8) for k in (0, 2, 4, 6, 1, 3, 5, 7)], dtype=torch.long)
+DW16_LANES = (0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15)  # channel of each accumulator lane (CG_DW16)
+DW16_MAX_TAPS = 9  # one pointer register per tap (r0..r8)
+
+
+def dw16_ok(spec: LayerSpec, s: Segment) -> bool:
+    """Whether a Helium depthwise segment runs as 16-channel assembly rows (``dw16_function``)."""
+    taps = (s.i1 - s.i0) * (s.j1 - s.j0)
+    return spec.c_in % 16 == 0 and 0 < taps <= DW16_MAX_TAPS
+
+
+def dw16_tables(spec: LayerSpec, biases: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tables of the 16-channel rows: int8 weights ``[C/16, kH*kW, 16]`` (channel order), int32
+    epilogue ``[C/16, rows, 16]`` (rows multiplier, -right and, when a channel shifts left, left) and
+    folded biases ``[classes, C]``, both in the accumulators' lane order (DW16_LANES per 16)."""
+    c = spec.c_in
+    order = torch.tensor([16 * g + k for g in range(c // 16) for k in DW16_LANES], dtype=torch.long)
+    s = spec.shift.to(torch.int64)
+    rows = [spec.multiplier.to(torch.int64), -(-s).clamp(min=0)]
+    if bool((s > 0).any()):
+        rows.append(s.clamp(min=0))
+    q = torch.stack([r[order].reshape(c // 16, 16) for r in rows], dim=1).to(torch.int32).contiguous()
+    return (grouped_depthwise_weights(spec.weight.to(torch.int8), 16), q,
+            biases[:, order].to(torch.int32).contiguous())
+
+
+def _vec_imm(kind: str, reg: str, value: int) -> str:
+    """VMOV/VMVN of an integer in [-256, 255] into every lane of ``reg`` (``kind``: i8 or i16)."""
+    return f"vmov.{kind} {reg}, #{value & 0xFF}" if value >= 0 or kind == "i8" else f"vmvn.{kind} {reg}, #{~value}"
+
+
+def dw16_function(fn: str, spec: LayerSpec, s: Segment) -> tuple[str, str]:
+    """``(name, C)`` of the assembly row function of segment ``s``'s tap box: ``fn(x, y, n, w, q, bias)``
+    computes ``n`` output pixels (inputs from ``x``, the window's first tap, stepping stride * C;
+    outputs from ``y``) over all channels, 16 per step (see corten_gen.h, cg_dw16_c: the C of hosts)."""
+    c, kw = spec.c_in, spec.kw
+    taps = [(r, j) for r in range(s.i1 - s.i0) for j in range(s.j1 - s.j0)]
+    tap_x = [(r * spec.w + j) * c for r, j in taps]
+    tap_w = [(s.i0 + r) * kw + s.j0 + j for r, j in taps]
+    ktaps, groups = spec.kh * kw, c // 16
+    q_rows = 3 if bool((spec.shift > 0).any()) else 2
+    flags = mve_epilogue_flags(spec.shift)
+    x_step = spec.stride[1] * c
+    a = ["push {r4-r11, lr}", "sub sp, sp, #16", "str r0, [sp]", "str r2, [sp, #4]", "str r3, [sp, #8]",
+         "mov r11, r1", "2:", "ldr r0, [sp]"]
+    for t, off in enumerate(tap_x[1:], start=1):
+        a += ([f"add r{t}, r0, #{off}"] if off <= THUMB_IMM12 else [f"movw r{t}, #{off}", f"add r{t}, r0, r{t}"])
+    a += ["ldr r9, [sp, #8]", "ldr r10, [sp, #52]", "ldr r12, [sp, #56]", f"mov lr, #{groups}", "dls lr, lr", "1:"]
+    for t, idx in enumerate(tap_w):
+        a += [f"vldrb.8 q4, [r{t}], #16", f"vldrw.32 q5, [r9, #{idx * 16}]", "vmullb.s8 q6, q4, q5",
+              "vmullt.s8 q7, q4, q5"]
+        if t == 0:
+            a += ["vmovlb.s16 q0, q6", "vmovlt.s16 q1, q6", "vmovlb.s16 q2, q7", "vmovlt.s16 q3, q7"]
+        else:
+            a += ["vmovlb.s16 q4, q6", "vadd.i32 q0, q0, q4", "vmovlt.s16 q6, q6", "vadd.i32 q1, q1, q6",
+                  "vmovlb.s16 q4, q7", "vadd.i32 q2, q2, q4", "vmovlt.s16 q7, q7", "vadd.i32 q3, q3, q7"]
+    a.append(f"add r9, r9, #{ktaps * 16}")
+    for i in range(4):
+        a += [f"vldrw.32 q4, [r12, #{16 * i}]", f"vadd.i32 q{i}, q{i}, q4"]
+        if q_rows == 3:
+            a += [f"vldrw.32 q4, [r10, #{128 + 16 * i}]", f"vshl.s32 q{i}, q{i}, q4"]
+        a += [f"vldrw.32 q4, [r10, #{16 * i}]", f"vqrdmulh.s32 q{i}, q{i}, q4", f"vldrw.32 q5, [r10, #{64 + 16 * i}]"]
+        a += ([f"vshr.s32 q4, q{i}, #31"] if flags & 2 else [f"vand q4, q{i}, q5", "vshr.s32 q4, q4, #31"])
+        a += [f"vadd.i32 q{i}, q{i}, q4", f"vrshl.s32 q{i}, q{i}, q5"]
+    a += ["add r12, r12, #64", f"add r10, r10, #{64 * q_rows}",
+          "vqmovnb.s32 q4, q0", "vqmovnt.s32 q4, q1", "vqmovnb.s32 q5, q2", "vqmovnt.s32 q5, q3"]
+    if spec.output_offset:
+        a += [_vec_imm("i16", "q6", spec.output_offset), "vqadd.s16 q4, q4, q6", "vqadd.s16 q5, q5, q6"]
+    a += ["vqmovnb.s16 q6, q4", "vqmovnt.s16 q6, q5"]
+    if spec.act_min > -128:
+        a += [_vec_imm("i8", "q7", spec.act_min), "vmax.s8 q6, q6, q7"]
+    if spec.act_max < 127:
+        a += [_vec_imm("i8", "q7", spec.act_max), "vmin.s8 q6, q6, q7"]
+    a += ["vstrb.8 q6, [r11], #16", "le lr, 1b", "ldr r0, [sp]"]
+    a += ([f"add r0, r0, #{x_step}"] if x_step <= THUMB_IMM12 else [f"movw r1, #{x_step}", "add r0, r0, r1"])
+    a += ["str r0, [sp]", "ldr r1, [sp, #4]", "subs r1, r1, #1", "str r1, [sp, #4]", "bne 2b",
+          "add sp, sp, #16", "pop {r4-r11, pc}"]
+    body = "\n".join(f'    "{ln}\\n"' for ln in a)
+    proto = (f"void {fn}(const int8_t *x, int8_t *y, int32_t n, const int8_t *w, const int32_t *q, "
+             "const int32_t *bias)")
+    text = (f"{proto};\n#ifdef CG_HAVE_MVE\n"
+            f"/* {len(taps)} taps x 16 channels per step, {groups} steps per pixel (the C: cg_dw16_c) */\n"
+            f'__asm__(".pushsection .text.{fn}, \\"ax\\", %progbits\\n"\n'
+            '    ".balign 4\\n"\n    ".thumb_func\\n"\n'
+            f'    ".global {fn}\\n"\n    ".type {fn}, %function\\n"\n    "{fn}:\\n"\n'
+            f"{body}\n"
+            f'    ".size {fn}, .-{fn}\\n"\n    ".popsection\\n");\n'
+            "#else\n"
+            f"{proto}\n{{\n"
+            f"    static const int32_t tap_x[{len(taps)}] = {{{', '.join(map(str, tap_x))}}};\n"
+            f"    static const int32_t tap_w[{len(taps)}] = {{{', '.join(map(str, tap_w))}}};\n"
+            f"    cg_dw16_c(x, y, n, w, q, bias, {c}, {x_step}, tap_x, tap_w, {len(taps)}, {ktaps}, {q_rows}, "
+            f"{spec.output_offset}, {spec.act_min}, {spec.act_max});\n}}\n#endif\n\n")
+    return fn, text
+
+
+def _dw16_segment(spec: LayerSpec, s: Segment, row_fn: tuple[str, str], arrays: dict[str, str]) -> str:
+    """One segment of a Helium depthwise layer through its 16-channel assembly rows: one call per output row."""
+    c = spec.c_in
+    sh, sw = spec.stride
+    ph, pw = spec.padding
+    body = [
+        f"/* rows {s.oy0}..{s.oy1 - 1}, columns {s.ox0}..{s.ox1 - 1}: taps {s.i0}..{s.i1 - 1} x {s.j0}..{s.j1 - 1} */",
+        "{",
+        "    int32_t oy;",
+        f"    for (oy = {s.oy0}; oy < {s.oy1}; oy++) {{",
+        f"        {row_fn[0]}(x + ((oy * {sh} - {ph - s.i0}) * {spec.w} + ({s.ox0 * sw} - {pw - s.j0})) * {c}, "
+        f"y + (oy * {spec.wo} + {s.ox0}) * {c}, {s.ox1 - s.ox0}, {arrays['gen_weight_dw16']}, {arrays['gen_q_dw16']}, "
+        f"{arrays['gen_bias_dw16']} + {s.cls * c});",
+        "    }",
+        "}",
+    ]
+    return "\n".join("        " + ln for ln in body)
 
 
 DW_MVE_PIXELS = 2  # output pixels per Helium depthwise step (each tap's weights loaded once for them)
-DW_MVE_LANES = 4  # channels per Helium depthwise step: 4 (int32 lanes) or 8 (int16 lanes, cg_v8: gcc spills its vectors today)
 
 
-def _dw_mve_segment(spec: LayerSpec, s: Segment, wm: str, q_name: str, b_name: str, lanes: int = 4) -> str:
-    """One segment of a Helium depthwise layer (C % lanes == 0) as its own loop nest: per ``lanes``
-    channels (4: int32 lanes, cg_v4; 8: int16 lanes, cg_v8), per tap one widening weight load shared
-    by two output pixels, one widening input load and the multiply-adds per pixel (literal offsets),
-    then the short epilogue on four lanes and narrowing stores."""
+def _dw_mve_segment(spec: LayerSpec, s: Segment, wm: str, q_name: str, b_name: str) -> str:
+    """One segment of a Helium depthwise layer (C % 4 == 0) as its own loop nest: per four channels,
+    per tap one widening weight load shared by two output pixels, one widening input load, VMUL and
+    VADD per pixel (literal offsets), then the 4-lane short epilogue and narrowing stores."""
     c, kw, ntaps = spec.c_in, spec.kw, spec.kh * spec.kw
     sh, sw = spec.stride
     ph, pw = spec.padding
     ep = f"{c}, {mve_epilogue_flags(spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
     taps = [(r, j) for r in range(s.i1 - s.i0) for j in range(s.j1 - s.j0)]
-    v = f"cg_v{lanes}"
 
     def step(npx: int) -> list[str]:
-        lines = [f"for (ch = 0; ch < {c}; ch += {lanes}, wg += {ntaps * lanes}) {{"]
-        if lanes == 4:
-            lines.append("    const cg_v4 b = cg_v4_ld32(bias + ch);")
-            lines += [f"    cg_v4 acc{p} = b;" for p in range(npx)]
-        else:
-            lines += [f"    cg_v8 acc{p} = cg_v8_init(bias + ch);" for p in range(npx)]
-        wtype = "cg_v4" if lanes == 4 else "cg_h8"
+        lines = [f"for (ch = 0; ch < {c}; ch += 4, wg += {ntaps * 4}) {{",
+                 "    const cg_v4 b = cg_v4_ld32(bias + ch);"]
+        lines += [f"    cg_v4 acc{p} = b;" for p in range(npx)]
         for r, j in taps:
-            lines.append(f"    {{ const {wtype} wv = {v}_ld8(wg + {((s.i0 + r) * kw + s.j0 + j) * lanes});")
+            lines.append(f"    {{ const cg_v4 wv = cg_v4_ld8(wg + {((s.i0 + r) * kw + s.j0 + j) * 4});")
             for p in range(npx):
-                lines.append(f"      acc{p} = {v}_mla(acc{p}, {v}_ld8(xp + ch + {(r * spec.w + j + p * sw) * c}), wv);")
+                lines.append(f"      acc{p} = cg_v4_mla(acc{p}, cg_v4_ld8(xp + ch + {(r * spec.w + j + p * sw) * c}), wv);")
             lines.append("    }")
-        if lanes == 4:
-            lines += [f"    acc{p} = cg_v4_out(acc{p}, {q_name} + ch, {ep});" for p in range(npx)]
-            lines += [f"    cg_v4_st8(yp + ch + {p * c}, acc{p});" for p in range(npx)]
-        else:
-            lines += [f"    cg_v8_out_st8(yp + ch + {p * c}, acc{p}, {q_name} + ch, {ep});" for p in range(npx)]
+        lines += [f"    acc{p} = cg_v4_out(acc{p}, {q_name} + ch, {ep});" for p in range(npx)]
+        lines += [f"    cg_v4_st8(yp + ch + {p * c}, acc{p});" for p in range(npx)]
         lines.append("}")
         return lines
 

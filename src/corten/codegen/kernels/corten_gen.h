@@ -783,90 +783,40 @@ CG_INLINE cg_v4 cg_v4_out(cg_v4 acc, const int32_t *q, int32_t c_total, int has_
 }
 #endif
 
-/* ------------------------------------------------------------------ eight channels, two int32 vectors */
+/* ------------------------------------------------------------------ sixteen channels */
 /*
- * cg_v8: eight channels of a Helium depthwise segment (C % 8 == 0) as int16 lanes for the products
- * and two int32 vectors for the sums: ``e`` the even channels 0, 2, 4, 6, ``o`` the odd ones (VMULLB
- * / VMULLT of the int16 lanes, exact: |x * w| <= 2**14).  Tables read by cg_v8 are in that order per
- * eight channels (bias and the planar epilogue rows: c0 c2 c4 c6 c1 c3 c5 c7; the generator's
- * ``even_odd``), the weights in channel order.  cg_v8_ld8 (eight int8 -> int16, VLDRB.S16),
- * cg_v8_init (the bias), cg_v8_mla (acc += x * w: 2 VMULL, 2 VADD for eight MACs), cg_v8_out_st8
- * (cg_requant4_mve on both halves, VMOVNB/VMOVNT back into channel order, one VSTRB.16).
+ * The Helium depthwise rows of 16 channels per step (C % 16 == 0, at most 9 taps in the window):
+ * the generator writes each as an assembly function (``_dw16``: per tap one VLDRB.8 of 16 inputs
+ * through the tap's own pointer, the widened products VMULLB/VMULLT.S8 -> int16 (exact), VMOVLB/
+ * VMOVLT.S16 into four int32 accumulators; the epilogue on the four vectors, saturating narrows
+ * to int16, the output offset added saturating, narrows to int8, one VSTRB.8).  The accumulators
+ * hold the channels in the order of CG_DW16_LANE (0 4 8 12, 2 6 10 14, 1 5 9 13, 3 7 11 15), and so
+ * do the bias rows and the epilogue table ({multiplier, -right, [left]} x 16 per group of 16).
+ * cg_dw16_c is the same function in C (hosts; tap_x: the taps' input offsets from x, tap_w: their
+ * indices in the kernel, whose ``kernel_taps`` x 16 weights follow per group).
  */
-#ifdef CG_HAVE_MVE
-typedef int16x8_t cg_h8;
-typedef struct {
-    int32x4_t e, o;
-} cg_v8;
-#define cg_v8_ld8(p) vldrbq_s16(p)
-CG_INLINE cg_v8 cg_v8_init(const int32_t *bias)
+CG_INLINE void cg_dw16_c(const int8_t *x, int8_t *y, int32_t n, const int8_t *w, const int32_t *q, const int32_t *bias,
+                         int32_t c, int32_t x_step, const int32_t *tap_x, const int32_t *tap_w, int32_t taps,
+                         int32_t kernel_taps, int32_t q_rows, int32_t out_offset, int32_t act_min, int32_t act_max)
 {
-    cg_v8 r;
-    r.e = vldrwq_s32(bias);
-    r.o = vldrwq_s32(bias + 4);
-    return r;
-}
-CG_INLINE cg_v8 cg_v8_mla(cg_v8 acc, cg_h8 x, cg_h8 w)
-{
-    acc.e = vaddq_s32(acc.e, vmullbq_int_s16(x, w));
-    acc.o = vaddq_s32(acc.o, vmulltq_int_s16(x, w));
-    return acc;
-}
-CG_INLINE void cg_v8_out_st8(int8_t *p, cg_v8 acc, const int32_t *q, int32_t c_total, int flags, int32_t out_offset,
-                             int32_t act_min, int32_t act_max)
-{
-    const int32x4_t e = cg_requant4_mve(acc.e, q, c_total, flags, out_offset, act_min, act_max);
-    const int32x4_t o = cg_requant4_mve(acc.o, q + 4, c_total, flags, out_offset, act_min, act_max);
-    vstrbq_s16(p, vmovntq_s32(vmovnbq_s32(vuninitializedq_s16(), e), o));
-}
-#else
-typedef struct {
-    int32_t v[8];
-} cg_h8;
-typedef struct {
-    int32_t e[4], o[4];
-} cg_v8;
-CG_INLINE cg_h8 cg_v8_ld8(const int8_t *p)
-{
-    cg_h8 r;
-    int k;
-    for (k = 0; k < 8; k++) {
-        r.v[k] = p[k];
-    }
-    return r;
-}
-CG_INLINE cg_v8 cg_v8_init(const int32_t *bias)
-{
-    cg_v8 r;
-    memcpy(r.e, bias, sizeof r.e);
-    memcpy(r.o, bias + 4, sizeof r.o);
-    return r;
-}
-CG_INLINE cg_v8 cg_v8_mla(cg_v8 acc, cg_h8 x, cg_h8 w)
-{
-    int k;
-    for (k = 0; k < 4; k++) {
-        acc.e[k] += x.v[2 * k] * w.v[2 * k];
-        acc.o[k] += x.v[2 * k + 1] * w.v[2 * k + 1];
-    }
-    return acc;
-}
-CG_INLINE void cg_v8_out_st8(int8_t *p, cg_v8 acc, const int32_t *q, int32_t c_total, int flags, int32_t out_offset,
-                             int32_t act_min, int32_t act_max)
-{
-    int k;
-    (void)flags;
-    for (k = 0; k < 8; k++) {
-        const int32_t i = (k & 1) * 4 + k / 2; /* the tables' lane of channel k */
-        int32_t qc[4];
-        qc[0] = q[i];
-        qc[1] = -q[2 * c_total + i];
-        qc[2] = q[3 * c_total + i];
-        qc[3] = q[c_total + i];
-        p[k] = cg_output((k & 1) ? acc.o[k / 2] : acc.e[k / 2], qc, 2, out_offset, act_min, act_max);
+    static const int32_t lane_of[16] = {0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6, 14, 3, 11, 7, 15}; /* channel -> lane */
+    int32_t px, ch, t;
+    for (px = 0; px < n; px++) {
+        for (ch = 0; ch < c; ch++) {
+            const int32_t g = ch / 16, l = lane_of[ch % 16];
+            const int32_t *qg = q + g * 16 * q_rows;
+            int32_t acc = bias[g * 16 + l], qc[4];
+            for (t = 0; t < taps; t++) {
+                acc += x[px * x_step + tap_x[t] + ch] * w[(g * kernel_taps + tap_w[t]) * 16 + ch % 16];
+            }
+            qc[0] = qg[l];
+            qc[1] = -qg[16 + l];
+            qc[2] = (int32_t)((uint32_t)1u << qc[1]);
+            qc[3] = q_rows > 2 ? qg[32 + l] : 0;
+            y[px * c + ch] = cg_output(acc, qc, 2, out_offset, act_min, act_max);
+        }
     }
 }
-#endif
 
 /* ------------------------------------------------------------------ depthwise */
 /*
