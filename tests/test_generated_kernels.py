@@ -314,3 +314,48 @@ def test_narrow_row_windows_equal_reference(tmp_path):
     assert sum(gen.mve_gathers_windows(s, "mve", ok) for s, ok in zip(specs, short)) >= 2
     xs = layer_inputs(specs, seed=9)
     assert np.array_equal(run_layers_host(specs, "mve", xs, tmp_path), expected_bytes(specs, xs))
+
+
+def helium_specs() -> list[gen.LayerSpec]:
+    """Layers shaped for the Helium paths: depthwise rows of 16 channels (C % 16 == 0; windows of at
+    most 9 taps, a 5x5 interior on the 4-lane path beside them; stride 2; a channel without a right
+    shift; left shifts; ReLU6-like clamps; output offsets at the int8 ends) and dense tiles of whole
+    kernel rows (more than 16 filter groups: a full pass and a shorter one; a last 16-byte chunk
+    predicated; kernel rows cut by the padding; an odd pixel count)."""
+    g = torch.Generator().manual_seed(31)
+    rng = random.Random(31)
+    shapes = [  # kind, h, w, C_in, C_out, k, stride, pad, out_offset, (act_min, act_max), shift override
+        ("depthwise", 7, 7, 32, 32, 3, 1, 1, -5, (-128, 127), None),
+        ("depthwise", 9, 8, 48, 48, 3, 2, 1, 100, (-20, 60), 0),
+        ("depthwise", 6, 6, 16, 16, 5, 1, 2, -128, (-128, 127), 1),
+        ("depthwise", 1, 5, 16, 16, 3, 1, 1, 127, (-128, 127), None),
+        ("depthwise", 5, 6, 64, 64, 3, 1, 1, -128, (-128, -122), None),
+        ("conv", 1, 7, 40, 80, 1, 1, 0, 3, (-128, 127), None),
+        ("conv", 6, 6, 16, 8, 3, 1, 1, -7, (0, 127), 1),
+        ("conv", 7, 9, 8, 12, 3, 2, 1, 20, (-128, 100), 0),
+    ]
+    out = []
+    for kind, h, w, ci, co, k, s, p, out_off, act, shift0 in shapes:
+        ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+        shape = (co, k, k, ci) if kind == "conv" else (k, k, co)
+        weight = torch.randint(-128, 128, shape, dtype=torch.int8, generator=g)
+        bias = torch.randint(-5000, 5000, (co,), dtype=torch.int64, generator=g)
+        m = torch.randint(2**30, 2**31 - 1, (co,), dtype=torch.int64, generator=g)
+        sh = torch.randint(-12, -5, (co,), dtype=torch.int64, generator=g)
+        if shift0 is not None:
+            sh[rng.randrange(co)] = shift0
+        out.append(gen.LayerSpec(kind, 1, h, w, ci, ho, wo, co, k, k, (s, s), (p, p), weight, bias,
+                                 rng.randint(-127, 128), out_off, m, sh, *act))
+    return out
+
+
+@needs_gcc
+def test_helium_shaped_layers_equal_reference(tmp_path):
+    specs = helium_specs()
+    for s in specs:  # (each takes the short epilogue, which the Helium paths need)
+        assert gen.short_epilogue_ok(gen.accumulator_bound(s, gen.folded_biases(s, gen.segments(s)[1])),
+                                     s.multiplier, s.shift)
+    xs = layer_inputs(specs, seed=3)
+    assert np.array_equal(run_layers_host(specs, "mve", xs, tmp_path), expected_bytes(specs, xs))
+    text = layers_source(specs, "mve")
+    assert "_dw16_" in text and "_tiles_" in text and "cg_v4_mla" in text  # (each Helium path is taken)
