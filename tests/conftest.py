@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -77,6 +78,48 @@ def pytest_terminal_summary(terminalreporter, config):
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than ~10 s (still part of `make test`; deselect with "
                                        "-m 'not slow' for a quick local run)")
+    if not os.environ.get("PYTEST_XDIST_WORKER") and SHARED_DIR_ENV not in os.environ:
+        # the controller, before it starts the workers: they inherit the variable
+        config._corten_shared_dir = tempfile.mkdtemp(prefix="corten-tests-shared-")
+        os.environ[SHARED_DIR_ENV] = config._corten_shared_dir
+
+
+def pytest_unconfigure(config):
+    shared = getattr(config, "_corten_shared_dir", None)
+    if shared:
+        shutil.rmtree(shared, ignore_errors=True)
+        os.environ.pop(SHARED_DIR_ENV, None)
+
+
+SHARED_DIR_ENV = "CORTEN_TEST_SHARED_DIR"  # one directory per test run, shared by the xdist workers
+
+
+def shared_program(key: str, build):
+    """The program ``build()`` compiles, compiled once per test run for all workers: the first
+    worker to ask compiles and saves it (``Program.save``) under the run's shared directory while
+    holding a lock on its key; every caller, that one included, gets ``corten.load`` of the saved
+    directory, so a test sees the same (loaded) program on whichever worker it runs.  (The zoo's
+    programs take 5-30 s each to compile and are used by tests on both workers.)  Without the
+    shared directory (the test run's controller did not set it) or for a program that cannot be
+    saved, ``build()``'s own program."""
+    import fcntl
+
+    import corten
+    from corten.errors import CortenError
+
+    root = os.environ.get(SHARED_DIR_ENV)
+    if not root:
+        return build()
+    path = os.path.join(root, key)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isfile(os.path.join(path, "manifest.json")):
+            prog = build()
+            try:
+                prog.save(path)
+            except CortenError:
+                return prog
+        return corten.load(path)
 
 
 _DURATIONS = os.environ.get("CORTEN_TEST_DURATIONS")  # a file: one "seconds<TAB>test id" line per test phase

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import corten
+from conftest import shared_program
 from corten.zoo import MODELS, get_model
 
 EXPECTED_OPS = {
@@ -40,9 +41,12 @@ _cache: dict[str, tuple] = {}
 def compiled(name: str):
     if name not in _cache:
         warnings.simplefilter("ignore")
-        model, example = get_model(name)
-        prog = corten.compile(model, example, target="cortex-m55", name=name.replace("-", "_").replace(".", "_"))
-        x = torch.randn(example[0].shape, generator=torch.Generator().manual_seed(3))
+
+        def build():
+            model, example = get_model(name)
+            return corten.compile(model, example, target="cortex-m55", name=name.replace("-", "_").replace(".", "_"))
+        prog = shared_program(f"zoo-{name}", build)  # compiled once per test run, loaded by every worker
+        x = torch.randn(tuple(prog.inputs[0].shape), generator=torch.Generator().manual_seed(3))
         _cache[name] = (prog, x)
     return _cache[name]
 
