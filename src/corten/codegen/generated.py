@@ -21,11 +21,15 @@ immediate offsets.  What is done ahead of time:
   ``{multiplier, left shift, right shift, 2**right}`` (short epilogue) or ``{multiplier, shift}``
   (general), interleaved for the scalar epilogues, planar for the Helium one.
 * **Register tiles**: 2 pixels x 2 output channels per dense dot product (4 accumulators: 13 live
-  registers on a Cortex-M4, no spill), four channels per depthwise step (DSP) or per vector (MVE).
+  registers on a Cortex-M4, no spill), four channels per depthwise step (DSP) or per vector (MVE);
+  on Helium 2 pixels x 4 filters per VMLADAVA tile (a per-layer assembly loop over the filter groups,
+  ``mve_tile_asm``) and 16 depthwise channels per step (a per-layer assembly row function,
+  ``dw16_function``), both requantizing whole vectors after the sums.
 * **ISA paths**: ``plain`` scalar C (Cortex-M0/M3), ``dsp`` (``__sxtb16``/``__smlad``/``__smlabb``,
-  Cortex-M4/M7/M33), ``mve`` (``vmladavaq_s8``, ``vldrbq_s32``/``vmulq_s32``, a 4-lane epilogue;
-  Cortex-M55/M85).  On a host, ``corten_gen.h`` defines the DSP primitives in C, so the DSP path's
-  C is tested byte for byte on the host too; the MVE blocks are checked on QEMU.
+  Cortex-M4/M7/M33), ``mve`` (``vmladavaq_s8``, ``vldrbq_s32``/``vmulq_s32``, ``VMULLB/T.S8``, a
+  4-lane epilogue; Cortex-M55/M85).  On a host, ``corten_gen.h`` defines the DSP primitives in C, so
+  the DSP path's C is tested byte for byte on the host too; the MVE blocks' C equivalents
+  (``cg_tiles_c``, ``cg_dw16_c``) run there with the same tables, the MVE blocks on QEMU.
 
 Exactness.  The requantization is CMSIS-NN's ``arm_nn_requantize`` (``corten_requantize``).  The
 *short* epilogue (``cg_requant_short``: one 32x32->64 multiply-add, three ALU operations) is used
