@@ -359,3 +359,18 @@ def test_helium_shaped_layers_equal_reference(tmp_path):
     assert np.array_equal(run_layers_host(specs, "mve", xs, tmp_path), expected_bytes(specs, xs))
     text = layers_source(specs, "mve")
     assert "_dw16_" in text and "_tiles_" in text and "cg_v4_mla" in text  # (each Helium path is taken)
+
+
+def test_dw16_rows_only_within_their_immediates():
+    """Depthwise segments go to the 16-channel assembly rows only when their pointer steps and weight
+    offsets fit the instructions' immediates (else the 4-lane C path)."""
+    spec = helium_specs()[0]
+    segs, _ = gen.segments(spec)
+    assert all(gen.dw16_ok(spec, s) for s in segs)
+    wide = gen.LayerSpec("depthwise", 1, 3, 2100, 32, 3, 2100, 32, 3, 3, (1, 1), (1, 1), spec.weight, spec.bias,
+                         0, 0, spec.multiplier, spec.shift, -128, 127)  # (2 rows of 2100 x 32 bytes apart)
+    assert not any(gen.dw16_ok(wide, s) for s in gen.segments(wide)[0] if s.i1 - s.i0 == 3)
+    big = gen.LayerSpec("depthwise", 1, 9, 9, 16, 9, 9, 16, 7, 7, (1, 1), (3, 3),
+                        torch.zeros(7, 7, 16, dtype=torch.int8), torch.zeros(16, dtype=torch.int64), 0, 0,
+                        spec.multiplier[:16], spec.shift[:16], -128, 127)  # (49 taps: weights past VLDRW's reach)
+    assert not any(gen.dw16_ok(big, s) for s in gen.segments(big)[0])

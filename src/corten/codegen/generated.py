@@ -891,12 +891,17 @@ def grouped_depthwise_weights(weight: torch.Tensor, lanes: int = 4) -> torch.Ten
 
 DW16_LANES = (0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15)  # channel of each accumulator lane (CG_DW16)
 DW16_MAX_TAPS = 9  # one pointer register per tap (r0..r8)
+VLDRW_MAX = 508  # largest VLDRW immediate offset
+MOVW_MAX = 65535  # largest MOVW immediate
 
 
 def dw16_ok(spec: LayerSpec, s: Segment) -> bool:
-    """Whether a Helium depthwise segment runs as 16-channel assembly rows (``dw16_function``)."""
+    """Whether a Helium depthwise segment runs as 16-channel assembly rows (``dw16_function``): C % 16
+    == 0, 1..9 taps, the kernel's weights within VLDRW's offsets, the input steps within MOVW's."""
     taps = (s.i1 - s.i0) * (s.j1 - s.j0)
-    return spec.c_in % 16 == 0 and 0 < taps <= DW16_MAX_TAPS
+    span = ((s.i1 - s.i0 - 1) * spec.w + s.j1 - s.j0 - 1) * spec.c_in
+    return (spec.c_in % 16 == 0 and 0 < taps <= DW16_MAX_TAPS and spec.kh * spec.kw * 16 <= VLDRW_MAX + 16
+            and max(span, spec.stride[1] * spec.c_in) <= MOVW_MAX)
 
 
 def dw16_tables(spec: LayerSpec, biases: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
