@@ -199,7 +199,10 @@ def evaluate(name: str, c_images: int = 100, qat_epochs: int = 3, seed: int = 0,
             warnings.simplefilter("ignore")
             fprog = corten.compile(model, example, calibration=calib, name=name.replace("-", "_") + "_pf",
                                    input_scaling="per_feature")
+            aprog = corten.compile(model, example, calibration=calib, name=name.replace("-", "_") + "_pfa",
+                                   input_scaling="per_feature", rounding="adaptive")
         row["per_feature"] = float((predict_program(fprog, xte) == yte).float().mean())
+        row["per_feature_adaptive"] = float((predict_program(aprog, xte) == yte).float().mean())
 
     if qat_epochs:
         qat = corten.prepare_qat(model, example)
@@ -251,14 +254,14 @@ def _format_row(r: dict) -> str:
 def markdown(rows: list[dict]) -> str:
     pct = lambda v: f"{100 * v:.2f}" if isinstance(v, float) else "-"  # noqa: E731
     lines = ["| model | float | int8 PTQ (64 samples) | top-1 agreement | int8 adaptive rounding | int4 weights "
-             "| int4 adaptive rounding | per-feature input scales | QAT | C bytes equal (int8 / int4 adaptive) "
-             "| warning |",
+             "| int4 adaptive rounding | per-feature input scales (nearest / adaptive) | QAT "
+             "| C bytes equal (int8 / int4 adaptive) | warning |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         warn = "; ".join(w.split(";")[0][:70] for w in r.get("warnings", [])) or ""
         lines.append(f"| {r['model']} | {pct(r['float'])} | {pct(r['ptq'])} | {pct(r['agree'])} "
                      f"| {pct(r.get('int8_adaptive'))} | {pct(r.get('int4_nearest'))} | {pct(r.get('int4_adaptive'))} "
-                     f"| {pct(r.get('per_feature'))} | {pct(r.get('qat'))} "
+                     f"| {pct(r.get('per_feature'))} / {pct(r.get('per_feature_adaptive'))} | {pct(r.get('qat'))} "
                      f"| {r.get('c_exact', '-')} / {r.get('c_exact_int4', '-')} | {warn} |")
     return "\n".join(lines)
 

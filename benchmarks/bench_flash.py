@@ -1,7 +1,7 @@
 """Flash of the zoo models with int8, int4 and ``weights="auto"`` weights (issue 24).
 
     python benchmarks/bench_flash.py [--models mv2 ds-cnn ...] [--budget-ratio 0.75] [--inputs 16]
-        [--cache build/bench_flash] [--write-readme README.md]
+        [--rounding nearest adaptive] [--cache build/bench_flash] [--write-readme README.md]
 
 For each zoo model it compiles three programs in this process - int8 weights, ``weights="int4"``
 (every conv / depthwise / linear layer with an int4 kernel) and ``weights="auto"`` with
@@ -9,7 +9,9 @@ For each zoo model it compiles three programs in this process - int8 weights, ``
 issue 24's acceptance) - and prints the constant (flash) bytes of each plan, the weight bytes, the
 ratios to int8, how many layers auto put in int4 and the cosine similarity of each program's float
 outputs with the int8 program's on ``--inputs`` random N(0, 1) inputs (reference kernels; the
-smallest per-input cosine).  A model whose constants do not fit the budget even with every layer
+smallest per-input cosine).  ``--rounding`` lists the weight roundings the int4 and auto programs
+are compiled with (``nearest`` and/or ``adaptive``, a pair of cosine columns each; the int8
+reference is always round-to-nearest).  A model whose constants do not fit the budget even with every layer
 int4 (weights that are a small share of its constants, or layers without int4 kernels such as
 LSTM cells) shows the ``BudgetError``'s verdict in the auto columns.  ``--cache DIR`` keeps each
 model's row as JSON and reuses it (delete the directory to measure again).  ``--write-readme`` puts
@@ -57,7 +59,7 @@ def weight_bytes(prog) -> int:
     return sum(b for _, _, b in weight_layers(prog))
 
 
-def measure(name: str, budget_ratio: float, n_inputs: int) -> dict:
+def measure(name: str, budget_ratio: float, n_inputs: int, roundings=("nearest",)) -> dict:
     import torch
 
     import corten
@@ -67,36 +69,43 @@ def measure(name: str, budget_ratio: float, n_inputs: int) -> dict:
     model, example = get_model(name)
     t0 = time.perf_counter()
     p8 = corten.compile(model, example, name="m")
-    p4 = corten.compile(model, example, name="m", weights="int4")
-    f8, f4 = p8.memory.constant_bytes, p4.memory.constant_bytes
-    budget = MV2_BUDGET if name == "mv2" else int(budget_ratio * f8)
     g = torch.Generator().manual_seed(123)
     inputs = [tuple(torch.randn(x.shape, generator=g) for x in example) for _ in range(n_inputs)]
-    try:
-        pa = corten.compile(model, example, name="m", weights="auto", max_flash=budget)
-    except corten.BudgetError:  # (even all-int4 constants exceed the budget)
-        pa = None
-    layers = sum(1 for _, bits, _ in weight_layers(pa) if bits == 4) if pa is not None else 0
-    return dict(model=name, flash8=f8, flash4=f4, w8=weight_bytes(p8), w4=weight_bytes(p4), budget=budget,
-                flash_auto=pa.memory.constant_bytes if pa is not None else None, auto_layers=layers,
-                layers=len(weight_layers(p8)), cos4=cosine_min(p4, p8, inputs),
-                cos_auto=cosine_min(pa, p8, inputs) if pa is not None else None,
-                fits=pa is not None and pa.memory.constant_bytes <= budget, seconds=time.perf_counter() - t0)
+    f8 = p8.memory.constant_bytes
+    budget = MV2_BUDGET if name == "mv2" else int(budget_ratio * f8)
+    row = dict(model=name, flash8=f8, w8=weight_bytes(p8), budget=budget, layers=len(weight_layers(p8)))
+    for rounding in roundings:
+        p4 = corten.compile(model, example, name="m", weights="int4", rounding=rounding)
+        try:
+            pa = corten.compile(model, example, name="m", weights="auto", max_flash=budget, rounding=rounding)
+        except corten.BudgetError:  # (even all-int4 constants exceed the budget)
+            pa = None
+        layers = sum(1 for _, bits, _ in weight_layers(pa) if bits == 4) if pa is not None else 0
+        row.update(flash4=p4.memory.constant_bytes, w4=weight_bytes(p4),
+                   flash_auto=pa.memory.constant_bytes if pa is not None else None, auto_layers=layers,
+                   fits=pa is not None and pa.memory.constant_bytes <= budget)
+        row[f"cos4_{rounding}"] = cosine_min(p4, p8, inputs)
+        row[f"cos_auto_{rounding}"] = cosine_min(pa, p8, inputs) if pa is not None else None
+    row["seconds"] = time.perf_counter() - t0
+    return row
 
 
-def table(rows: list[dict], n_inputs: int) -> str:
+def table(rows: list[dict], n_inputs: int, roundings=("nearest",)) -> str:
+    cos_heads = "".join(f" cosine vs int8, int4 / auto, {r} rounding (min of {n_inputs}) |" for r in roundings)
     head = ("| model | int8 flash (B) | int4 flash (B) | int4 / int8 | weight bytes int8 -> int4 | auto budget (B) "
-            "| auto flash (B) | auto: int4 layers | cosine vs int8, int4 / auto (min of "
-            f"{n_inputs}) |\n|---|---|---|---|---|---|---|---|---|")
+            "| auto flash (B) | auto: int4 layers |" + cos_heads + "\n|---|---|---|---|---|---|---|---|"
+            + "---|" * len(roundings))
     lines = [head]
     for r in rows:
         if r["flash_auto"] is None:
-            auto, cos_auto = f"does not fit (all-int4 {r['flash4']:,})", "-"
+            auto = f"does not fit (all-int4 {r['flash4']:,})"
         else:
-            auto, cos_auto = f"{r['flash_auto']:,}", f"{r['cos_auto']:.4f}"
+            auto = f"{r['flash_auto']:,}"
+        cos = "".join(f" {r[f'cos4_{k}']:.4f} / " + (f"{r[f'cos_auto_{k}']:.4f}" if r[f"cos_auto_{k}"] is not None
+                                                      else "-") + " |" for k in roundings)
         lines.append(f"| {r['model']} | {r['flash8']:,} | {r['flash4']:,} | {r['flash4'] / r['flash8']:.3f} | "
                      f"{r['w8']:,} -> {r['w4']:,} ({r['w4'] / max(r['w8'], 1):.3f}) | {r['budget']:,} | "
-                     f"{auto} | {r['auto_layers']} of {r['layers']} | {r['cos4']:.4f} / {cos_auto} |")
+                     f"{auto} | {r['auto_layers']} of {r['layers']} |{cos}")
     return "\n".join(lines)
 
 
@@ -111,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--budget-ratio", type=float, default=0.75)
     ap.add_argument("--inputs", type=int, default=16)
+    ap.add_argument("--rounding", nargs="+", default=["nearest"], choices=["nearest", "adaptive"])
     ap.add_argument("--cache", default=None, metavar="DIR")
     ap.add_argument("--write-readme", default=None, metavar="README.md")
     args = ap.parse_args(argv)
@@ -121,15 +131,16 @@ def main(argv: list[str] | None = None) -> int:
         if cached is not None and cached.is_file():
             r = json.loads(cached.read_text())
         else:
-            r = measure(name, args.budget_ratio, args.inputs)
+            r = measure(name, args.budget_ratio, args.inputs, tuple(args.rounding))
             if cached is not None:
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 cached.write_text(json.dumps(r))
+        cos = ", ".join(f"{k}: int4 {r[f'cos4_{k}']:.4f} auto {r[f'cos_auto_{k}']}" for k in args.rounding)
         print(f"{name}: int8 {r['flash8']:,} B, int4 {r['flash4']:,} B, auto {r['flash_auto']} B within "
-              f"{r['budget']:,} B ({r['auto_layers']} of {r['layers']} layers int4); cosine vs int8 int4 "
-              f"{r['cos4']:.4f}, auto {r['cos_auto']} ({r['seconds']:.1f} s)", flush=True)
+              f"{r['budget']:,} B ({r['auto_layers']} of {r['layers']} layers int4); cosine vs int8 {cos} "
+              f"({r['seconds']:.1f} s)", flush=True)
         rows.append(r)
-    text = table(rows, args.inputs)
+    text = table(rows, args.inputs, tuple(args.rounding))
     print(text)
     if args.write_readme:
         write_readme(args.write_readme, text)

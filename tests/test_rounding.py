@@ -117,6 +117,18 @@ def test_channel_losses_are_the_output_squared_error():
     assert torch.allclose(loss, (diff ** 2).sum((0, 2)), rtol=1e-5)
     lin = R.layer_rows(torch.randn(2, 3, 6, generator=g), "linear", (4, 6))
     assert lin.shape == (1, 6, 6)
+    # with the bias moved by -s u, u = m . r (m: the mean row of other samples), the error left
+    rows = R.layer_rows(x, "conv1d", tuple(w.shape), (2,), (1,), (1,), 1)
+    mean_fit = torch.rand(1, 15, generator=g, dtype=torch.float64)
+    u = (mean_fit * (q - w_scaled)).sum(1)
+    got = s ** 2 * R.corrected_losses(q, w_scaled, h, torch.zeros(4, dtype=torch.long), rows.sum(1).double(),
+                                      rows.shape[1], mean_fit)
+    moved = diff - (s * u)[None, :, None]
+    assert torch.allclose(got, (moved ** 2).sum((0, 2)), rtol=1e-5)
+    # the centred Gram matrix is the rows' covariance times their count
+    centred = R.centred(h, rows.sum(1).double(), rows.shape[1])
+    xc = rows[0].double() - rows[0].double().mean(0)
+    assert torch.allclose(centred[0], xc.T @ xc, atol=1e-6)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -185,9 +197,11 @@ def test_adaptive_rounding_changes_only_the_weight_constants(net_programs):
         cn, ca = dict(near.ep.named_buffers()) | dict(near.ep.constants), \
             dict(adapt.ep.named_buffers()) | dict(adapt.ep.constants)
         differ = {k for k in cn if not torch.equal(cn[k], ca[k])}
-        # only the weights (int8 tensors of int8 or int4 values) and what the lowering derives from
-        # them: a linear's kernel sums (bias + input offset * row sums)
-        assert {k for k in differ if cn[k].dtype != torch.int8} <= {k for k in cn if k.endswith("kernel_sum")}
+        # only the weights (int8 tensors of int8 or int4 values), the biases (the mean error moved into
+        # them) and what the lowering derives from them: a linear's kernel sums (bias + input offset *
+        # row sums)
+        assert {k for k in differ if cn[k].dtype != torch.int8} <= \
+            {k for k in cn if k.endswith("kernel_sum") or k.endswith("bias")}
         differ = {k for k in differ if cn[k].dtype == torch.int8}
         assert differ
         assert sum(int((cn[k] != ca[k]).sum()) for k in differ) == info["weights_changed"]

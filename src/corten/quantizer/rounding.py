@@ -18,6 +18,12 @@ lowers the objective, so the result is never worse than nearest on the samples i
 deterministic, no learning rate, temperature or iteration schedule (AdaRound's sigmoid relaxation
 needs all three) and fast: a step updates ``H r`` by one row of ``H``.
 
+Bias correction: in a layer with a bias, the bias absorbs the mean output error (the int32 bias
+moves by ``-s_c m . r_c``, ``m`` the mean input row), so the rounding minimises what is left, the
+error about that mean: the descent runs on the centred Gram matrix ``H - n m m^T``.  In a ReLU
+network a systematic shift of every output adds up coherently from layer to layer; random errors
+only in power.
+
 Against overfitting small sample counts:
 
 * a weight moves at most one step from its float value (floor or ceil);
@@ -25,10 +31,10 @@ Against overfitting small sample counts:
   nearest rounding (the damping term is the weights' own squared error, minimised by nearest);
 * a held-out guard: the layer is fitted on the first samples and each output channel keeps the new
   rounding only where it has a smaller output error than nearest on the held-out quarter of the
-  samples (at least one); otherwise the channel keeps nearest.  With fewer than two samples nothing
-  changes.
+  samples (at least one), its bias correction included; otherwise the channel keeps nearest and its
+  bias.  With fewer than two samples nothing changes.
 
-Only the integer weight constants change: scales, zero points, biases and every activation range
+Only the integer weight and bias constants change: scales, zero points and every activation range
 stay those of calibration, so the lowering, the C and the bit-exactness are untouched.
 """
 from __future__ import annotations
@@ -37,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from corten.fixed_point import INT32_MAX
 from corten.fx_nodes import get_attr, node_arg
 
 ROUNDINGS = ("nearest", "adaptive")
@@ -107,6 +114,22 @@ def channel_losses(q: torch.Tensor, w_scaled: torch.Tensor, h: torch.Tensor, gro
     if h.shape[0] == 1:
         return ((r @ h[0]) * r).sum(1)
     return (torch.bmm(r.unsqueeze(1), h[group]).squeeze(1) * r).sum(1)
+
+
+def centred(h: torch.Tensor, sums: torch.Tensor, n: int) -> torch.Tensor:
+    """``H - S S^T / n`` per group (``sums`` ``[G, K]``: the rows' sum, ``n`` rows): the Gram matrix
+    of the rows minus their mean, the objective left once a bias absorbs the mean error."""
+    return h - sums.unsqueeze(2) * sums.unsqueeze(1) / max(n, 1)
+
+
+def corrected_losses(q: torch.Tensor, w_scaled: torch.Tensor, h: torch.Tensor, group: torch.Tensor,
+                     sums: torch.Tensor, n: int, mean_fit: torch.Tensor) -> torch.Tensor:
+    """Per channel ``||X r - u||^2`` over ``n`` rows of Gram matrix ``h`` and row sum ``sums``, where the
+    bias moved by ``-u``, ``u = mean_fit . r`` (the mean error of the rows it was fitted on):
+    ``r^T H r - 2 u (S . r) + n u^2``."""
+    r = (q - w_scaled).to(torch.float64)
+    u = (mean_fit[group] * r).sum(1)
+    return channel_losses(q, w_scaled, h, group) - 2 * u * (sums[group] * r).sum(1) + n * u * u
 
 
 def round_adaptive(w_scaled: torch.Tensor, h: torch.Tensor, group: torch.Tensor, qmin: int, qmax: int,
@@ -181,6 +204,17 @@ def _int_weight(node: torch.fx.Node, gm: torch.fx.GraphModule):
     return q.target, s.detach().to(torch.float64), int(qmin), int(qmax)
 
 
+def _int_bias(node: torch.fx.Node, gm: torch.fx.GraphModule):
+    """``(int32 constant target, scale [C])`` of a converted layer's per-channel quantized bias, else None."""
+    dq = node.args[2] if len(node.args) > 2 else None
+    if not (isinstance(dq, torch.fx.Node) and dq.target == _DQ_PER_CHANNEL):
+        return None
+    b, scale = dq.args[:2]
+    if not (isinstance(b, torch.fx.Node) and b.op == "get_attr" and isinstance(scale, torch.fx.Node)):
+        return None
+    return b.target, get_attr(gm, scale).detach().to(torch.float64)
+
+
 def _weight_source(node: torch.fx.Node):
     """The get_attr node of an observed weight in a prepared graph (through its observer)."""
     w = node.args[1] if len(node.args) > 1 else None
@@ -220,6 +254,8 @@ class _GramRecorder(torch.fx.Interpreter):
             rows = layer_rows(self.env[n.args[0]], spec["kind"], spec["shape"], **spec["geometry"])
             key = "h_test" if self.held_out else "h_fit"
             spec[key] = gram(rows) + spec.get(key, 0)
+            key = "sum_test" if self.held_out else "sum_fit"
+            spec[key] = rows.sum(1).to(torch.float64) + spec.get(key, 0)
             spec["rows_test" if self.held_out else "rows_fit"] = spec.get("rows_test" if self.held_out else
                                                                           "rows_fit", 0) + rows.shape[1]
         return out
@@ -240,7 +276,8 @@ def adaptive_rounding(converted: torch.fx.GraphModule, weights: dict[str, torch.
         target, scale, qmin, qmax = found
         w = weights[node.name].to(torch.float64)
         layers[node.name] = {"kind": _layer_kind(node), "shape": tuple(w.shape), "geometry": _geometry(node),
-                             "target": target, "scale": scale, "qmin": qmin, "qmax": qmax, "w": w}
+                             "target": target, "scale": scale, "qmin": qmin, "qmax": qmax, "w": w,
+                             "bias": _int_bias(node, converted)}
     if not layers or len(samples) < 2:
         return []
     n_test = max(1, len(samples) // HELD_OUT)
@@ -261,8 +298,27 @@ def adaptive_rounding(converted: torch.fx.GraphModule, weights: dict[str, torch.
         group = torch.arange(w.shape[0]) // (w.shape[0] // groups)
         current = get_attr(converted, spec["target"])
         q_near = current.reshape(w.shape[0], -1).to(torch.float64)
-        q_adapt = round_adaptive(w_scaled, damped(spec["h_fit"]), group, spec["qmin"], spec["qmax"], start=q_near)
-        q, keep, near, chosen = guarded(q_near, q_adapt, w_scaled, spec["h_test"], group)
+        if spec["bias"] is None:
+            q_adapt = round_adaptive(w_scaled, damped(spec["h_fit"]), group, spec["qmin"], spec["qmax"], start=q_near)
+            q, keep, near, chosen = guarded(q_near, q_adapt, w_scaled, spec["h_test"], group)
+        else:  # the bias absorbs the mean error: round on the centred Gram matrix, then move the bias
+            n_fit = spec["rows_fit"]
+            h_fit = centred(spec["h_fit"], spec["sum_fit"], n_fit)
+            q_adapt = round_adaptive(w_scaled, damped(h_fit), group, spec["qmin"], spec["qmax"], start=q_near)
+            mean_fit = spec["sum_fit"] / max(n_fit, 1)
+            near = channel_losses(q_near, w_scaled, spec["h_test"], group)
+            adapt = corrected_losses(q_adapt, w_scaled, spec["h_test"], group, spec["sum_test"], spec["rows_test"],
+                                     mean_fit)
+            keep = adapt < near
+            q, chosen = torch.where(keep[:, None], q_adapt, q_near), torch.where(keep, adapt, near)
+            # output shift of each kept channel: s * mean . r; the bias (scale s_in * s) moves by -shift
+            shift = spec["scale"] * (mean_fit[group] * (q_adapt - w_scaled)).sum(1)
+            b_target, b_scale = spec["bias"]
+            bias = get_attr(converted, b_target)
+            moved = torch.where(keep, torch.round(-shift / b_scale), torch.zeros_like(shift))
+            if bool((moved != 0).any()):
+                new_bias = torch.clamp(bias.to(torch.float64) + moved, -INT32_MAX, INT32_MAX)  # (the bias range)
+                _set_attr(converted, b_target, new_bias.to(bias.dtype))
         changed = int((q != q_near).sum())
         if changed:
             _set_attr(converted, spec["target"], q.reshape(current.shape).to(current.dtype))
