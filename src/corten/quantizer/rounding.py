@@ -152,7 +152,7 @@ def round_adaptive(w_scaled: torch.Tensor, h: torch.Tensor, group: torch.Tensor,
     # when a third of them are done; a channel without an improving flip no longer changes)
     rows_of = torch.arange(w.shape[0])
     wq, wlo, whi, wgrad, wdiag, wtol = q.clone(), lo, hi, grad, diag, tol
-    for _ in range(4 * w.shape[1] + 4):  # (each flip lowers the loss: a bound that is never reached)
+    for _ in range(4 * w.shape[1] + 4):  # (a safety bound: each flip lowers the loss, so the descent ends)
         d = torch.where(wq == wlo, whi, wlo) - wq  # the other candidate of each weight: +1, -1 or 0
         delta = d * (wgrad + d * wdiag)  # the loss change of flipping that weight alone
         delta.masked_fill_(d == 0, float("inf"))
