@@ -31,24 +31,11 @@ static int8_t corten_compare_one(int32_t mode, int32_t a, int32_t b)
 int corten_compare_s8(int32_t mode, const corten_broadcast *shape, const int8_t *input1, const int8_t *input2,
                       int8_t *output)
 {
-    int32_t n, h, w, c;
     if (shape == NULL || input1 == NULL || input2 == NULL || output == NULL || mode < 0 || mode > 5 ||
         !corten_broadcast_ok(shape)) {
         return CORTEN_ERROR_ARGUMENT;
     }
-    for (n = 0; n < shape->output.n; n++) {
-        for (h = 0; h < shape->output.h; h++) {
-            for (w = 0; w < shape->output.w; w++) {
-                const int8_t *a = input1 + n * shape->input1_strides.n + h * shape->input1_strides.h +
-                                  w * shape->input1_strides.w;
-                const int8_t *b = input2 + n * shape->input2_strides.n + h * shape->input2_strides.h +
-                                  w * shape->input2_strides.w;
-                for (c = 0; c < shape->output.c; c++) {
-                    *output++ = corten_compare_one(mode, a[c * shape->input1_strides.c], b[c * shape->input2_strides.c]);
-                }
-            }
-        }
-    }
+    CORTEN_BROADCAST_EACH(shape, int8_t, input1, input2, output, corten_compare_one(mode, x1, x2));
     return CORTEN_OK;
 }
 

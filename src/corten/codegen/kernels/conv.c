@@ -26,6 +26,20 @@ static int corten_conv_args_ok(const corten_conv_params *p, const corten_quant *
     return 1;
 }
 
+/* The filter of a conv2d ([C_out, kH, kW, C_in]) fits its input and output (every element width). */
+static int corten_conv2d_shapes_ok(const corten_dims *in_dims, const corten_dims *f_dims, const corten_dims *out_dims)
+{
+    return f_dims->c == in_dims->c && f_dims->n == out_dims->c;
+}
+
+/* The filter of a depthwise conv ([1, kH, kW, C_out], C_out = C_in * depth multiplier) fits its input and output. */
+static int corten_depthwise_shapes_ok(const corten_conv_params *p, const corten_dims *in_dims,
+                                      const corten_dims *f_dims, const corten_dims *out_dims)
+{
+    return p->depth_multiplier >= 1 && f_dims->n == 1 && f_dims->c == out_dims->c &&
+           out_dims->c == in_dims->c * p->depth_multiplier;
+}
+
 /* The in-input taps of one output pixel's window. */
 typedef struct {
     int32_t iy0, ix0;           /* top-left input coordinate (may be negative: padding) */
@@ -190,7 +204,7 @@ int corten_conv2d_s8(const corten_conv_params *params, const corten_quant *quant
 {
     int32_t filter_row;
     if (!corten_conv_args_ok(params, quant, input_dims, input, filter_dims, filter, output_dims, output) ||
-        filter_dims->c != input_dims->c || filter_dims->n != output_dims->c) {
+        !corten_conv2d_shapes_ok(input_dims, filter_dims, output_dims)) {
         return CORTEN_ERROR_ARGUMENT;
     }
     filter_row = filter_dims->h * filter_dims->w * input_dims->c;
@@ -305,8 +319,7 @@ int corten_depthwise_conv2d_s8(const corten_conv_params *params, const corten_qu
                                const corten_dims *output_dims, int8_t *output)
 {
     if (!corten_conv_args_ok(params, quant, input_dims, input, filter_dims, filter, output_dims, output) ||
-        params->depth_multiplier < 1 || filter_dims->n != 1 || filter_dims->c != output_dims->c ||
-        output_dims->c != input_dims->c * params->depth_multiplier) {
+        !corten_depthwise_shapes_ok(params, input_dims, filter_dims, output_dims)) {
         return CORTEN_ERROR_ARGUMENT;
     }
     if (params->depth_multiplier == 1) {
@@ -478,7 +491,7 @@ int corten_conv2d_s4(const corten_conv_params *params, const corten_quant *quant
                      const corten_dims *output_dims, int8_t *output)
 {
     if (!corten_conv_args_ok(params, quant, input_dims, input, filter_dims, packed_filter, output_dims, output) ||
-        filter_dims->c != input_dims->c || filter_dims->n != output_dims->c) {
+        !corten_conv2d_shapes_ok(input_dims, filter_dims, output_dims)) {
         return CORTEN_ERROR_ARGUMENT;
     }
     CORTEN_CONV_WINDOWS(int8_t, int8_t, uint32_t, bias != NULL ? (uint32_t)bias[o] : 0u, {
@@ -497,8 +510,7 @@ int corten_depthwise_conv2d_s4(const corten_conv_params *params, const corten_qu
                                const corten_dims *output_dims, int8_t *output)
 {
     if (!corten_conv_args_ok(params, quant, input_dims, input, filter_dims, packed_filter, output_dims, output) ||
-        params->depth_multiplier < 1 || filter_dims->n != 1 || filter_dims->c != output_dims->c ||
-        output_dims->c != input_dims->c * params->depth_multiplier) {
+        !corten_depthwise_shapes_ok(params, input_dims, filter_dims, output_dims)) {
         return CORTEN_ERROR_ARGUMENT;
     }
     CORTEN_CONV_WINDOWS(int8_t, int8_t, uint32_t, bias != NULL ? (uint32_t)bias[o] : 0u, {
@@ -542,7 +554,7 @@ int corten_conv2d_s16(const corten_conv_params *params, const corten_quant *quan
                       const corten_dims *output_dims, int16_t *output)
 {
     if (!corten_conv_s16_args_ok(params, quant, input_dims, input, filter_dims, filter, output_dims, output) ||
-        filter_dims->c != input_dims->c || filter_dims->n != output_dims->c) {
+        !corten_conv2d_shapes_ok(input_dims, filter_dims, output_dims)) {
         return CORTEN_ERROR_ARGUMENT;
     }
     CORTEN_CONV_WINDOWS(int16_t, int16_t, int64_t, 0, {
@@ -567,8 +579,7 @@ int corten_depthwise_conv2d_s16(const corten_conv_params *params, const corten_q
                                 const corten_dims *output_dims, int16_t *output)
 {
     if (!corten_conv_s16_args_ok(params, quant, input_dims, input, filter_dims, filter, output_dims, output) ||
-        params->depth_multiplier < 1 || filter_dims->n != 1 || filter_dims->c != output_dims->c ||
-        output_dims->c != input_dims->c * params->depth_multiplier) {
+        !corten_depthwise_shapes_ok(params, input_dims, filter_dims, output_dims)) {
         return CORTEN_ERROR_ARGUMENT;
     }
     CORTEN_CONV_WINDOWS(int16_t, int16_t, int64_t, 0, {

@@ -253,45 +253,85 @@ static inline int corten_broadcast_ok(const corten_broadcast *s)
 }
 
 /**
- * The arm_elementwise_add_s8 arithmetic over broadcast operands, with input2's multiplier given
- * separately (add passes params->input2_multiplier, sub its negation).  The output is written in
- * storage order, each input read through its strides (0 along a broadcast dimension); an output
- * byte is written after the input bytes at its index are read, so the output may be an input with
- * the output's shape.
+ * The loop of every broadcasting elementwise kernel: each output element of `shape` in storage
+ * order gets `*(output)++ = (STORE)`, where STORE reads x1 and x2, the input1 and input2 elements at
+ * its index as int32 (both inputs of element type `type`, each read through its strides: 0 along a
+ * broadcast dimension).  An output element is written after the input elements at its index are
+ * read, so the output may be an input with the output's shape.
  */
-static inline int corten_rescaled_add_broadcast(const corten_add_params *params, int32_t input2_multiplier,
-                                                const corten_broadcast *shape, const int8_t *input1,
-                                                const int8_t *input2, int8_t *output)
+#define CORTEN_BROADCAST_EACH(shape, type, input1, input2, output, STORE)                                 \
+    do {                                                                                                   \
+        int32_t n_, h_, w_, c_;                                                                            \
+        for (n_ = 0; n_ < (shape)->output.n; n_++) {                                                       \
+            for (h_ = 0; h_ < (shape)->output.h; h_++) {                                                   \
+                for (w_ = 0; w_ < (shape)->output.w; w_++) {                                               \
+                    const type *a_ = (input1) + n_ * (shape)->input1_strides.n + h_ * (shape)->input1_strides.h + \
+                                     w_ * (shape)->input1_strides.w;                                       \
+                    const type *b_ = (input2) + n_ * (shape)->input2_strides.n + h_ * (shape)->input2_strides.h + \
+                                     w_ * (shape)->input2_strides.w;                                       \
+                    for (c_ = 0; c_ < (shape)->output.c; c_++) {                                           \
+                        const int32_t x1 = a_[c_ * (shape)->input1_strides.c];                             \
+                        const int32_t x2 = b_[c_ * (shape)->input2_strides.c];                             \
+                        *(output)++ = (STORE);                                                             \
+                    }                                                                                      \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+    } while (0)
+
+/*
+ * The element widths of the kernels written once for several: int8 has zero points (the offsets of
+ * the params structs), 16x8 is symmetric (TFLite's int16: no offsets, the params' offsets not read,
+ * as arm_elementwise_add_s16 / _mul_s16 do).  An instance passes its width's constant, so the
+ * compiler drops the offset arithmetic of 16x8.
+ */
+#define CORTEN_S8_OFFSETS 1
+#define CORTEN_S16_OFFSETS 0
+
+/* The largest left_shift of the add kernels of each width (see corten_rescaled_add_one). */
+#define CORTEN_ADD_MAX_LEFT_SHIFT_S8 22
+#define CORTEN_ADD_MAX_LEFT_SHIFT_S16 15
+
+/**
+ * The arm_elementwise_add_s8 / _s16 arithmetic of one pair of elements x1, x2 (int8 or int16;
+ * `offsets`: CORTEN_S8_OFFSETS or CORTEN_S16_OFFSETS), with input2's multiplier given separately
+ * (add passes params->input2_multiplier, sub its negation): the output value, offset and clamped.
+ * With left_shift <= 22 (int8: |x + offset| <= 255) or <= 15 (int16) the shifted values fit in int32.
+ */
+static inline int32_t corten_rescaled_add_one(const corten_add_params *params, int32_t input2_multiplier, int32_t x1,
+                                              int32_t x2, int offsets)
 {
-    int32_t n, h, w, c;
-    if (params == NULL || shape == NULL || input1 == NULL || input2 == NULL || output == NULL ||
-        !corten_broadcast_ok(shape) || params->left_shift < 0 || params->left_shift > 22) {
-        return CORTEN_ERROR_ARGUMENT;
-    }
-    for (n = 0; n < shape->output.n; n++) {
-        for (h = 0; h < shape->output.h; h++) {
-            for (w = 0; w < shape->output.w; w++) {
-                const int8_t *a = input1 + n * shape->input1_strides.n + h * shape->input1_strides.h +
-                                  w * shape->input1_strides.w;
-                const int8_t *b = input2 + n * shape->input2_strides.n + h * shape->input2_strides.h +
-                                  w * shape->input2_strides.w;
-                for (c = 0; c < shape->output.c; c++) {
-                    /* (x + offset) is in [-255, 255] and left_shift <= 22: the shifted value fits in int32. */
-                    const int32_t x1 = ((int32_t)a[c * shape->input1_strides.c] + params->input1_offset) *
-                                       (1 << params->left_shift);
-                    const int32_t x2 = ((int32_t)b[c * shape->input2_strides.c] + params->input2_offset) *
-                                       (1 << params->left_shift);
-                    const int32_t p = corten_requantize(x1, params->input1_multiplier, params->input1_shift);
-                    const int32_t q = corten_requantize(x2, input2_multiplier, params->input2_shift);
-                    const int32_t y = corten_requantize(corten_add_wrap(p, q), params->output_multiplier,
-                                                        params->output_shift);
-                    *output++ = corten_offset_clamp(y, params->output_offset, params->activation_min,
-                                                    params->activation_max);
-                }
-            }
-        }
-    }
-    return CORTEN_OK;
+    const int32_t a = corten_requantize((x1 + (offsets ? params->input1_offset : 0)) * (1 << params->left_shift),
+                                        params->input1_multiplier, params->input1_shift);
+    const int32_t b = corten_requantize((x2 + (offsets ? params->input2_offset : 0)) * (1 << params->left_shift),
+                                        input2_multiplier, params->input2_shift);
+    const int32_t y = corten_requantize(corten_add_wrap(a, b), params->output_multiplier, params->output_shift);
+    return corten_offset_clamp_i32(y, offsets ? params->output_offset : 0, params->activation_min,
+                                   params->activation_max);
 }
+
+/**
+ * CORTEN_RESCALED_ADD_BROADCAST defines `name`: the add arithmetic over broadcast operands of element
+ * type `type` (see corten_rescaled_add_one and CORTEN_BROADCAST_EACH).
+ */
+#define CORTEN_RESCALED_ADD_BROADCAST(name, type, max_left_shift, offsets)                                        \
+    static inline int name(const corten_add_params *params, int32_t input2_multiplier,                     \
+                           const corten_broadcast *shape, const type *input1, const type *input2, type *output) \
+    {                                                                                                      \
+        if (params == NULL || shape == NULL || input1 == NULL || input2 == NULL || output == NULL ||       \
+            !corten_broadcast_ok(shape) || params->left_shift < 0 || params->left_shift > (max_left_shift)) { \
+            return CORTEN_ERROR_ARGUMENT;                                                                  \
+        }                                                                                                  \
+        {   /* a local copy: the stores through `type *` cannot change it, so it is read once */           \
+            const corten_add_params p = *params;                                                           \
+            CORTEN_BROADCAST_EACH(shape, type, input1, input2, output,                                     \
+                                  (type)corten_rescaled_add_one(&p, input2_multiplier, x1, x2, offsets)); \
+        }                                                                                                  \
+        return CORTEN_OK;                                                                                  \
+    }
+
+CORTEN_RESCALED_ADD_BROADCAST(corten_rescaled_add_broadcast, int8_t, CORTEN_ADD_MAX_LEFT_SHIFT_S8, CORTEN_S8_OFFSETS)
+CORTEN_RESCALED_ADD_BROADCAST(corten_rescaled_add_broadcast_s16, int16_t, CORTEN_ADD_MAX_LEFT_SHIFT_S16,
+                              CORTEN_S16_OFFSETS)
 
 #endif /* CORTEN_INTERNAL_H */

@@ -32,24 +32,11 @@ static int8_t corten_div_one(const corten_mul_params *p, int32_t a, int32_t b)
 int corten_div_s8(const corten_mul_params *params, const corten_broadcast *shape, const int8_t *input1,
                   const int8_t *input2, int8_t *output)
 {
-    int32_t n, h, w, c;
     if (params == NULL || shape == NULL || input1 == NULL || input2 == NULL || output == NULL ||
         !corten_broadcast_ok(shape)) {
         return CORTEN_ERROR_ARGUMENT;
     }
-    for (n = 0; n < shape->output.n; n++) {
-        for (h = 0; h < shape->output.h; h++) {
-            for (w = 0; w < shape->output.w; w++) {
-                const int8_t *a = input1 + n * shape->input1_strides.n + h * shape->input1_strides.h +
-                                  w * shape->input1_strides.w;
-                const int8_t *b = input2 + n * shape->input2_strides.n + h * shape->input2_strides.h +
-                                  w * shape->input2_strides.w;
-                for (c = 0; c < shape->output.c; c++) {
-                    *output++ = corten_div_one(params, (int32_t)a[c * shape->input1_strides.c] + params->input1_offset,
-                                               (int32_t)b[c * shape->input2_strides.c] + params->input2_offset);
-                }
-            }
-        }
-    }
+    CORTEN_BROADCAST_EACH(shape, int8_t, input1, input2, output,
+                          corten_div_one(params, x1 + params->input1_offset, x2 + params->input2_offset));
     return CORTEN_OK;
 }

@@ -15,25 +15,11 @@
 static int minmax_s8(int take_max, const corten_broadcast *shape, const int8_t *input1, const int8_t *input2,
                      int8_t *output)
 {
-    int32_t n, h, w, c;
     if (shape == NULL || input1 == NULL || input2 == NULL || output == NULL || !corten_broadcast_ok(shape)) {
         return CORTEN_ERROR_ARGUMENT;
     }
-    for (n = 0; n < shape->output.n; n++) {
-        for (h = 0; h < shape->output.h; h++) {
-            for (w = 0; w < shape->output.w; w++) {
-                const int8_t *a = input1 + n * shape->input1_strides.n + h * shape->input1_strides.h +
-                                  w * shape->input1_strides.w;
-                const int8_t *b = input2 + n * shape->input2_strides.n + h * shape->input2_strides.h +
-                                  w * shape->input2_strides.w;
-                for (c = 0; c < shape->output.c; c++) {
-                    const int8_t x1 = a[c * shape->input1_strides.c];
-                    const int8_t x2 = b[c * shape->input2_strides.c];
-                    *output++ = take_max ? (x1 >= x2 ? x1 : x2) : (x1 <= x2 ? x1 : x2);
-                }
-            }
-        }
-    }
+    CORTEN_BROADCAST_EACH(shape, int8_t, input1, input2, output,
+                          (int8_t)(take_max ? (x1 >= x2 ? x1 : x2) : (x1 <= x2 ? x1 : x2)));
     return CORTEN_OK;
 }
 
