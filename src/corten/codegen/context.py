@@ -33,7 +33,8 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from corten.errors import CodegenError  # noqa: F401  (re-exported)
-from corten.providers import KernelCall, NodeView, ParamStruct, nhwc  # noqa: F401  (nhwc re-exported)
+from corten.providers import KernelCall, NodeView, ParamStruct, element_pointer, nhwc  # noqa: F401  (nhwc re-exported)
+from corten.providers.base import tensor_dtype
 
 class ProgramEmitter(Protocol):
     """What an :class:`EmitContext` asks of the program-level emitter (``codegen.emitter``): the one
@@ -170,6 +171,15 @@ class EmitContext(NodeView):
         if expr.startswith("(in"):
             self.fail("the memory plan puts this op's output in the caller's input buffer")
         return expr
+
+    def typed_input(self, name: str) -> str:
+        """The input ``name``'s buffer as a pointer to its element type (``const int16_t *`` for an
+        int16 tensor; the ``int8_t *`` expression itself for int8)."""
+        return element_pointer(self.input(name), self.dtype(name), const=True)
+
+    def typed_out(self) -> str:
+        """This node's output buffer as a pointer to its element type (see :meth:`typed_input`)."""
+        return element_pointer(self.out(), tensor_dtype(self.node))
 
     def use_portable_helpers(self) -> None:
         """Declare that this (non-portable) kernel also calls functions of the op family's portable

@@ -37,7 +37,7 @@ from corten.ops._rules import (
     source_location,
 )
 from corten.fixed_point import ScaleError
-from corten.ops.registry import is_lowered_node, lowering_rule, op, op_name_of, supports_int16
+from corten.ops.registry import is_lowered_node, lowering_rule, lowers_format, op, op_name_of
 
 aten = torch.ops.aten
 
@@ -149,9 +149,12 @@ class LowerComputeOpsPass:
             if match is None:
                 self.refusals[node.name] = "its inputs/outputs are not quantized by CortenQuantizer"
                 continue
-            wide = [q for q in [*(v.qparams for v in match.inputs), match.output] if q is not None and q.dtype != torch.int8]
-            if wide and not supports_int16(node.target):
-                self.refusals[node.name] = (f"{op_display_name(node.target)} has no int16 (16x8) kernel in Corten; keep "
+            wide = [q.dtype for q in [*(v.qparams for v in match.inputs), match.output]
+                    if q is not None and not lowers_format(node, act=q.dtype)]
+            if wide:
+                width = str(wide[0]).replace("torch.", "")
+                self.refusals[node.name] = (f"{op_display_name(node.target)} has no {width} "
+                                            f"{'(16x8) ' if wide[0] == torch.int16 else ''}kernel in Corten; keep "
                                             "this module int8 (precision={'<module path>': 'int8'})")
                 continue
             try:

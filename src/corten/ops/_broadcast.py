@@ -13,7 +13,8 @@ from typing import Sequence
 import torch
 
 from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
-from corten.providers import NodeView
+from corten.providers import NodeView, element_pointer
+from corten.providers.base import tensor_dtype
 from corten.ops import checks
 from corten.ops._common import (  # noqa: F401  (storage_strides re-exported)
     MAX_ELEMENTWISE_RANK,
@@ -188,15 +189,18 @@ PARAM_NAMES = ("input1_offset", "input1_multiplier", "input1_shift", "input2_off
                "activation_min", "activation_max")
 
 
+def typed_operands(ctx) -> tuple[str, str, str]:
+    """The C expressions of a binary node's input1, input2 (an activation buffer or a constant array)
+    and output, as pointers to the output's element type (``int8_t *``; ``int16_t *`` in 16x8)."""
+    dt = tensor_dtype(ctx.node)
+    return (element_pointer(operand_expr(ctx, "input1"), dt, const=True),
+            element_pointer(operand_expr(ctx, "input2"), dt, const=True), element_pointer(ctx.out(), dt))
+
+
 def rescaled_operands(ctx) -> tuple[dict, str, str, str]:
-    """(the add arithmetic's parameters by name, input1, input2 and output C expressions) of an add/sub node."""
-    return ({k: int(ctx.arg(k)) for k in PARAM_NAMES}, operand_expr(ctx, "input1"), operand_expr(ctx, "input2"),
-            ctx.out())
-
-
-def s16_pointers(x1: str, x2: str, out: str) -> tuple[str, str, str]:
-    """The int8 buffer expressions of two operands and an output as int16 pointers (16x8 kernels)."""
-    return f"(const int16_t *)(const void *){x1}", f"(const int16_t *)(const void *){x2}", f"(int16_t *)(void *){out}"
+    """(the add arithmetic's parameters by name, input1, input2 and output C expressions - see
+    :func:`typed_operands`) of an add/sub node."""
+    return ({k: int(ctx.arg(k)) for k in PARAM_NAMES}, *typed_operands(ctx))
 
 
 def cmsis_add_call(ctx, x1: str, x2: str, out: str, v: dict, size, negate2: bool = False) -> str:

@@ -19,6 +19,7 @@ from corten.errors import LoweringError
 from corten.fixed_point import (
     REDUCED_SHIFT_MAX,
     clamp_activation,
+    quantize_multiplier,
     reduce_multiplier_t,
     requantize,
     requantize_s64,
@@ -242,7 +243,8 @@ def check_weight_bits(op, input, weight, weight_bits) -> None:
                                       f"{int(weight.max())}]")
 
 
-def conv_op(name: str, geometry: str, check, accumulate, channel_axis: int, int4: bool = False):
+def conv_op(name: str, geometry: str, check, accumulate, channel_axis: int,
+            weights: Sequence[torch.dtype] = (torch.int8,)):
     """Define ``corten::<name>``, a convolution: schema :data:`CONV_SCHEMA` with ``geometry`` (e.g.
     ``"SymInt[] stride, SymInt[] padding, SymInt[] dilation"``, plus ``groups``, ``depth_multiplier``
     or ``output_padding``), reference kernel and fake kernel.  Every convolution (conv2d, depthwise,
@@ -254,7 +256,8 @@ def conv_op(name: str, geometry: str, check, accumulate, channel_axis: int, int4
       without bias, which :func:`finish_accumulators` turns into the output (16x8 when the input is
       int16, which ``check`` allows only to the ops that have an s16 kernel);
     * the output has ``weight.shape[channel_axis]`` channels, NCHW shape, ``channels_last`` bytes;
-    * ``int4``: the schema ends with :data:`WEIGHT_BITS_ARG` (int4 weights, the same arithmetic).
+    * ``weights``: the weight element types the op takes; with ``torch.int4`` among them the schema
+      ends with :data:`WEIGHT_BITS_ARG` (int4 weights, the same arithmetic).
     """
     n_geometry = geometry.count(",") + 1
     n_args = n_geometry + 6
@@ -275,7 +278,7 @@ def conv_op(name: str, geometry: str, check, accumulate, channel_axis: int, int4
 
     kernel.__name__ = kernel.__qualname__ = name
     schema = CONV_SCHEMA.format(geometry=geometry)
-    if int4:
+    if torch.int4 in weights:
         schema = schema.replace(") -> Tensor", f", {WEIGHT_BITS_ARG}) -> Tensor")
     op = torch.library.custom_op(f"corten::{name}", kernel, mutates_args=(), schema=schema)
 
@@ -294,6 +297,57 @@ def conv_op(name: str, geometry: str, check, accumulate, channel_axis: int, int4
 # reshape back to 3-D records its 4-D source, and the next 1-D op reads that source directly.
 VIEW_4D_SOURCE = "corten_view_4d_source"  # on a 3-D reshape: the [N, C, 1, L] node it reshapes
 VIEW_4D_SHAPE = "corten_view_4d_shape"  # on a 4-D node made by a 1-D lowering: its shape
+
+
+def effective_multiplier(scale: float, what: str) -> tuple[int, int]:
+    """``quantize_multiplier(scale)`` of a lowering; a scale it cannot represent refuses the op with
+    ``"<what> cannot be requantized (<why>)"``."""
+    try:
+        return quantize_multiplier(scale)
+    except ValueError as e:
+        raise LoweringError(f"{what} cannot be requantized ({e})") from None
+
+
+def portable_conv_block(ctx, fn: str, params: str, g: dict, filter_dims: Sequence[int], x: str | None = None,
+                        out: str | None = None) -> str:
+    """The C block calling one of Corten's portable convolution kernels (conv, depthwise, grouped,
+    transposed): the kernel's ``params`` struct (declared by the caller), ``corten_quant``, the
+    input / filter / output dims of the geometry ``g`` and ``fn(&params, &quant, &input_dims, x,
+    &filter_dims, weight, bias, &output_dims, out)`` (``x`` / ``out``: ``g["x"]`` / ``g["out"]``
+    unless given)."""
+    per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
+    return ctx.block(
+        params,
+        ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
+                                                 shift=ctx.const("output_shift"), per_channel=per_channel)),
+        ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c_in"]),
+        ctx.dims("filter_dims", "corten_dims", *filter_dims),
+        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c_out"]),
+        ctx.call(fn, "&params", "&quant", "&input_dims", g["x"] if x is None else x, "&filter_dims", g["wname"],
+                 ctx.const("bias"), "&output_dims", g["out"] if out is None else out))
+
+
+def per_channel_const(ctx, arg: str, c_out: int) -> str:
+    """CMSIS-NN conv kernels take one multiplier/shift per output channel: expand per-tensor ones."""
+    t = ctx.tensor(arg)
+    if t.numel() == c_out:
+        return ctx.const(arg)
+    return ctx.derived_const(f"{arg}_per_channel", t.expand(c_out).contiguous())
+
+
+def cmsis_conv_structs(ctx, g: dict, mults: str, shifts: str, filter_dims: Sequence[int],
+                       extra: Sequence[str] = ()) -> list[str]:
+    """The structs of a CMSIS-NN convolution call after its context and params: the per-channel
+    ``quant`` (``mults`` / ``shifts``: :func:`per_channel_const` arrays), ``extra`` and the input /
+    filter / bias / output dims of the geometry ``g``."""
+    c_out = g["c_out"]
+    return [ctx.params("cmsis_nn_per_channel_quant_params", "quant",
+                       dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
+            *extra,
+            ctx.dims("input_dims", "cmsis_nn_dims", g["n"], g["h"], g["w"], g["c_in"]),
+            ctx.dims("filter_dims", "cmsis_nn_dims", *filter_dims),
+            ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
+            ctx.dims("output_dims", "cmsis_nn_dims", g["n"], g["ho"], g["wo"], c_out)]
 
 
 def fake_like(m: Match, shape, channels_last: bool):

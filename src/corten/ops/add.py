@@ -35,13 +35,13 @@ from corten.ops._broadcast import (
     numel,
     rescaled_binary_op,
     rescaled_operands,
-    s16_pointers,
     same_dense_shape,
 )
 from corten.ops._common import lower_rescaled_binary
 from corten.ops._rules import Match
-from corten.ops.registry import ROW_WISE, Hook, OpFamily, annotates, lowers, register_family
-from corten.providers import CMSIS_NN, PORTABLE, NodeView
+from corten.ops.registry import A8W8, A16W8, ROW_WISE, Hook, OpFamily, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE, NodeView, kernel_suffix
+from corten.providers.base import tensor_dtype
 
 FAMILY = "add"
 
@@ -57,7 +57,7 @@ family.provides(Hook.WINDOW)(lambda node: ROW_WISE)  # same-shape operands: outp
 annotates("binary", torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
 
 
-@lowers(torch.ops.aten.add.Tensor, int16=True)
+@lowers(torch.ops.aten.add.Tensor, formats=(A8W8, A16W8))
 def lower_add(m: Match):
     """``aten.add.Tensor`` (alpha 1) of two int8 tensors (numpy broadcasting), or of an int8 tensor
     and a constant -> ``quantized_add``."""
@@ -71,28 +71,17 @@ def _cmsis_s16_supports(node, target) -> str | None:
     return "int16 broadcast (arm_elementwise_add_s16 takes equal-length vectors)"
 
 
-@PORTABLE.kernel("quantized_add", act=(torch.int8,))
-def _add_s8(ctx) -> str:
+@PORTABLE.kernel("quantized_add", act=(torch.int8, torch.int16))
+def _add_portable(ctx) -> str:
     """Same shape: one ``corten_add_s8`` call (safe when the planner puts the output over an input);
-    broadcasting: ``corten_add_broadcast_s8``."""
+    broadcasting: ``corten_add_broadcast_s8`` (``_s16`` for 16x8)."""
     v, x1, x2, out = rescaled_operands(ctx)
+    suffix = kernel_suffix(tensor_dtype(ctx.node))
     params = ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES})
     if same_dense_shape(ctx):
-        return ctx.block(params, ctx.call("corten_add_s8", "&params", x1, x2, out, numel(ctx.shape())))
+        return ctx.block(params, ctx.call(f"corten_add_{suffix}", "&params", x1, x2, out, numel(ctx.shape())))
     return ctx.block(params, broadcast_struct(ctx),
-                     ctx.call("corten_add_broadcast_s8", "&params", "&shape", x1, x2, out))
-
-
-@PORTABLE.kernel("quantized_add", act=(torch.int16,))
-def _add_s16(ctx) -> str:
-    """16x8 add: ``corten_add_s16`` (same shape) or ``corten_add_broadcast_s16``."""
-    v, x1, x2, out = rescaled_operands(ctx)
-    x1, x2, out = s16_pointers(x1, x2, out)
-    params = ctx.params("corten_add_params", "params", {k: v[k] for k in PARAM_NAMES})
-    if same_dense_shape(ctx):
-        return ctx.block(params, ctx.call("corten_add_s16", "&params", x1, x2, out, numel(ctx.shape())))
-    return ctx.block(params, broadcast_struct(ctx),
-                     ctx.call("corten_add_broadcast_s16", "&params", "&shape", x1, x2, out))
+                     ctx.call(f"corten_add_broadcast_{suffix}", "&params", "&shape", x1, x2, out))
 
 
 @CMSIS_NN.kernel("quantized_add", act=(torch.int8,), supports=cmsis_add_supports)
@@ -109,7 +98,6 @@ def _cmsis_add_s8(ctx) -> str:
 def _cmsis_add_s16(ctx) -> str:
     """``arm_elementwise_add_s16`` (same shape only)."""
     v, x1, x2, out = rescaled_operands(ctx)
-    x1, x2, out = s16_pointers(x1, x2, out)
     return ctx.call("arm_elementwise_add_s16", x1, x2, 0, v["input1_multiplier"], v["input1_shift"], 0,
                     v["input2_multiplier"], v["input2_shift"], v["left_shift"], out, 0, v["output_multiplier"],
                     v["output_shift"], v["activation_min"], v["activation_max"], str(numel(ctx.shape())))

@@ -25,6 +25,9 @@ from corten.fixed_point import MAX_ACCUMULATOR_TAPS
 from corten.fx_nodes import node_arg
 from corten.ops import checks
 from corten.ops._common import (
+    cmsis_conv_structs,
+    per_channel_const,
+    portable_conv_block,
     as_4d_view,
     back_to_3d,
     check_conv_common,
@@ -33,9 +36,9 @@ from corten.ops._common import (
 )
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
-from corten.ops.registry import (Cost, Hook, OpFamily, Window, annotates, lowers, node_shape, op_name_of,
-                                 register_family, weighted_cost)
-from corten.providers import CMSIS_NN, PORTABLE, NodeView, weight_dtype
+from corten.ops.registry import (A8W4, A8W8, A16W8, Cost, Hook, OpFamily, Window, annotates, lowers, node_shape,
+                                 op_name_of, register_family, weighted_cost)
+from corten.providers import CMSIS_NN, PORTABLE, NodeView, kernel_suffix, weight_dtype
 from corten.providers.cmsis_nn import (  # noqa: F401  (re-exported: the formulas moved to the provider)
     conv2d_kernel_variant,
     conv2d_s4_scratch_bytes,
@@ -116,7 +119,8 @@ def _check_conv2d(input, weight, bias, stride, padding, dilation, input_offset, 
     return _out_hw(op, input, weight.shape[1], weight.shape[2], stride, padding, dilation)
 
 
-quantized_conv2d = conv_op("quantized_conv2d", WINDOW, _check_conv2d, conv2d_accumulators, channel_axis=0, int4=True)
+quantized_conv2d = conv_op("quantized_conv2d", WINDOW, _check_conv2d, conv2d_accumulators, channel_axis=0,
+                           weights=(torch.int8, torch.int4))
 
 
 # ----------------------------------------------------------------------------- depthwise
@@ -161,7 +165,8 @@ def _check_depthwise(input, weight, bias, stride, padding, dilation, depth_multi
 
 
 quantized_depthwise_conv2d = conv_op("quantized_depthwise_conv2d", WINDOW + ", SymInt depth_multiplier",
-                                     _check_depthwise, depthwise_accumulators, channel_axis=3, int4=True)
+                                     _check_depthwise, depthwise_accumulators, channel_axis=3,
+                                     weights=(torch.int8, torch.int4))
 
 
 # ----------------------------------------------------------------------------- grouped conv2d
@@ -232,7 +237,7 @@ def _int4_capable(node) -> bool:
 
 
 annotates("weighted", torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, torch.ops.aten.conv1d.default,
-          torch.ops.aten.conv1d.padding, int4=_int4_capable)
+          torch.ops.aten.conv1d.padding)
 
 
 def _conv_args(node):
@@ -272,7 +277,8 @@ def _same_pad(m: Match, x_node, padding: list[int]):
     return m.call("quantized_pad", x_node, [0, 0, top, left], [0, 0, bottom, right], zp), [0, 0]
 
 
-@lowers(torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, int16=True)
+@lowers(torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, formats=(A8W8, A16W8, A8W4),
+        when={A8W4: _int4_capable})
 def lower_conv2d(m: Match):
     """``aten.conv2d``: groups 1 -> ``quantized_conv2d``; groups == C_in -> depthwise; other groups ->
     ``quantized_grouped_conv2d``.  String padding (the ``conv2d.padding`` overload) becomes explicit,
@@ -347,7 +353,8 @@ def _single(v, default: int) -> int:
     return int(v[0]) if v else default
 
 
-@lowers(torch.ops.aten.conv1d.default, torch.ops.aten.conv1d.padding)
+@lowers(torch.ops.aten.conv1d.default, torch.ops.aten.conv1d.padding, formats=(A8W8, A8W4),
+        when={A8W4: _int4_capable})
 def lower_conv1d(m: Match):
     """``aten.conv1d`` on ``[N, C, L]`` -> the conv2d lowering on the ``[N, C, 1, L]`` view, weights
     ``[C_out, C_in/groups, K]`` as ``[C_out, C_in/groups, 1, K]`` (OHWI ``[C_out, 1, K, C_in/groups]``)."""
@@ -379,10 +386,20 @@ def _conv2d_scratch(node, target) -> int:
     inp, weight, _, stride, padding, dilation = node.args[:6]
     _, kh, kw, _ = weight.meta["val"].shape
     _, ho, wo, _ = _nhwc(node)
-    if inp.meta["val"].dtype == torch.int16:
-        return conv2d_s16_scratch_bytes(target.isa, _nhwc(inp)[3], int(kh), int(kw))
     return conv2d_scratch_bytes(target.isa, _nhwc(inp), (int(kh), int(kw)), (ho, wo), stride, pads4(padding)[:2],
                                 dilation)
+
+
+def _conv2d_s16_scratch(node, target) -> int:
+    inp, weight = node.args[:2]
+    _, kh, kw, _ = weight.meta["val"].shape
+    return conv2d_s16_scratch_bytes(target.isa, _nhwc(inp)[3], int(kh), int(kw))
+
+
+def _depthwise_s16_scratch(node, target) -> int:
+    inp, weight, _, _, _, dilation = node.args[:6]
+    _, kh, kw, _ = weight.meta["val"].shape
+    return depthwise_s16_scratch_bytes(target.isa, _nhwc(inp)[3], int(kh), int(kw), int(node.args[6]), dilation)
 
 
 def _depthwise_scratch(node, target) -> int:
@@ -390,8 +407,6 @@ def _depthwise_scratch(node, target) -> int:
     inp, weight, _, stride, padding, dilation = node.args[:6]
     _, kh, kw, c_out = weight.meta["val"].shape
     _, ho, wo, _ = _nhwc(node)
-    if inp.meta["val"].dtype == torch.int16:
-        return depthwise_s16_scratch_bytes(target.isa, _nhwc(inp)[3], int(kh), int(kw), int(node.args[6]), dilation)
     return depthwise_scratch_bytes(target.isa, _nhwc(inp), (int(kh), int(kw)), (ho, wo), int(c_out),
                                    stride, pads4(padding)[:2], dilation)
 
@@ -418,14 +433,6 @@ def _grouped_scratch(node, target) -> int:
 
 
 # ----------------------------------------------------------------------------- C emission
-def _per_channel_const(ctx, arg: str, c_out: int) -> str:
-    """CMSIS-NN conv kernels take one multiplier/shift per output channel: expand per-tensor ones."""
-    t = ctx.tensor(arg)
-    if t.numel() == c_out:
-        return ctx.const(arg)
-    return ctx.derived_const(f"{arg}_per_channel", t.expand(c_out).contiguous())
-
-
 def _check_taps(ctx, taps: int) -> None:
     if taps > MAX_ACCUMULATOR_TAPS:
         ctx.fail(f"a window of {taps} products may overflow the int32 accumulator")
@@ -442,10 +449,10 @@ def _conv_geometry(ctx) -> dict:
     (sh, sw), (ph, pw), (dh, dw) = ctx.arg("stride"), pads4(ctx.arg("padding"))[:2], ctx.arg("dilation")
     _check_taps(ctx, kh * kw * (1 if depthwise else c_in))
     int4 = weight_dtype(ctx.node) == torch.int4  # (A8W4: the weights written packed two per byte)
-    x, out, wname = ctx.input("input"), ctx.out(), ctx.const("weight", bits=4 if int4 else 0)
-    if ctx.arg("input").meta["val"].dtype == torch.int16:
-        x, out = f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}"
-    return dict(depthwise=depthwise, int4=int4, n=n, h=h, w=w, c_in=c_in, ho=ho, wo=wo, c_out=c_out, kh=kh, kw=kw, sh=sh, sw=sw,
+    x, out, wname = ctx.typed_input("input"), ctx.typed_out(), ctx.const("weight", bits=4 if int4 else 0)
+    suffix = kernel_suffix(torch.int4 if int4 else ctx.dtype("input"))  # the kernels' element type: s8, s16, s4
+    return dict(depthwise=depthwise, int4=int4, suffix=suffix, n=n, h=h, w=w, c_in=c_in, ho=ho, wo=wo, c_out=c_out,
+                kh=kh, kw=kw, sh=sh, sw=sw,
                 ph=ph, pw=pw, dh=dh, dw=dw, mult=int(ctx.arg("depth_multiplier")) if depthwise else 1,
                 in_off=int(ctx.arg("input_offset")), out_off=int(ctx.arg("output_offset")),
                 act_min=int(ctx.arg("activation_min")), act_max=int(ctx.arg("activation_max")),
@@ -457,29 +464,16 @@ def _conv_portable(ctx) -> str:
     """One ``corten_conv2d_s8`` / ``corten_depthwise_conv2d_s8`` call (``_s16`` on int16 activations,
     ``_s4`` on int4 weights)."""
     g = _conv_geometry(ctx)
-    per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
-    fn = "corten_depthwise_conv2d_s8" if g["depthwise"] else "corten_conv2d_s8"
-    if ctx.arg("input").meta["val"].dtype == torch.int16:
-        fn = fn.replace("_s8", "_s16")
-    elif g["int4"]:
-        fn = fn.replace("_s8", "_s4")
-    return ctx.block(*_portable_structs(ctx, g, per_channel),
-                     ctx.call(fn, "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"],
-                              ctx.const("bias"), "&output_dims", g["out"]))
+    fn = f"corten_depthwise_conv2d_{g['suffix']}" if g["depthwise"] else f"corten_conv2d_{g['suffix']}"
+    return portable_conv_block(ctx, fn, _portable_params(ctx, g), g, g["filt"])
 
 
-def _portable_structs(ctx, g: dict, per_channel: int) -> list[str]:
-    """The parameter structs of Corten's conv / depthwise kernels (params, quant and the dims)."""
-    return [
-        ctx.params("corten_conv_params", "params", dict(
-            stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], dilation_h=g["dh"], dilation_w=g["dw"],
-            depth_multiplier=g["mult"], input_offset=g["in_off"], output_offset=g["out_off"],
-            activation_min=g["act_min"], activation_max=g["act_max"])),
-        ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
-                                                 shift=ctx.const("output_shift"), per_channel=per_channel)),
-        ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c_in"]),
-        ctx.dims("filter_dims", "corten_dims", *g["filt"]),
-        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c_out"])]
+def _portable_params(ctx, g: dict) -> str:
+    """The ``corten_conv_params`` struct of Corten's conv / depthwise kernels."""
+    return ctx.params("corten_conv_params", "params", dict(
+        stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], dilation_h=g["dh"], dilation_w=g["dw"],
+        depth_multiplier=g["mult"], input_offset=g["in_off"], output_offset=g["out_off"],
+        activation_min=g["act_min"], activation_max=g["act_max"]))
 
 
 def _depthwise_s4_supports(node, target) -> str | None:
@@ -496,8 +490,10 @@ def _depthwise_s4_supports(node, target) -> str | None:
     return None
 
 
-@CMSIS_NN.kernel("quantized_conv2d", weight=(torch.int8,), scratch=_conv2d_scratch)
-@CMSIS_NN.kernel("quantized_depthwise_conv2d", weight=(torch.int8,), scratch=_depthwise_scratch)
+@CMSIS_NN.kernel("quantized_conv2d", act=(torch.int8,), weight=(torch.int8,), scratch=_conv2d_scratch)
+@CMSIS_NN.kernel("quantized_depthwise_conv2d", act=(torch.int8,), weight=(torch.int8,), scratch=_depthwise_scratch)
+@CMSIS_NN.kernel("quantized_conv2d", act=(torch.int16,), weight=(torch.int8,), scratch=_conv2d_s16_scratch)
+@CMSIS_NN.kernel("quantized_depthwise_conv2d", act=(torch.int16,), weight=(torch.int8,), scratch=_depthwise_s16_scratch)
 @CMSIS_NN.kernel("quantized_conv2d", act=(torch.int8,), weight=(torch.int4,), scratch=_conv2d_s4_scratch)
 @CMSIS_NN.kernel("quantized_depthwise_conv2d", act=(torch.int8,), weight=(torch.int4,), scratch=_depthwise_s4_scratch,
                  supports=_depthwise_s4_supports)
@@ -505,11 +501,11 @@ def _conv_cmsis(ctx) -> str:
     """One ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8`` call (``_s16``: int64 biases;
     ``_s4``: int4 weights packed two per byte, int8 activations)."""
     g = _conv_geometry(ctx)
-    s16 = ctx.arg("input").meta["val"].dtype == torch.int16
+    s16 = g["suffix"] == "s16"
     c_out = g["c_out"]
     # CMSIS-NN: tiles are {w, h}; quantization is always per channel; bias always present.
-    mults = _per_channel_const(ctx, "output_multiplier", c_out)
-    shifts = _per_channel_const(ctx, "output_shift", c_out)
+    mults = per_channel_const(ctx, "output_multiplier", c_out)
+    shifts = per_channel_const(ctx, "output_shift", c_out)
     bias = ctx.const("bias") if ctx.arg("bias") is not None else \
         ctx.derived_const("zero_bias", torch.zeros(c_out, dtype=torch.int64 if s16 else torch.int32))
     buf, size = ctx.scratch()
@@ -527,18 +523,11 @@ def _conv_cmsis(ctx) -> str:
     if s16 and not g["depthwise"]:
         extra = [ctx.params("cmsis_nn_bias_data", "bias_data", dict(data=f"(const void *){bias}", is_int32_bias=0))]
         bias_arg = "&bias_data"
-    fn = ("arm_depthwise_conv_wrapper" if g["depthwise"] else "arm_convolve_wrapper") + \
-        ("_s16" if s16 else "_s4" if g["int4"] else "_s8")
+    fn = f"{'arm_depthwise_conv_wrapper' if g['depthwise'] else 'arm_convolve_wrapper'}_{g['suffix']}"
     return ctx.block(
         ctx.params("cmsis_nn_context", "nn_ctx", dict(buf=buf, size=size)),
         params,
-        ctx.params("cmsis_nn_per_channel_quant_params", "quant",
-                   dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
-        *extra,
-        ctx.dims("input_dims", "cmsis_nn_dims", g["n"], g["h"], g["w"], g["c_in"]),
-        ctx.dims("filter_dims", "cmsis_nn_dims", *g["filt"]),
-        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
-        ctx.dims("output_dims", "cmsis_nn_dims", g["n"], g["ho"], g["wo"], c_out),
+        *cmsis_conv_structs(ctx, g, mults, shifts, g["filt"], extra),
         ctx.call(fn, "&nn_ctx", "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"], "&bias_dims",
                  bias_arg, "&output_dims", g["out"]))
 
@@ -560,19 +549,8 @@ def _grouped_geometry(ctx) -> dict:
 def _grouped_portable(ctx) -> str:
     """One ``corten_grouped_conv2d_s8`` call."""
     g = _grouped_geometry(ctx)
-    per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
-    return ctx.block(
-        ctx.params("corten_conv_params", "params", dict(
-            stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], dilation_h=g["dh"], dilation_w=g["dw"],
-            depth_multiplier=1, input_offset=g["in_off"], output_offset=g["out_off"], activation_min=g["act_min"],
-            activation_max=g["act_max"])),
-        ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
-                                                 shift=ctx.const("output_shift"), per_channel=per_channel)),
-        ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c_in"]),
-        ctx.dims("filter_dims", "corten_dims", g["c_out"], g["kh"], g["kw"], g["ck"]),
-        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c_out"]),
-        ctx.call("corten_grouped_conv2d_s8", "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"],
-                 ctx.const("bias"), "&output_dims", g["out"]))
+    return portable_conv_block(ctx, "corten_grouped_conv2d_s8", _portable_params(ctx, {**g, "mult": 1}), g,
+                               (g["c_out"], g["kh"], g["kw"], g["ck"]))
 
 
 @CMSIS_NN.kernel("quantized_grouped_conv2d", act=(torch.int8,), scratch=_grouped_scratch)
@@ -581,8 +559,8 @@ def _grouped_cmsis(ctx) -> str:
     1xN kernels take no groups)."""
     g = _grouped_geometry(ctx)
     c_out = g["c_out"]
-    mults = _per_channel_const(ctx, "output_multiplier", c_out)
-    shifts = _per_channel_const(ctx, "output_shift", c_out)
+    mults = per_channel_const(ctx, "output_multiplier", c_out)
+    shifts = per_channel_const(ctx, "output_shift", c_out)
     bias = ctx.const("bias") if ctx.arg("bias") is not None else \
         ctx.derived_const("zero_bias", torch.zeros(c_out, dtype=torch.int32))
     buf, size = ctx.scratch()
@@ -592,12 +570,7 @@ def _grouped_cmsis(ctx) -> str:
             input_offset=g["in_off"], output_offset=g["out_off"], stride=dict(w=g["sw"], h=g["sh"]),
             padding=dict(w=g["pw"], h=g["ph"]), dilation=dict(w=g["dw"], h=g["dh"]),
             activation=dict(min=g["act_min"], max=g["act_max"]))),
-        ctx.params("cmsis_nn_per_channel_quant_params", "quant",
-                   dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
-        ctx.dims("input_dims", "cmsis_nn_dims", g["n"], g["h"], g["w"], g["c_in"]),
-        ctx.dims("filter_dims", "cmsis_nn_dims", c_out, g["kh"], g["kw"], g["ck"]),
-        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
-        ctx.dims("output_dims", "cmsis_nn_dims", g["n"], g["ho"], g["wo"], c_out),
+        *cmsis_conv_structs(ctx, g, mults, shifts, (c_out, g["kh"], g["kw"], g["ck"])),
         ctx.call("arm_convolve_s8", "&nn_ctx", "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"],
                  "&bias_dims", bias, "NULL", "&output_dims", g["out"]))
 
@@ -627,7 +600,5 @@ def _depthwise_in_place_portable(ctx) -> str:
     a channel-sized temporary (the plan's scratch of this step)."""
     g = _conv_geometry(ctx)
     temp, _ = ctx.scratch()
-    per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
-    return ctx.block(*_portable_structs(ctx, g, per_channel),
-                     ctx.call("corten_depthwise_conv2d_s8_in_place", "&params", "&quant", "&input_dims", g["out"],
-                              "&filter_dims", g["wname"], ctx.const("bias"), "&output_dims", f"(int8_t *){temp}"))
+    return portable_conv_block(ctx, "corten_depthwise_conv2d_s8_in_place", _portable_params(ctx, g), g, g["filt"],
+                               x=g["out"], out=f"(int8_t *){temp}")

@@ -25,7 +25,8 @@ from corten.errors import LoweringError
 from corten.fixed_point import MAX_ACCUMULATOR_TAPS
 from corten.fx_nodes import node_arg
 from corten.ops import checks
-from corten.ops._common import as_4d_view, back_to_3d, check_conv_common, conv_op
+from corten.ops._common import (as_4d_view, back_to_3d, check_conv_common, cmsis_conv_structs, conv_op,
+                                per_channel_const, portable_conv_block)
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
 from corten.ops.registry import Cost, Hook, OpFamily, annotates, lowers, node_shape, register_family, weighted_cost
@@ -243,19 +244,11 @@ def _geometry(ctx) -> dict:
 def _emit_portable(ctx) -> str:
     """One ``corten_conv_transpose2d_s8`` call."""
     g = _geometry(ctx)
-    per_channel = int(ctx.tensor("output_multiplier").numel() > 1)
-    return ctx.block(
-        ctx.params("corten_conv_transpose_params", "params", dict(
-            stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], output_pad_h=g["oph"],
-            output_pad_w=g["opw"], dilation_h=g["dh"], dilation_w=g["dw"], input_offset=g["in_off"],
-            output_offset=g["out_off"], activation_min=g["act_min"], activation_max=g["act_max"])),
-        ctx.params("corten_quant", "quant", dict(multiplier=ctx.const("output_multiplier"),
-                                                 shift=ctx.const("output_shift"), per_channel=per_channel)),
-        ctx.dims("input_dims", "corten_dims", g["n"], g["h"], g["w"], g["c_in"]),
-        ctx.dims("filter_dims", "corten_dims", g["c_out"], g["kh"], g["kw"], g["c_in"]),
-        ctx.dims("output_dims", "corten_dims", g["n"], g["ho"], g["wo"], g["c_out"]),
-        ctx.call("corten_conv_transpose2d_s8", "&params", "&quant", "&input_dims", g["x"], "&filter_dims", g["wname"],
-                 ctx.const("bias"), "&output_dims", g["out"]))
+    params = ctx.params("corten_conv_transpose_params", "params", dict(
+        stride_h=g["sh"], stride_w=g["sw"], pad_h=g["ph"], pad_w=g["pw"], output_pad_h=g["oph"],
+        output_pad_w=g["opw"], dilation_h=g["dh"], dilation_w=g["dw"], input_offset=g["in_off"],
+        output_offset=g["out_off"], activation_min=g["act_min"], activation_max=g["act_max"]))
+    return portable_conv_block(ctx, "corten_conv_transpose2d_s8", params, g, (g["c_out"], g["kh"], g["kw"], g["c_in"]))
 
 
 @CMSIS_NN.kernel(OP, act=(torch.int8,), supports=_cmsis_supports, scratch=_cmsis_scratch)
@@ -263,12 +256,7 @@ def _emit_cmsis(ctx) -> str:
     """One ``arm_transpose_conv_s8`` call (when :func:`cmsis_semantics_match`)."""
     g = _geometry(ctx)
     c_out = g["c_out"]
-    t = ctx.tensor("output_multiplier")
-    mults = ctx.const("output_multiplier") if t.numel() == c_out else \
-        ctx.derived_const("output_multiplier_per_channel", t.expand(c_out).contiguous())
-    t = ctx.tensor("output_shift")
-    shifts = ctx.const("output_shift") if t.numel() == c_out else \
-        ctx.derived_const("output_shift_per_channel", t.expand(c_out).contiguous())
+    mults, shifts = per_channel_const(ctx, "output_multiplier", c_out), per_channel_const(ctx, "output_shift", c_out)
     buf, size = ctx.scratch()
     # padding_offsets is not read by arm_transpose_conv_s8 (symmetric PyTorch padding); the second
     # context (reverse-conv weights) is only used by arm_transpose_conv_wrapper_s8.
@@ -279,11 +267,6 @@ def _emit_cmsis(ctx) -> str:
             input_offset=g["in_off"], output_offset=g["out_off"], stride=dict(w=g["sw"], h=g["sh"]),
             padding=dict(w=g["pw"], h=g["ph"]), padding_offsets=dict(w=0, h=0), dilation=dict(w=1, h=1),
             activation=dict(min=g["act_min"], max=g["act_max"]))),
-        ctx.params("cmsis_nn_per_channel_quant_params", "quant",
-                   dict(multiplier=f"(int32_t *){mults}", shift=f"(int32_t *){shifts}")),
-        ctx.dims("input_dims", "cmsis_nn_dims", g["n"], g["h"], g["w"], g["c_in"]),
-        ctx.dims("filter_dims", "cmsis_nn_dims", c_out, g["kh"], g["kw"], g["c_in"]),
-        ctx.dims("bias_dims", "cmsis_nn_dims", 1, 1, 1, c_out),
-        ctx.dims("output_dims", "cmsis_nn_dims", g["n"], g["ho"], g["wo"], c_out),
+        *cmsis_conv_structs(ctx, g, mults, shifts, (c_out, g["kh"], g["kw"], g["c_in"])),
         ctx.call("arm_transpose_conv_s8", "&nn_ctx", "&out_ctx", "&params", "&quant", "&input_dims", g["x"],
                  "&filter_dims", g["wname"], "&bias_dims", ctx.const("bias"), "&output_dims", g["out"]))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from corten.errors import LoweringError
-from corten.fixed_point import clamp_activation, quantize_multiplier, requantize, wrap_int32_t
+from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
 from corten.ops._broadcast import (
     broadcast_shape,
@@ -37,7 +37,7 @@ from corten.ops._broadcast import (
     operand_expr,
     requantized_binary_op,
 )
-from corten.ops._common import binary_operands, check_ranks
+from corten.ops._common import binary_operands, check_ranks, effective_multiplier
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 from corten.providers import CMSIS_NN, PORTABLE
@@ -103,22 +103,15 @@ def lower_div(m: Match):
             raise LoweringError(f"division by {divisor!r}: the divisor must be a finite non-zero number")
         x = m.inputs[0]
         scale = float(x.qparams.scale) / (abs(float(divisor)) * float(m.output.scale))
-        try:
-            mult, shift = quantize_multiplier(scale)
-        except ValueError as e:
-            raise LoweringError(f"div: effective scale s_x / (|k| * s_out) = {scale:g} cannot be requantized ({e})") \
-                from None
+        mult, shift = effective_multiplier(scale, f"div: effective scale s_x / (|k| * s_out) = {scale:g}")
         sign = m.add_constant(torch.tensor([-1 if divisor < 0 else 1], dtype=torch.int8), "reciprocal_sign")
         act_min, act_max = m.activation_bounds
         return m.call("quantized_mul", x.node, sign, x.qparams.offset, 0, m.output.zero_point, mult, shift,
                       act_min, act_max)
     a, b = binary_operands(m, "div")
     scale = float(a.qparams.scale) / (float(b.qparams.scale) * float(m.output.scale) * (1 << QUOTIENT_BITS))
-    try:
-        mult, shift = quantize_multiplier(scale)
-    except ValueError as e:
-        raise LoweringError(f"div: effective scale s1 / (s2 * s_out) = {scale * (1 << QUOTIENT_BITS):g} cannot be "
-                            f"requantized ({e})") from None
+    mult, shift = effective_multiplier(
+        scale, f"div: effective scale s1 / (s2 * s_out) = {scale * (1 << QUOTIENT_BITS):g}")
     act_min, act_max = m.activation_bounds
     return m.call("quantized_div", a.node, b.node, a.qparams.offset, b.qparams.offset, m.output.zero_point, mult,
                   shift, act_min, act_max)
@@ -135,10 +128,7 @@ def lower_reciprocal(m: Match):
     x = m.inputs[0]
     one = m.add_constant(torch.tensor([1], dtype=torch.int8), "one")
     scale = 1.0 / (float(x.qparams.scale) * float(m.output.scale) * (1 << QUOTIENT_BITS))
-    try:
-        mult, shift = quantize_multiplier(scale)
-    except ValueError as e:
-        raise LoweringError(f"reciprocal: effective scale 1 / (s_x * s_out) cannot be requantized ({e})") from None
+    mult, shift = effective_multiplier(scale, "reciprocal: effective scale 1 / (s_x * s_out)")
     act_min, act_max = m.activation_bounds
     return m.call("quantized_div", one, x.node, 0, x.qparams.offset, m.output.zero_point, mult, shift,
                   act_min, act_max)

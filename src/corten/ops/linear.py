@@ -27,8 +27,9 @@ from corten.ops import checks
 from corten.ops._common import check_weight_bits
 from corten.ops._qparams import per_channel_multipliers
 from corten.ops._rules import Match
-from corten.ops.registry import Cost, Hook, OpFamily, annotates, lowers, node_shape, register_family, weighted_cost
-from corten.providers import CMSIS_NN, PORTABLE, NodeView, weight_dtype
+from corten.ops.registry import (A8W4, A8W8, A16W8, Cost, Hook, OpFamily, annotates, lowers, node_shape,
+                                 register_family, weighted_cost)
+from corten.providers import CMSIS_NN, PORTABLE, NodeView, kernel_suffix, weight_dtype
 
 FAMILY = "linear"
 
@@ -128,10 +129,10 @@ def _cost(node) -> Cost:
 
 # ----------------------------------------------------------------------------- lowering
 
-annotates("weighted", torch.ops.aten.linear.default, int4=True)
+annotates("weighted", torch.ops.aten.linear.default)
 
 
-@lowers(torch.ops.aten.linear.default, int16=True)
+@lowers(torch.ops.aten.linear.default, formats=(A8W8, A16W8, A8W4))
 def lower_linear(m: Match):
     """``aten.linear`` (kept whole by export: no addmm/permute) -> ``quantized_linear``."""
     x = m.inputs[0]
@@ -200,11 +201,10 @@ def _operands(ctx) -> dict:
     mult_t, shift_t = ctx.tensor("output_multiplier"), ctx.tensor("output_shift")
     g = dict(batches=batches, in_f=in_f, out_f=out_f, out_off=int(ctx.arg("output_offset")),
              act_min=int(ctx.arg("activation_min")), act_max=int(ctx.arg("activation_max")), mult_t=mult_t,
-             shift_t=shift_t, per_channel=mult_t.numel() > 1, x=ctx.input("input"), out=ctx.out())
+             shift_t=shift_t, per_channel=mult_t.numel() > 1, x=ctx.typed_input("input"), out=ctx.typed_out())
     g["int4"] = weight_dtype(ctx.node) == torch.int4  # (A8W4: the weights written packed two per byte)
+    g["suffix"] = kernel_suffix(torch.int4 if g["int4"] else val.dtype)  # the kernels' element type: s8, s16, s4
     g.update(w=ctx.const("weight", bits=4 if g["int4"] else 0), ks=ctx.const("kernel_sum"))
-    if val.dtype == torch.int16:
-        g.update(x=f"(const int16_t *)(const void *){g['x']}", out=f"(int16_t *)(void *){g['out']}")
     return g
 
 
@@ -213,7 +213,7 @@ def _linear_portable(ctx) -> str:
     """One ``corten_linear_s8`` call (``corten_linear_s16`` on int16 activations, int64 bias;
     ``corten_linear_s4`` on int4 weights)."""
     g = _operands(ctx)
-    s16 = ctx.arg("input").meta["val"].dtype == torch.int16
+    s16 = g["suffix"] == "s16"
     quant = dict(multiplier=ctx.const("output_multiplier"), shift=ctx.const("output_shift"),
                  per_channel=int(g["per_channel"]))
     if not s16 and bool(ctx.arg("single_rounding")):  # TFLite's reference FULLY_CONNECTED rounds once
@@ -223,8 +223,8 @@ def _linear_portable(ctx) -> str:
                    dict(output_offset=0 if s16 else g["out_off"], activation_min=g["act_min"],
                         activation_max=g["act_max"])),
         ctx.params("corten_quant", "quant", quant),
-        ctx.call("corten_linear_s16" if s16 else "corten_linear_s4" if g["int4"] else "corten_linear_s8", "&params", "&quant", g["batches"], g["in_f"],
-                 g["out_f"], g["x"], g["w"], g["ks"], g["out"]))
+        ctx.call(f"corten_linear_{g['suffix']}", "&params", "&quant", g["batches"], g["in_f"], g["out_f"], g["x"],
+                 g["w"], g["ks"], g["out"]))
 
 
 def _cmsis_supports(node, target) -> str | None:
@@ -288,7 +288,8 @@ def _linear_cmsis_per_tensor(ctx) -> str:
     batches, in_f, out_f, per_channel = g["batches"], g["in_f"], g["out_f"], g["per_channel"]
     x, out, w, bias = g["x"], g["out"], g["w"], g["ks"]
     s4 = g["int4"]
-    fn, row, out_off = ("arm_fully_connected_s4", in_f // 2, g["out_off"]) if s4 else ("arm_fully_connected_s16", in_f, 0)
+    fn = f"arm_fully_connected_{g['suffix']}"
+    row, out_off = (in_f // 2, g["out_off"]) if s4 else (in_f, 0)
     mult, shift = ctx.const("output_multiplier"), ctx.const("output_shift")
     common = [
         ctx.params("cmsis_nn_context", "nn_ctx", dict(buf="NULL", size=0)),

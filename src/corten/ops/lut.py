@@ -78,7 +78,7 @@ from corten.fixed_point import round_half_away_t as round_half_away  # exact tie
 from corten.ops import _lut16, checks
 from corten.ops._common import layout_of
 from corten.ops._rules import Match
-from corten.ops.registry import ROW_WISE, Hook, OpFamily, annotates, lowers, register_family
+from corten.ops.registry import A8W8, A16W8, ROW_WISE, Hook, OpFamily, annotates, lowers, register_family
 from corten.providers import CMSIS_NN, PORTABLE, NodeView
 
 FAMILY = "lut"
@@ -293,8 +293,10 @@ SIGMOID_QPARAMS = (1.0 / 256.0, -128)
 TANH_QPARAMS = (1.0 / 128.0, 0)
 SIGMOID_QPARAMS_S16 = TANH_QPARAMS_S16 = (1.0 / 32768.0, 0)
 
-annotates("fixed", _aten.sigmoid.default, _aten.sigmoid_.default, fixed=SIGMOID_QPARAMS, fixed16=SIGMOID_QPARAMS_S16)
-annotates("fixed", _aten.tanh.default, _aten.tanh_.default, fixed=TANH_QPARAMS, fixed16=TANH_QPARAMS_S16)
+annotates("fixed", _aten.sigmoid.default, _aten.sigmoid_.default,
+          fixed={torch.int8: SIGMOID_QPARAMS, torch.int16: SIGMOID_QPARAMS_S16})
+annotates("fixed", _aten.tanh.default, _aten.tanh_.default,
+          fixed={torch.int8: TANH_QPARAMS, torch.int16: TANH_QPARAMS_S16})
 annotates("unary", *(t for t in FUNCTIONS if FUNCTIONS[t] not in (_aten.sigmoid.default, _aten.tanh.default)))
 # The quantizer marks a relu/clamp fused into its producer as part of that producer's pattern
 # first (the producer comes earlier in the graph), so this only annotates standalone ones.
@@ -366,7 +368,8 @@ def lower_lut(m: Match):
     return m.call("quantized_lut", x.node, m.add_constant(table, "table"))
 
 
-lowers(*(t for t in {**FUNCTIONS, **CLAMPS} if FUNCTIONS.get(t, t) not in STEP_FUNCTIONS), int16=True)(lower_lut)
+lowers(*(t for t in {**FUNCTIONS, **CLAMPS} if FUNCTIONS.get(t, t) not in STEP_FUNCTIONS),
+       formats=(A8W8, A16W8))(lower_lut)
 lowers(*(t for t in FUNCTIONS if FUNCTIONS[t] in STEP_FUNCTIONS))(lower_lut)
 
 
@@ -409,7 +412,7 @@ def _lut_s8(ctx) -> str:
 def _lut_s16(ctx) -> str:
     """One ``corten_lut_s16`` call (TFLite's 513-entry interpolated table)."""
     table = ctx.const("table", torch.int16)
-    x, out = f"(const int16_t *)(const void *){ctx.input('input')}", f"(int16_t *)(void *){ctx.out()}"
+    x, out = ctx.typed_input("input"), ctx.typed_out()
     return ctx.call("corten_lut_s16", x, table, out, _size(ctx))
 
 
@@ -423,8 +426,7 @@ CMSIS_NN.declines("quantized_lut", reason=_lut_cmsis_reason)
 
 def _activation_args(ctx) -> tuple[int, int, int, str, str]:
     mult, shift, function = (int(ctx.arg(a)) for a in ("input_multiplier", "input_shift", "function"))
-    return mult, shift, function, f"(const int16_t *)(const void *){ctx.input('input')}", \
-        f"(int16_t *)(void *){ctx.out()}"
+    return mult, shift, function, ctx.typed_input("input"), ctx.typed_out()
 
 
 def _cmsis_activation_supports(node, target) -> str | None:

@@ -34,10 +34,10 @@ from typing import Sequence
 import torch
 
 from corten.errors import LoweringError
-from corten.fixed_point import clamp_activation, quantize_multiplier, requantize, wrap_int32_t
+from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops._broadcast import is_constant, storage_strides
-from corten.ops._common import output_format
+from corten.ops._broadcast import is_constant, is_dense, storage_strides
+from corten.ops._common import effective_multiplier, output_format
 from corten.ops._qparams import QParams
 from corten.ops._rules import DQ_PER_TENSOR, Match
 from corten.fx_nodes import node_arg
@@ -178,16 +178,6 @@ def geometry(lhs_shape, rhs_shape, out_shape, rhs_transposed: bool, lhs_const: b
                           (rb_sizes[0], rb_sizes[1]))
 
 
-def _dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
-    """Strides are row-major for ``sizes`` (size-1 dims ignored, broadcast dims have size 1)."""
-    step = 1
-    for size, stride in zip(reversed(list(sizes)), reversed(list(strides))):
-        if size != 1 and stride != step:
-            return False
-        step *= size
-    return True
-
-
 @dataclass(frozen=True)
 class CmsisPlan:
     """How ``arm_batch_matmul_s8`` runs one node: its dims (n, h, w, c) and whether the right
@@ -203,13 +193,13 @@ def cmsis_plan(g: MatmulGeometry) -> CmsisPlan | None:
     """The ``arm_batch_matmul_s8`` call for geometry ``g``, or None when a tensor's bytes are not
     row-major ``[batch0, batch1, rows, cols]`` (e.g. a 4-D NHWC activation with several heads)."""
     lb, rb = g.lhs_batch, g.rhs_batch
-    if not _dense((*lb, g.m, g.k), (*g.lhs[:2], g.lhs[2], g.lhs[3])):
+    if not is_dense((*lb, g.m, g.k), (*g.lhs[:2], g.lhs[2], g.lhs[3])):
         return None
-    if not _dense((*g.batch, g.m, g.n), g.out):
+    if not is_dense((*g.batch, g.m, g.n), g.out):
         return None
-    if _dense((*rb, g.n, g.k), (*g.rhs[:2], g.rhs[3], g.rhs[2])):
+    if is_dense((*rb, g.n, g.k), (*g.rhs[:2], g.rhs[3], g.rhs[2])):
         transpose = False
-    elif _dense((*rb, g.k, g.n), g.rhs):
+    elif is_dense((*rb, g.k, g.n), g.rhs):
         transpose = True
     else:
         return None
@@ -300,11 +290,7 @@ def lower_matmul(m: Match):
     if lconst:
         lhs = m.add_constant(lhs.contiguous(), "lhs")
     scale = float(lq.scale) * float(rq.scale) / float(m.output.scale)
-    try:
-        mult, shift = quantize_multiplier(scale)
-    except ValueError as e:
-        raise LoweringError(f"matmul: effective scale s_lhs * s_rhs / s_out = {scale:g} cannot be requantized "
-                            f"({e})") from None
+    mult, shift = effective_multiplier(scale, f"matmul: effective scale s_lhs * s_rhs / s_out = {scale:g}")
     act_min, act_max = m.activation_bounds
     return m.call("quantized_matmul", lhs, rhs, lq.offset, rq.offset, m.output.zero_point, mult, shift,
                   act_min, act_max, rhs_transposed)

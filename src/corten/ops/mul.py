@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from corten.errors import LoweringError
-from corten.fixed_point import clamp_activation, quantize_multiplier, requantize, wrap_int32_t
+from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
 from corten.ops._broadcast import (  # noqa: F401  (loop_geometry etc. re-exported for existing users)
     broadcast_shape,
@@ -40,14 +40,16 @@ from corten.ops._broadcast import (  # noqa: F401  (loop_geometry etc. re-export
     output_layout,
     requantized_binary_op,
     row_broadcast,
-    s16_pointers,
+    typed_operands,
     same_dense_shape,
     storage_strides,
 )
-from corten.ops._common import MAX_RANK, check_lowerable_shapes, check_ranks, constant_operand  # noqa: F401
+from corten.ops._common import (MAX_RANK, check_lowerable_shapes, check_ranks, constant_operand,  # noqa: F401
+                                effective_multiplier)
 from corten.ops._rules import Match
-from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.ops.registry import A8W8, A16W8, OpFamily, annotates, lowers, register_family
 from corten.providers import CMSIS_NN, PORTABLE, NodeView
+from corten.providers.base import tensor_dtype
 
 FAMILY = "mul"
 
@@ -92,7 +94,7 @@ family = register_family(OpFamily(FAMILY, ("quantized_mul",), doc=__doc__))
 annotates("binary", torch.ops.aten.mul.Tensor, torch.ops.aten.mul_.Tensor)
 
 
-@lowers(torch.ops.aten.mul.Tensor, int16=True)
+@lowers(torch.ops.aten.mul.Tensor, formats=(A8W8, A16W8))
 def lower_mul(m: Match):
     """``aten.mul.Tensor`` -> ``quantized_mul``: of two int8 tensors (numpy broadcasting), or of an
     int8 tensor and a constant, which becomes the op's second operand (see :func:`constant_operand`)."""
@@ -109,10 +111,7 @@ def lower_mul(m: Match):
         raise LoweringError("an int16 mul needs two int16 operands (a constant operand or an int8 one: keep the op "
                             "int8 with precision=)")
     scale = float(x.qparams.scale) * float(b_qparams.scale) / float(m.output.scale)
-    try:
-        mult, shift = quantize_multiplier(scale)
-    except ValueError as e:
-        raise LoweringError(f"mul: effective scale s1 * s2 / s_out = {scale:g} cannot be requantized ({e})") from None
+    mult, shift = effective_multiplier(scale, f"mul: effective scale s1 * s2 / s_out = {scale:g}")
     act_min, act_max = m.activation_bounds
     return m.call("quantized_mul", x.node, b_node, x.qparams.offset, b_qparams.offset, m.output.zero_point,
                   mult, shift, act_min, act_max)
@@ -131,10 +130,8 @@ _NAMES = ("input1_offset", "input2_offset", "output_offset", "output_multiplier"
           "activation_min", "activation_max")
 
 
-def _operands(ctx, s16: bool) -> tuple[dict, str, str, str]:
-    v = {k: ctx.int_(int(ctx.arg(k))) for k in _NAMES}
-    x1, x2, out = operand_expr(ctx, "input1"), operand_expr(ctx, "input2"), ctx.out()
-    return (v, *s16_pointers(x1, x2, out)) if s16 else (v, x1, x2, out)
+def _operands(ctx) -> tuple[dict, str, str, str]:
+    return ({k: ctx.int_(int(ctx.arg(k))) for k in _NAMES}, *typed_operands(ctx))
 
 
 def _cmsis_mul_supports(node, target) -> str | None:
@@ -151,23 +148,17 @@ def _cmsis_mul_s16_supports(node, target) -> str | None:
     return "int16 broadcast (arm_elementwise_mul_s16 takes equal-length vectors)"
 
 
-@PORTABLE.kernel("quantized_mul", act=(torch.int8,))
-def _mul_s8(ctx) -> str:
-    """``corten_mul_s8`` (any broadcast)."""
-    v, x1, x2, out = _operands(ctx, False)
+_PORTABLE_MUL = {torch.int8: "corten_mul_s8", torch.int16: "corten_elementwise_mul_s16"}
+
+
+@PORTABLE.kernel("quantized_mul", act=tuple(_PORTABLE_MUL))
+def _mul_portable(ctx) -> str:
+    """``corten_mul_s8`` (``corten_elementwise_mul_s16`` for 16x8; any broadcast)."""
+    v, x1, x2, out = _operands(ctx)
     return ctx.block(
         ctx.params("corten_mul_params", "params", {k: v[k] for k in _NAMES}),
         broadcast_struct(ctx),
-        ctx.call("corten_mul_s8", "&params", "&shape", x1, x2, out))
-
-
-@PORTABLE.kernel("quantized_mul", act=(torch.int16,))
-def _mul_s16(ctx) -> str:
-    """16x8 multiply: ``corten_elementwise_mul_s16`` (any broadcast)."""
-    v, x1, x2, out = _operands(ctx, True)
-    return ctx.block(ctx.params("corten_mul_params", "params", {k: v[k] for k in _NAMES}),
-                     broadcast_struct(ctx),
-                     ctx.call("corten_elementwise_mul_s16", "&params", "&shape", x1, x2, out))
+        ctx.call(_PORTABLE_MUL[tensor_dtype(ctx.node)], "&params", "&shape", x1, x2, out))
 
 
 def _cmsis_args(v: dict, p1: str, p2: str, o: str, size: str) -> list[str]:
@@ -179,7 +170,7 @@ def _cmsis_args(v: dict, p1: str, p2: str, o: str, size: str) -> list[str]:
 def _cmsis_mul_s8(ctx) -> str:
     """Same-shape operands: one ``arm_elementwise_mul_s8`` call; the per-channel broadcast: one call
     per repeated block (CMSIS-NN has no broadcasting s8 multiply)."""
-    v, x1, x2, out = _operands(ctx, False)
+    v, x1, x2, out = _operands(ctx)
     if same_dense_shape(ctx):
         return ctx.call("arm_elementwise_mul_s8", *_cmsis_args(v, x1, x2, out, str(numel(ctx.shape()))))
     full, outer, inner = row_broadcast(ctx)
@@ -193,5 +184,5 @@ def _cmsis_mul_s8(ctx) -> str:
 @CMSIS_NN.kernel("quantized_mul", act=(torch.int16,), supports=_cmsis_mul_s16_supports)
 def _cmsis_mul_s16(ctx) -> str:
     """16x8 multiply of same-shape operands: ``arm_elementwise_mul_s16``."""
-    v, x1, x2, out = _operands(ctx, True)
+    v, x1, x2, out = _operands(ctx)
     return ctx.call("arm_elementwise_mul_s16", *_cmsis_args(v, x1, x2, out, str(numel(ctx.shape()))))

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from corten.errors import LoweringError
 from corten.ops import checks
 from corten.ops._common import output_format, storage_dim_order
+from corten.ops._movement import check_shared_movement
 from corten.ops._qparams import quantize_value
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
@@ -113,12 +114,8 @@ def _pad_args(node) -> tuple[list[int], float]:
 @lowers(_aten.constant_pad_nd.default, _aten.pad.default)
 def lower_pad(m: Match):
     """``F.pad(x, pad, value=v)`` -> ``quantized_pad`` with ``v`` quantized on ``x``'s grid."""
+    check_shared_movement(m, "pad")
     x = m.inputs[0]
-    if x.qparams != m.output:
-        raise LoweringError("a pad must keep its input's quantization parameters (CortenQuantizer shares them; "
-                            "another quantizer may not)")
-    if m.activation is not None:
-        raise LoweringError("an activation after a pad is not fused; apply it before the pad")
     rank = x.node.meta["val"].dim()
     if not 1 <= rank <= MAX_DIMS:
         raise LoweringError(f"pad of a {rank}-D tensor: only 1 to {MAX_DIMS} dimensions are supported")

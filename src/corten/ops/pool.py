@@ -46,8 +46,8 @@ from corten.fixed_point import clamp_activation
 from corten.ops import checks
 from corten.ops._common import as_4d_view, back_to_3d, pads4
 from corten.ops._rules import Match
-from corten.ops.registry import Hook, OpFamily, Window, annotates, lowers, register_family
-from corten.providers import CMSIS_NN, PORTABLE, NodeView
+from corten.ops.registry import A8W8, A16W8, Hook, OpFamily, Window, annotates, lowers, register_family
+from corten.providers import CMSIS_NN, PORTABLE, NodeView, kernel_suffix
 
 FAMILY = "pool"
 
@@ -173,16 +173,9 @@ def _(input, kernel_size, stride, padding, activation_min, activation_max, ceil_
 
 
 @torch.library.custom_op("corten::quantized_max_pool2d", mutates_args=())
-def quantized_max_pool2d(
-    input: torch.Tensor,
-    kernel_size: list[int],
-    stride: list[int],
-    padding: list[int],
-    activation_min: int,
-    activation_max: int,
-    dilation: list[int] | None = None,
-    ceil_mode: bool = False,
-) -> torch.Tensor:
+def quantized_max_pool2d(input: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
+                         activation_min: int, activation_max: int, dilation: list[int] | None = None,
+                         ceil_mode: bool = False) -> torch.Tensor:
     dilation = [1, 1] if dilation is None else dilation
     ho, wo = _check("quantized_max_pool2d", input, kernel_size, stride, padding, activation_min, activation_max,
                     dilation, ceil_mode)
@@ -362,7 +355,7 @@ def _check_pool_padding(what: str, kernel, padding, dilation=(1, 1)):
             raise LoweringError(f"{what}: padding {list(padding)} must be at most half the kernel {list(kernel)}")
 
 
-@lowers(_aten.avg_pool2d.default, int16=True)
+@lowers(_aten.avg_pool2d.default, formats=(A8W8, A16W8))
 def lower_avg_pool2d(m: Match):
     """``avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)``:
     every combination (PyTorch's divisors, see the module docstring)."""
@@ -382,7 +375,7 @@ def is_uniform(size: int, out: int) -> bool:
     return size % out == 0
 
 
-@lowers(_aten.adaptive_avg_pool2d.default, _aten.adaptive_max_pool2d.default, int16=True)
+@lowers(_aten.adaptive_avg_pool2d.default, _aten.adaptive_max_pool2d.default, formats=(A8W8, A16W8))
 def lower_adaptive_pool2d(m: Match):
     """Adaptive pools: a strided pool when the windows are uniform (CMSIS-NN applies), else the
     adaptive op with PyTorch's windows."""
@@ -403,7 +396,7 @@ def lower_adaptive_pool2d(m: Match):
     return m.call("quantized_adaptive_avg_pool2d" if is_avg else "quantized_adaptive_max_pool2d", x, [oh, ow], lo, hi)
 
 
-@lowers(_aten.max_pool2d.default, int16=True)
+@lowers(_aten.max_pool2d.default, formats=(A8W8, A16W8))
 def lower_max_pool2d(m: Match):
     """``max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)``: any dilation and ceil_mode."""
     _same_qparams(m)
@@ -568,10 +561,7 @@ def _window(ctx) -> dict:
 
 def _buffers(ctx) -> tuple[str, str, str]:
     """(input, output, "s8" | "s16") of a pool node."""
-    x, out = ctx.input("input"), ctx.out()
-    if ctx.arg("input").meta["val"].dtype == torch.int16:
-        return f"(const int16_t *)(const void *){x}", f"(int16_t *)(void *){out}", "s16"
-    return x, out, "s8"
+    return ctx.typed_input("input"), ctx.typed_out(), kernel_suffix(ctx.dtype("input"))
 
 
 def _cmsis_supports(node, target) -> str | None:

@@ -122,10 +122,9 @@ def _emit_requantize_c(ctx) -> str:
     size = 1
     for d in ctx.shape(x_node):
         size *= int(d)
-    wide_in = x_node.meta["val"].dtype == torch.int16
-    x, out = ctx.input("input"), ctx.out()
-    in8, in16 = ("NULL", f"(const int16_t *)(const void *){x}") if wide_in else (x, "NULL")
-    out8, out16 = (out, "NULL") if wide_in else ("NULL", f"(int16_t *)(void *){out}")
+    x, out = ctx.typed_input("input"), ctx.typed_out()
+    in8, in16 = ("NULL", x) if ctx.dtype("input") == torch.int16 else (x, "NULL")
+    out8, out16 = (out, "NULL") if in8 == "NULL" else ("NULL", out)
     return ctx.call("corten_requantize_s8_s16", in8, in16, int(ctx.arg("input_offset")), int(ctx.arg("output_offset")),
                     ctx.int_(int(ctx.arg("multiplier"))), int(ctx.arg("shift")), out8, out16, size)
 

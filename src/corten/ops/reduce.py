@@ -26,9 +26,10 @@ from typing import Sequence
 import torch
 
 from corten.errors import LoweringError
-from corten.fixed_point import clamp_activation, quantize_multiplier, requantize, wrap_int32_t
+from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
 from corten.ops import checks
-from corten.ops._common import MAX_ELEMENTWISE_RANK, MAX_RANK, as_4d_view, output_format, storage_dim_order
+from corten.ops._common import (MAX_ELEMENTWISE_RANK, MAX_RANK, as_4d_view, effective_multiplier, output_format,
+                                storage_dim_order)
 from corten.ops._rules import Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 from corten.providers import CMSIS_NN, PORTABLE
@@ -166,10 +167,7 @@ def lower_reduction(m: Match, kind: str, dims: Sequence[int], keepdim: bool):
     for d in dims:
         count *= int(val.shape[d])
     scale = float(x.qparams.scale) / float(m.output.scale) / (count if kind == "mean" else 1)
-    try:
-        mult, shift = quantize_multiplier(scale)
-    except ValueError as e:
-        raise LoweringError(f"{kind}: effective scale {scale:g} cannot be requantized ({e})") from None
+    mult, shift = effective_multiplier(scale, f"{kind}: effective scale {scale:g}")
     return m.call("quantized_reduce", x.node, list(dims), keepdim, MODES["sum"], x.qparams.offset,
                   m.output.zero_point, mult, shift, lo, hi)
 

@@ -12,7 +12,9 @@ Extension points (the only ones; each is registered by the family module at impo
   builds the Corten node(s) replacing one quantized ATen op (with ``match.call``/``add_constant``)
   and returns the node that replaces the final quantize; raises
   :class:`corten.errors.LoweringError` with the reason to refuse (the op then stays unlowered
-  and is reported with that reason).
+  and is reported with that reason).  ``formats=`` (:class:`NumberFormat`: activation dtype, weight
+  dtype) says which element types the rule lowers - int8 by default, ``A16W8`` (16x8), ``A8W4``
+  (int4 weights) - the same dtype key the kernel providers register kernels under.
 * ``rewrites_aten(pass)`` - an ATen-level rewrite the family needs before quantization (the
   quantizer runs them after Corten's ATen passes), e.g. ``nn.LSTM`` split into layers.
 * ``@family.provides(Hook.X, *op_names)`` - the per-op hooks of the later stages, one signature each:
@@ -52,7 +54,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -123,31 +125,71 @@ def register_family(family: OpFamily) -> OpFamily:
 _LOWERINGS: dict[Any, Callable] = {}
 
 
-_INT16: set[Any] = set()
+class NumberFormat(NamedTuple):
+    """A number format a lowering rule handles: the element types of its activations and of its
+    weights (an op without weights reads only ``act``).  The dispatch key of the lowering side;
+    the kernel providers key their kernels on the same two dtypes (``@PORTABLE.kernel(op, act=...,
+    weight=...)``), so a new format is one more key on each side."""
+
+    act: torch.dtype
+    weight: torch.dtype = torch.int8
+
+    def __str__(self) -> str:
+        return f"A{torch.iinfo(self.act).bits}W{_bits(self.weight)}"
 
 
-def lowers(*aten_targets: Any, int16: bool = False) -> Callable:
+def _bits(dtype: torch.dtype) -> int:
+    return 4 if dtype == torch.int4 else torch.iinfo(dtype).bits
+
+
+A8W8 = NumberFormat(torch.int8, torch.int8)  # int8 activations and weights (every op)
+A16W8 = NumberFormat(torch.int16, torch.int8)  # TFLite's 16x8: int16 activations, int8 weights
+A8W4 = NumberFormat(torch.int8, torch.int4)  # int4 weights (packed two per byte in C), int8 activations
+INT8_ONLY = (A8W8,)
+
+_FORMATS: dict[Any, tuple[tuple[NumberFormat, Callable | None], ...]] = {}
+
+
+def lowers(*aten_targets: Any, formats: Sequence[NumberFormat] = INT8_ONLY,
+           when: dict[NumberFormat, Callable] | None = None) -> Callable:
     """Decorator for a lowering rule: ``fn(match) -> torch.fx.Node`` replaces a quantized ATen op
     (``torch.ops.aten.conv2d.default``, ...) by Corten ops.  The rule lives in the op family module
-    of the ops it produces; :mod:`corten.lowering` finds it here.  ``int16=True``: the rule also
-    lowers int16 activations (TFLite's 16x8 scheme); the quantizer gives int16 only to such ops
-    and the lowering refuses int16 tensors at the others."""
+    of the ops it produces; :mod:`corten.lowering` finds it here.
+
+    ``formats``: the :class:`NumberFormat` s the rule lowers (default int8 only; e.g. ``(A8W8,
+    A16W8)`` for an op with 16x8 kernels, ``A8W4`` for int4 weights); ``when``: a format's further
+    condition on the ATen node (``{A8W4: fn(node) -> bool}``).  The quantizer gives a node only a
+    format its rule lowers (:func:`lowers_format`) and the lowering refuses the others."""
+    when = dict(when or {})
+    unknown = [f for f in when if f not in formats]
+    if unknown:
+        raise ValueError(f"when= names formats the rule does not lower: {unknown}")
 
     def deco(fn: Callable) -> Callable:
         for t in aten_targets:
             if t in _LOWERINGS:
                 raise ValueError(f"two lowering rules for {t}")
             _LOWERINGS[t] = fn
-            if int16:
-                _INT16.add(t)
+            _FORMATS[t] = tuple((NumberFormat(*f), when.get(f)) for f in formats)
         return fn
 
     return deco
 
 
-def supports_int16(aten_target: Any) -> bool:
-    """Whether the lowering rule of ``aten_target`` handles int16 activations."""
-    return aten_target in _INT16
+def lowers_format(node: Any, act: torch.dtype = torch.int8, weight: torch.dtype = torch.int8) -> bool:
+    """Whether the lowering rule of ``node``'s target (an ATen node, or the target itself) handles
+    activations of dtype ``act`` with weights of dtype ``weight`` (its ``when`` condition, if any,
+    asked of the node; given only a target, the format's condition is not asked)."""
+    target = getattr(node, "target", node)
+    for fmt, cond in _FORMATS.get(target, ()):
+        if fmt == (act, weight) and (cond is None or target is node or bool(cond(node))):
+            return True
+    return False
+
+
+def formats_of(aten_target: Any) -> tuple[NumberFormat, ...]:
+    """The number formats the lowering rule of ``aten_target`` handles (() without a rule)."""
+    return tuple(f for f, _ in _FORMATS.get(aten_target, ()))
 
 
 def lowering_rule(aten_target: Any) -> Callable | None:
@@ -183,42 +225,35 @@ class Annotation:
         (quantized along ``weight_axis``), int32 bias, int8 output after a fused activation;
       * ``"binary"``   - two int8 activation inputs, int8 output after a fused activation;
       * ``"unary"``    - one int8 activation input, an int8 output with its own qparams;
-      * ``"fixed"``    - as unary, with output qparams fixed to ``fixed = (scale, zero_point)``
-        (``fixed16``: the int16 ones, when the op lowers int16 too);
+      * ``"fixed"``    - as unary, with output qparams fixed per activation dtype to ``fixed[dtype] =
+        (scale, zero_point)`` (e.g. ``{torch.int8: ..., torch.int16: ...}``; a dtype not in it is
+        not given to the op);
       * ``"shared"``   - output (and any further tensor inputs) share the first input's qparams.
 
-    ``int4``: a weighted op whose lowering has int4-weight kernels (A8W4, ``weight_bits=4``); a
-    callable ``int4(node) -> bool`` says which nodes (e.g. convolutions of 1 or C_in groups).
+    Which element types an op takes (int16 activations, int4 weights) is its lowering rule's
+    ``formats`` (:func:`lowers`), not the annotation's.
     """
 
     kind: str
     weight_axis: int = 0
-    fixed: tuple[float, int] | None = None
-    fixed16: tuple[float, int] | None = None
-    int4: Any = False
+    fixed: dict | None = None
 
 
 ANNOTATION_KINDS = ("weighted", "binary", "unary", "fixed", "shared")
 _ANNOTATIONS: dict[Any, Annotation] = {}
 
 
-def annotates(kind: str, *aten_targets: Any, weight_axis: int = 0, fixed: tuple[float, int] | None = None,
-              fixed16: tuple[float, int] | None = None, int4: Any = False) -> None:
+def annotates(kind: str, *aten_targets: Any, weight_axis: int = 0,
+              fixed: dict[torch.dtype, tuple[float, int]] | None = None) -> None:
     """Declare how the quantizer annotates ``aten_targets`` (see :class:`Annotation`)."""
     if kind not in ANNOTATION_KINDS:
         raise ValueError(f"annotation kind {kind!r} is not one of {ANNOTATION_KINDS}")
+    if (kind == "fixed") != (fixed is not None):
+        raise ValueError("fixed= (qparams per activation dtype) goes with kind 'fixed' only")
     for t in aten_targets:
         if t in _ANNOTATIONS:
             raise ValueError(f"two annotations for {t}")
-        _ANNOTATIONS[t] = Annotation(kind, weight_axis, fixed, fixed16, int4)
-
-
-def supports_int4(node: Any) -> bool:
-    """The ATen node lowers to an op with an int4-weight kernel (its family said so)."""
-    ann = _ANNOTATIONS.get(getattr(node, "target", None))
-    if ann is None or not ann.int4:
-        return False
-    return bool(ann.int4(node)) if callable(ann.int4) else True
+        _ANNOTATIONS[t] = Annotation(kind, weight_axis, dict(fixed) if fixed is not None else None)
 
 
 def annotation_for(aten_target: Any) -> Annotation | None:

@@ -17,7 +17,7 @@ from corten.errors import LoweringError
 from corten.ops._common import RESHAPES
 from corten.ops._movement import composes_with_copy, lower_byte_map, shapes_share_bytes, storage_is_logical
 from corten.ops._rules import Match
-from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.ops.registry import A8W8, A16W8, OpFamily, annotates, lowers, register_family
 
 aten = torch.ops.aten
 
@@ -33,7 +33,7 @@ def _check_shared(m: Match) -> None:
         raise LoweringError("a shape-only op must keep its input's quantization parameters")
 
 
-@lowers(*RESHAPES, int16=True)
+@lowers(*RESHAPES, formats=(A8W8, A16W8))
 def lower_reshape(m: Match):
     _check_shared(m)
     shape = list(m.node.meta["val"].shape)
@@ -51,7 +51,7 @@ def lower_reshape(m: Match):
     return m.call_aten(aten.reshape.default, m.inputs[0].node, shape)
 
 
-@lowers(*IDENTITIES, int16=True)
+@lowers(*IDENTITIES, formats=(A8W8, A16W8))
 def lower_identity(m: Match):
     """Eval-mode dropout, clone and friends are no-ops on the int8 tensor: they vanish."""
     _check_shared(m)

@@ -79,7 +79,7 @@ from corten.fixed_point import (
 from corten.ops import _lut16, checks
 from corten.ops._common import output_format, storage_dim_order
 from corten.ops._rules import Match
-from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.ops.registry import A8W8, A16W8, OpFamily, annotates, lowers, register_family
 from corten.providers import CMSIS_NN, PORTABLE, NodeView
 
 FAMILY = "softmax"
@@ -480,9 +480,9 @@ family = register_family(OpFamily(FAMILY, ("quantized_softmax", "quantized_log_s
 
 SOFTMAX_OPS = (torch.ops.aten.softmax.int, torch.ops.aten._softmax.default)
 LOG_SOFTMAX_OPS = (torch.ops.aten.log_softmax.int, torch.ops.aten._log_softmax.default)
-annotates("fixed", *SOFTMAX_OPS, fixed=(OUTPUT_SCALE, OUTPUT_ZERO_POINT),
-          fixed16=(S16_OUTPUT_SCALE, S16_OUTPUT_ZERO_POINT))
-annotates("fixed", *LOG_SOFTMAX_OPS, fixed=(LOG_OUTPUT_SCALE, LOG_OUTPUT_ZERO_POINT))
+annotates("fixed", *SOFTMAX_OPS, fixed={torch.int8: (OUTPUT_SCALE, OUTPUT_ZERO_POINT),
+                                         torch.int16: (S16_OUTPUT_SCALE, S16_OUTPUT_ZERO_POINT)})
+annotates("fixed", *LOG_SOFTMAX_OPS, fixed={torch.int8: (LOG_OUTPUT_SCALE, LOG_OUTPUT_ZERO_POINT)})
 
 
 def _softmax_dim(m: Match, what: str) -> int:
@@ -514,7 +514,7 @@ def _check_lowerable(m: Match, what: str, fixed: tuple[float, int], max_row: int
     return dim, shape
 
 
-@lowers(*SOFTMAX_OPS, int16=True)
+@lowers(*SOFTMAX_OPS, formats=(A8W8, A16W8))
 def lower_softmax(m: Match):
     """``aten.softmax.int`` / ``aten._softmax`` over any dim -> ``quantized_softmax`` (int8, or int16
     with TFLite's tables)."""
@@ -612,7 +612,7 @@ def _softmax_cmsis(ctx) -> str:
 
 def _s16_tables(ctx) -> tuple[str, str, str, str]:
     exp_lut, one_lut = ctx.const("exp_lut", torch.int16), ctx.const("one_by_one_lut", torch.int16)
-    return exp_lut, one_lut, f"(const int16_t *)(const void *){ctx.input('input')}", f"(int16_t *)(void *){ctx.out()}"
+    return exp_lut, one_lut, ctx.typed_input("input"), ctx.typed_out()
 
 
 @PORTABLE.kernel("quantized_softmax", act=(torch.int16,))

@@ -27,7 +27,7 @@ import torch
 from corten.errors import LoweringError
 from corten.ops import checks
 from corten.ops._common import RESHAPES, output_format, storage_dim_order, storage_shape
-from corten.ops._movement import aten_overloads, composes_with_copy, lower_byte_map
+from corten.ops._movement import aten_overloads, check_shared_movement, composes_with_copy, lower_byte_map
 from corten.ops._rules import DQ_PER_TENSOR, Match
 from corten.ops.registry import OpFamily, annotates, lowers, register_family
 from corten.providers import CMSIS_NN, PORTABLE, NodeView
@@ -166,12 +166,8 @@ def aten_permutation(node) -> list[int]:
 def lower_permute(m: Match):
     """A permute that moves bytes -> ``quantized_transpose``; one that only moves size-1 dims ->
     ``aten.reshape`` (the generator makes it an alias or a layout copy)."""
+    check_shared_movement(m, "permute")
     x = m.inputs[0]
-    if x.qparams != m.output:
-        raise LoweringError("a permute must keep its input's quantization parameters (CortenQuantizer shares "
-                            "them; another quantizer may not)")
-    if m.activation is not None:
-        raise LoweringError("an activation after a permute is not fused; apply it before the permute")
     in_shape = [int(d) for d in x.node.meta["val"].shape]
     if len(in_shape) > MAX_DIMS:
         raise LoweringError(f"permute of a {len(in_shape)}-D tensor: at most {MAX_DIMS} dimensions are supported")

@@ -108,6 +108,30 @@ def weight_dtype(node: torch.fx.Node) -> torch.dtype | None:
     return tensor_dtype(NodeView(node).arg("weight"))
 
 
+# The element types of the C kernels: a kernel's name ends in its element type's suffix
+# (``corten_add_s8`` / ``_s16``, ``corten_conv2d_s4`` for int4 weights), and an activation buffer
+# (an ``int8_t *`` into the arena) is cast to its element type's pointer.
+KERNEL_SUFFIXES = {torch.int8: "s8", torch.int16: "s16", torch.int4: "s4"}
+C_ELEMENT_TYPES = {torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int32_t", torch.int64: "int64_t"}
+
+
+def kernel_suffix(dtype: torch.dtype | None) -> str:
+    """``"s8"``, ``"s16"`` or ``"s4"``: the suffix of the C kernels of ``dtype`` elements."""
+    try:
+        return KERNEL_SUFFIXES[dtype]
+    except KeyError:
+        raise CodegenError(f"no C kernels for {dtype} elements (one of {_dtype_names(KERNEL_SUFFIXES)})") from None
+
+
+def element_pointer(expr: str, dtype: torch.dtype | None, const: bool = False) -> str:
+    """The arena buffer expression ``expr`` (an ``int8_t *``) as a pointer to ``dtype`` elements
+    (``expr`` itself for int8)."""
+    if dtype in (None, torch.int8):
+        return expr
+    ctype = C_ELEMENT_TYPES[dtype]
+    return f"(const {ctype} *)(const void *){expr}" if const else f"({ctype} *)(void *){expr}"
+
+
 def op_of(node: torch.fx.Node) -> str:
     """The Corten op name of a node (``quantized_add``)."""
     return node.target._schema.name.split("::", 1)[1]
@@ -255,15 +279,7 @@ class KernelProvider(Provider):
         ``act``, weight dtypes ``weight``, ``isas``; ``supports`` / ``scratch`` as in :class:`Kernel`)."""
         if not ops:
             raise ValueError(f"provider {self.name!r}: a kernel needs at least one op")
-
-        def deco(emit: EmitFn) -> EmitFn:
-            for op in ops:
-                self._kernels.setdefault(op, []).append(Kernel(
-                    op, emit, tuple(act) if act is not None else None, tuple(weight) if weight is not None else None,
-                    tuple(isas) if isas is not None else None, supports, scratch))
-            return emit
-
-        return deco
+        return self._registrar(self._kernels, ops, act, weight, isas, supports, scratch)
 
     def in_place_kernel(self, *ops: str, act: Sequence[torch.dtype] | None = None,
                         weight: Sequence[torch.dtype] | None = None, isas: Sequence[str] | None = None,
@@ -271,9 +287,15 @@ class KernelProvider(Provider):
                         ) -> Callable[[EmitFn], EmitFn]:
         """Decorator: ``emit(ctx) -> str`` computes ``ops`` writing the output over the first input
         (:meth:`Provider.in_place_scratch`; ``scratch``: its temporary's bytes)."""
+        return self._registrar(self._in_place, ops, act, weight, isas, supports, scratch)
+
+    @staticmethod
+    def _registrar(table: dict[str, list[Kernel]], ops: Sequence[str], act, weight, isas, supports, scratch
+                   ) -> Callable[[EmitFn], EmitFn]:
+        """The decorator adding ``emit`` as a :class:`Kernel` of each of ``ops`` to ``table``."""
         def deco(emit: EmitFn) -> EmitFn:
             for op in ops:
-                self._in_place.setdefault(op, []).append(Kernel(
+                table.setdefault(op, []).append(Kernel(
                     op, emit, tuple(act) if act is not None else None, tuple(weight) if weight is not None else None,
                     tuple(isas) if isas is not None else None, supports, scratch))
             return emit

@@ -204,12 +204,10 @@ class CortenQuantizer(Quantizer):
     def annotate(self, model: GraphModule) -> GraphModule:
         """Annotate every op an op family declared (``corten.ops.registry.annotates``)."""
         import corten.ops  # noqa: F401  (the families declare their annotations on import)
-        from corten.ops.registry import annotation_for
-
-        from corten.ops.registry import supports_int4, supports_int16
+        from corten.ops.registry import annotation_for, lowers_format
 
         act8 = act = activation_qspec(self.is_qat, self.observer)
-        act16 = activation_qspec16(self.is_qat, self.observer)
+        acts = {torch.int8: act8, torch.int16: activation_qspec16(self.is_qat, self.observer)}
         # Compute ops first; shared-qparam ops last, so that their producers are annotated.
         for shared_pass in (False, True):
             for node in model.graph.nodes:
@@ -221,18 +219,20 @@ class CortenQuantizer(Quantizer):
                 if not (_float_tensors_only(node, constant_indices=ann.kind == "shared")
                         or (ann.kind == "shared" and _has_float_input(node))):
                     continue
-                if ann.kind == "shared":  # shared qparams follow the producer's dtype
-                    act = act16 if _producer_dtype(node) == torch.int16 and supports_int16(node.target) else act8
-                elif (precision_of(node, self.precision) == "int16" and supports_int16(node.target)
-                      and (ann.kind != "binary" or _two_activations(node))
-                      and (ann.kind != "fixed" or ann.fixed16 is not None)):
-                    act = act16
-                    self.int16_nodes.append(node.name)
-                else:
-                    act = act8
+                # the activation width: the layer's precision where its lowering rule has that format
+                # (shared qparams: the producer's), else int8
+                want = (_producer_dtype(node) if ann.kind == "shared"
+                        else getattr(torch, precision_of(node, self.precision)))
+                act = act8
+                if (want != torch.int8 and want in acts and lowers_format(node, act=want)
+                        and (ann.kind != "binary" or _two_activations(node))
+                        and (ann.kind != "fixed" or want in ann.fixed)):
+                    act = acts[want]
+                    if ann.kind != "shared":
+                        self.int16_nodes.append(node.name)
                 if ann.kind == "weighted":
-                    int4 = (act.dtype == torch.int8 and precision_of(node, self.weights) == "int4"
-                            and supports_int4(node))
+                    wdt = getattr(torch, precision_of(node, self.weights))  # torch.int8 | torch.int4
+                    int4 = wdt == torch.int4 and lowers_format(node, act=act.dtype, weight=wdt)
                     if int4:
                         self.int4_nodes.append(node.name)
                     self._annotate_weighted(node, act, ann.weight_axis, int4)
@@ -241,7 +241,7 @@ class CortenQuantizer(Quantizer):
                 elif ann.kind == "unary":
                     _mark(node, {node.args[0]: _input_qspec(node.args[0], act)}, act) if isinstance(node.args[0], Node) else None
                 elif ann.kind == "fixed":
-                    self._annotate_fixed(node, act, ann.fixed16 if act.dtype == torch.int16 else ann.fixed)
+                    self._annotate_fixed(node, act, ann.fixed[act.dtype])
                 else:
                     self._annotate_shared(node, act)
         self._annotate_float_outputs(model, act)
@@ -356,7 +356,7 @@ def _fixed_output_spec(node: Node, follow_shared: bool) -> FixedQParamsQuantizat
     whose qparams ``node`` shares (an int16-capable flatten or pool after it).  int16 follows the shared ops: a
     second observer there would need an int16 -> int16 requantize, which Corten has not; int8 keeps
     its observer after them (the lowering maps the two grids with a 256-entry table)."""
-    from corten.ops.registry import annotation_for, supports_int16
+    from corten.ops.registry import annotation_for, lowers_format
 
     seen: set = set()
     while isinstance(node, Node) and node not in seen:
@@ -365,7 +365,7 @@ def _fixed_output_spec(node: Node, follow_shared: bool) -> FixedQParamsQuantizat
         spec = getattr(ann, "output_qspec", None)
         if isinstance(spec, FixedQParamsQuantizationSpec):
             return spec
-        if not (follow_shared and supports_int16(node.target)):  # (an int8-only shared op observes anew)
+        if not (follow_shared and lowers_format(node, act=torch.int16)):  # (an int8-only shared op observes anew)
             return None
         if isinstance(spec, SharedQuantizationSpec):
             e = spec.edge_or_node

@@ -174,6 +174,14 @@ def compile_and_link(command: Sequence[str], where: str) -> str:
     return output
 
 
+def run_captured(command: Sequence[str], workdir: Path, timeout_s: float) -> subprocess.CompletedProcess:
+    """Run a built harness (natively or under QEMU) in ``workdir``: text output captured, no stdin,
+    at most ``timeout_s`` seconds (``subprocess.TimeoutExpired`` and ``FileNotFoundError`` reach the
+    caller, which words them for its runner)."""
+    return subprocess.run(list(command), cwd=workdir, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=timeout_s, check=False)
+
+
 def parse_harness_report(text: str) -> HarnessReport | None:
     """The last CORTEN_RESULT line of the harness output, or None if there is none."""
     matches = _RESULT_RE.findall(text)

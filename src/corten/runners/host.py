@@ -10,7 +10,7 @@ from pathlib import Path
 from .common import (
     HARNESS_DIR, HARNESS_MAIN, INPUT_FILE, OUTPUT_FILE, WARNING_FLAGS, CRunError, CRunResult, CRunTimeout, Progress,
     compile_and_link, complete_defines, define_flags, include_flags, parse_harness_report, prepare_workdir,
-    print_progress, read_output, split_sources, tail
+    print_progress, read_output, run_captured, split_sources, tail
 )
 
 HOST_CC = "gcc"
@@ -83,15 +83,7 @@ def run_on_host(
     if progress:
         progress(f"running host harness {binary}")
     try:
-        proc = subprocess.run(
-            [str(binary), INPUT_FILE, OUTPUT_FILE],
-            cwd=workdir,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=timeout_s,
-            check=False,
-        )
+        proc = run_captured([str(binary), INPUT_FILE, OUTPUT_FILE], workdir, timeout_s)
     except subprocess.TimeoutExpired:
         raise CRunTimeout(f"{where}: harness {binary} did not finish within {timeout_s} s") from None
     log = build_log + proc.stdout + proc.stderr

@@ -48,6 +48,7 @@ from .common import (
     prepare_workdir,
     print_progress,
     read_output,
+    run_captured,
     split_sources,
     tail,
 )
@@ -245,15 +246,7 @@ def run_on_qemu(
         command += ["-d", "in_asm,exec,nochain", "-D", str(trace)]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(
-            command,
-            cwd=workdir,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=timeout_s,
-            check=False,
-        )
+        proc = run_captured(command, workdir, timeout_s)
     except FileNotFoundError:
         raise CRunError(f"{where}: {QEMU} not found; install qemu-system-arm") from None
     except subprocess.TimeoutExpired:

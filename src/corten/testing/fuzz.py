@@ -52,29 +52,17 @@ class Lambda(nn.Module):
         return self.name
 
 
-class Residual(nn.Module):
+BINARY_OPS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "max": torch.maximum, "min": torch.minimum}
+
+
+def Residual(op: str, body: nn.Module, other: nn.Module) -> nn.Module:  # noqa: N802  (a module factory)
     """``op(body(x), other(x))`` for a binary elementwise op (add/sub/mul/maximum/minimum)."""
-
-    def __init__(self, op: str, body: nn.Module, other: nn.Module):
-        super().__init__()
-        self.op, self.body, self.other = op, body, other
-
-    def forward(self, x):
-        a, b = self.body(x), self.other(x)
-        return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "max": torch.maximum,
-                "min": torch.minimum}[self.op](a, b)
-
-    def extra_repr(self) -> str:
-        return self.op
+    return Two(op, BINARY_OPS[op], body, other)
 
 
-class Cat(nn.Module):
-    def __init__(self, dim: int, a: nn.Module, b: nn.Module):
-        super().__init__()
-        self.dim, self.a, self.b = dim, a, b
-
-    def forward(self, x):
-        return torch.cat([self.a(x), self.b(x)], dim=self.dim)
+def Cat(dim: int, a: nn.Module, b: nn.Module) -> nn.Module:  # noqa: N802  (a module factory)
+    """``torch.cat([a(x), b(x)], dim)``."""
+    return Two(f"cat dim={dim}", lambda u, v: torch.cat([u, v], dim=dim), a, b)
 
 
 class Chain(nn.Module):
@@ -92,6 +80,13 @@ class Chain(nn.Module):
                 mid = x
         out = self.tail(x) if self.tail is not None else x
         return (out, mid) if self.two_outputs else out
+
+
+def _append_step(made: tuple[nn.Module, Shape], family: str, steps: list[nn.Module], fams: list[str]) -> Shape:
+    """Append a family's ``(module, output shape)`` to the chain being drawn; returns the new shape."""
+    steps.append(made[0])
+    fams.append(family)
+    return made[1]
 
 
 def _randomise(m: nn.Module, rng: random.Random) -> nn.Module:
@@ -850,9 +845,7 @@ def make_any_case(seed: int, rng: random.Random, force: str | None = None) -> Ca
                 break
         else:
             continue
-        steps.append(made[0])
-        shape = made[1]
-        fams.append(name)
+        shape = _append_step(made, name, steps, fams)
     if not steps:
         steps, fams = [nn.Linear(shape[-1], 3)], fams + ["linear_any"]
     outputs = sorted(rng.sample(range(len(steps) - 1), rng.randint(0, min(2, len(steps) - 1)))) \
@@ -913,9 +906,7 @@ def make_chain_case(seed: int) -> Case:
             name = rng.choice(list(FAMILIES))
         else:
             continue
-        steps.append(made[0])
-        shape = made[1]
-        fams.append(name)
+        shape = _append_step(made, name, steps, fams)
     if not steps:
         steps, fams = [nn.Conv2d(shape[1], 2, 1)], ["conv"]
     tail = tail_linear(rng, shape) if rng.random() < 0.3 else None
@@ -1008,11 +999,25 @@ BATCH_MAIN = r"""/* Fuzz batch harness: runs every model on in_<i>.bin, writes o
 #include <stdlib.h>
 %(includes)s
 
-static int run_one(const char *name, int (*fn)(const int8_t *, int8_t *, uint8_t *), size_t in_bytes,
-                   size_t out_bytes, size_t arena_bytes, size_t align)
+/* Read (write) the `bytes` bytes of `buf` from (to) the file <prefix>_<name>.bin: 1 when all moved. */
+static int move_file(const char *prefix, const char *name, void *buf, size_t bytes, int write)
 {
     char path[256];
     FILE *f;
+    size_t done;
+    snprintf(path, sizeof path, "%%s_%%s.bin", prefix, name);
+    f = fopen(path, write ? "wb" : "rb");
+    if (f == NULL) {
+        return 0;
+    }
+    done = write ? fwrite(buf, 1, bytes, f) : fread(buf, 1, bytes, f);
+    fclose(f);
+    return done == bytes;
+}
+
+static int run_one(const char *name, int (*fn)(const int8_t *, int8_t *, uint8_t *), size_t in_bytes,
+                   size_t out_bytes, size_t arena_bytes, size_t align)
+{
     int8_t *in = malloc(in_bytes), *out = malloc(out_bytes);
     void *arena = NULL;
     int status;
@@ -1021,21 +1026,15 @@ static int run_one(const char *name, int (*fn)(const int8_t *, int8_t *, uint8_t
         printf("FUZZ %%s alloc-failed\n", name);
         return 1;
     }
-    snprintf(path, sizeof path, "in_%%s.bin", name);
-    f = fopen(path, "rb");
-    if (f == NULL || fread(in, 1, in_bytes, f) != in_bytes) {
+    if (!move_file("in", name, in, in_bytes, 0)) {
         printf("FUZZ %%s no-input\n", name);
         return 1;
     }
-    fclose(f);
     status = fn(in, out, (uint8_t *)arena);
-    snprintf(path, sizeof path, "out_%%s.bin", name);
-    f = fopen(path, "wb");
-    if (f == NULL || fwrite(out, 1, out_bytes, f) != out_bytes) {
+    if (!move_file("out", name, out, out_bytes, 1)) {
         printf("FUZZ %%s no-output\n", name);
         return 1;
     }
-    fclose(f);
     printf("FUZZ %%s status=%%d\n", name, status);
     free(in);
     free(out);
