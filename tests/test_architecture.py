@@ -45,7 +45,10 @@ ALLOWED: dict[str, set[str]] = {
     "runners": {"errors", "targets", "codegen", "memory", "providers", "deployment"},
     "compare": {"errors", "ops", "ops.infra", "capture", "aten_passes"},
     "program": {"errors", "targets", "ops", "ops.infra", "capture", "lowering", "memory", "codegen", "runners",
-                "outdir", "compare", "providers", "deployment"},
+                "outdir", "compare", "providers", "deployment", "program_reports", "program_c"},
+    # the Program's reports and its C library (mixins of corten.program.Program)
+    "program_reports": {"errors", "ops", "ops.infra", "lowering", "codegen"},
+    "program_c": {"errors", "codegen", "runners"},
     "zoo": {"errors"},
     # model files: TFLite -> a Program of Corten ops (a family's TFLite preparation math, e.g. softmax_params);
     # ONNX -> a torch module for the compiler (called from corten/__init__ and the CLI)

@@ -1,8 +1,11 @@
 """The compiled int8 program: a lowered ``ExportedProgram`` of Corten ops plus what surrounds it.
 
-A :class:`Program` runs itself with the reference kernels (:meth:`Program.run`), reports its
-operators, saves to / loads from a directory (``manifest.json`` + ``program.pt2``), and is what
-the memory planner and the C generator consume.
+A :class:`Program` runs itself with the reference kernels (:meth:`Program.run`), plans its memory,
+saves to / loads from a directory (``manifest.json`` + ``program.pt2``), and is what the memory
+planner and the C generator consume.  Its reports (operator table, memory, kernel choices, flash
+per weight width) are :class:`corten.program_reports.ProgramReports`, its C library (emit, run,
+profile) :class:`corten.program_c.ProgramC`: two mixins of the one class, so ``prog.<method>``
+is unchanged.
 """
 from __future__ import annotations
 
@@ -17,8 +20,10 @@ import torch
 
 import corten.ops  # noqa: F401  (the corten:: ops must exist to load a saved program)
 from corten.errors import ProgramFileError, ProgramNotFoundError, UnsupportedOpsError, UsageError
-from corten.lowering.pass_manager import UnloweredNode, is_lowered, op_display_name, unlowered_nodes
+from corten.lowering.pass_manager import UnloweredNode, unlowered_nodes
 from corten.ops.registry import op_name_of
+from corten.program_c import ProgramC
+from corten.program_reports import ProgramReports, weight_layers, weights_report  # noqa: F401  (re-exported)
 from corten.targets import Target, get_target
 
 FORMAT_VERSION = 1
@@ -84,7 +89,7 @@ def _io_specs(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec], list[
 
 
 @dataclass
-class Program:
+class Program(ProgramReports, ProgramC):
     ep: torch.export.ExportedProgram
     target: Target
     name: str = "model"
@@ -148,35 +153,6 @@ class Program:
     def unlowered_ops(self) -> list[UnloweredNode]:
         """The float compute ops left (empty when fully lowered), each with its source location."""
         return list(self.unlowered)
-
-    def operator_table(self) -> str:
-        """The operator table: op, count, lowered or not, with totals."""
-        rows: dict[tuple[str, str], int] = {}
-        for node in self.ep.graph.nodes:
-            if node.op != "call_function":
-                continue
-            name = op_name_of(node.target)
-            if name is not None:
-                key = (f"corten.{name}", "lowered")
-            elif is_lowered(node):
-                key = (op_display_name(node.target), "view (no kernel)")
-            else:
-                key = (op_display_name(node.target), "NOT LOWERED")
-            rows[key] = rows.get(key, 0) + 1
-        w = max([len(k[0]) for k in rows] + [8])
-        line = f"+-{'-' * w}-+-------+------------------+"
-        out = [line, f"| {'operator':<{w}} | count | status           |", line]
-        for (op, status), count in rows.items():
-            out.append(f"| {op:<{w}} | {count:>5} | {status:<16} |")
-        out.append(line)
-        lowered = sum(c for (_, s), c in rows.items() if s == "lowered")
-        views = sum(c for (_, s), c in rows.items() if s.startswith("view"))
-        missing = sum(c for (_, s), c in rows.items() if s == "NOT LOWERED")
-        out.append(f"| {'total':<{w}} | {lowered + views + missing:>5} | {f'{missing} not lowered':<16} |")
-        out.append(line)
-        out.append(f"{lowered} Corten op(s), {views} view(s), {missing} unlowered op(s); target {self.target.name} "
-                   f"({self.target.isa})")
-        return "\n".join(out)
 
     # ------------------------------------------------------------------ running
     def module(self) -> torch.fx.GraphModule:
@@ -370,152 +346,9 @@ class Program:
         prog._memory = {d.key: plan}  # the plan the search checked
         return prog
 
-    def memory_report(self, kernels=None, *, deployment=None) -> str:
-        """The memory plan's report; with int4 weights also the flash per width and per layer
-        (:func:`weights_report`)."""
-        text = self.memory_for(kernels, deployment=deployment).report()
-        if "weights" in self.info or any(bits == 4 for _, bits, _ in weight_layers(self)):
-            text += "\n" + weights_report(self)
-        return text
-
     def _require_lowered(self, what: str) -> None:
         if self.unlowered:
             raise UnsupportedOpsError(self.name, self.unlowered)
-
-    def emit_c(self, out_dir: str | Path, kernels=None, target: str | None = None, *, deployment=None):
-        """Write the C model library (see :func:`corten.codegen.emit_c`) for a deployment
-        (:meth:`deployment`; by default the program's target with ``kernels="portable"``); the
-        memory plan is made for that deployment's core and kernels."""
-        from corten.codegen import emit_c
-
-        self._require_lowered("emit C")
-        d = self.deployment(kernels, target, deployment=deployment, default_kernels="portable")
-        return emit_c(self.ep, self.memory_for(deployment=d), out_dir, self.name, d,
-                      node_sources=self.info.get("node_sources"), output_names=self.output_names,
-                      input_scaling=self.input_scaling)
-
-    def kernel_choices(self, kernels=None, target: str | None = None, *, deployment=None):
-        """The steps of the C library for a deployment (tuple of :class:`corten.codegen.StepInfo`:
-        module, op, provider, the kernel calls, MACs; ``reason`` says why a step does not run on the
-        leading provider, e.g. a portable ``corten_*`` kernel in a CMSIS-NN build).  The emitter's own
-        choice: nothing is written."""
-        from corten.codegen import kernel_steps
-
-        self._require_lowered("choose kernels")
-        d = self.deployment(kernels, target, deployment=deployment)
-        return kernel_steps(self.ep, self.memory_for(deployment=d), self.name, d,
-                            node_sources=self.info.get("node_sources"))
-
-    def choices_report(self, kernels: str = "generated", target: str | None = None) -> str:
-        """Which kernel each step of a generated build (``kernels="generated"`` or
-        ``"generated+cmsis-nn"``) runs - the layer's generated kernel or the fallback flavour's - and why."""
-        from corten.codegen import choices_report
-
-        return choices_report(self.kernel_choices(kernels, target), kernels)
-
-    def fallback_report(self, target: str | None = None, *, deployment=None) -> str:
-        """Which steps of a build (CMSIS-NN by default) fall back to later providers, and why."""
-        from corten.codegen import fallback_report
-
-        d = self.deployment(None, target, deployment=deployment)
-        return fallback_report(self.kernel_choices(deployment=d), d.providers[0].title)
-
-    def c_run(self, *inputs: torch.Tensor, on: str = "host", kernels=None,
-              cmsis_nn_path: str | None = None, target: str | None = None, progress: bool = False,
-              cflags: str | Sequence[str] = (), cycles: bool = False, deployment=None):
-        """Run the program's C library on the host or on QEMU (for a deployment, :meth:`deployment`:
-        the program's target, or ``target``, with ``kernels="portable"`` by default; on QEMU its
-        board) and return the run as a value: a :class:`corten.runners.program_runner.CRun` with the
-        int8 ``outputs`` (as :meth:`run_int8`), ``wall_s``, ``instructions`` (QEMU) and the log.
-        ``cycles`` (QEMU): also ``run.cycles_estimate``, the inference's estimated cycles (the executed
-        instruction mix costed with the core's timing table, :mod:`corten.runners.cycles`).
-
-        ``cflags``: extra compiler flags (a list, or one string split like a shell would), added
-        after Corten's ``-O2``, e.g. ``"-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all"``
-        on the host: a sanitizer report then fails the run with :class:`corten.runners.CRunError`."""
-        import os
-
-        from corten.runners.program_runner import ProgramRunner
-
-        inputs = self._check_inputs(inputs)
-        if getattr(self, "_runner", None) is None:
-            self._runner = ProgramRunner(self)
-        d = self.deployment(kernels, target, deployment=deployment, default_kernels="portable")
-        cmsis = cmsis_nn_path or os.environ.get("CMSIS_NN_PATH")
-        flags = _cflags_tuple(cflags)
-        if cycles and on != "qemu":
-            raise UsageError("cycles=True estimates the cycles of a QEMU run (on='qemu')")
-        outs, run = self._runner.run(inputs, on, d, cmsis, progress=progress, cflags=flags, cycles=cycles)
-        run.outputs = list(outs)
-        run.output_names = self.output_names
-        run.structured = self.structure(run.outputs)
-        return run
-
-    def profile(self, *inputs: torch.Tensor, on: str = "qemu", target: str | None = None,
-                kernels=None, cmsis_nn_path: str | None = None, baseline: bool = True,
-                progress: bool = False, cycles: bool = False, deployment=None):
-        """Per-step cost of the C library: a :class:`corten.runners.profile.Profile` with one row per
-        step of ``<name>_run`` (step, module path, op, kernel called - ``arm_*`` CMSIS-NN or
-        ``corten_*`` portable -, MACs, instructions on QEMU or nanoseconds on the host).
-
-        The library is built with ``-DCORTEN_PROFILE`` (a timer read after every step, its cost
-        measured and subtracted; see :mod:`corten.runners.profile`).  ``baseline``: also run the
-        normal build, so that ``profile.baseline`` / ``profile.ratio`` compare the rows' sum with
-        it; ``profile.outputs_match`` says whether the run(s) reproduced :meth:`run_int8` byte for
-        byte.  ``cycles`` (QEMU): each row also gets its estimated cycles (``row.cycles``, see
-        :meth:`c_run`).  No inputs: seeded random ones."""
-        import os
-
-        from corten.runners.profile import Profile, parse_profile, profile_rows
-        from corten.runners.program_runner import ProgramRunner
-
-        if not inputs:
-            g = torch.Generator().manual_seed(0)
-            inputs = tuple(torch.randn(s.shape, generator=g) for s in self.inputs)
-        inputs = self._check_inputs(inputs)
-        if getattr(self, "_runner", None) is None:
-            self._runner = ProgramRunner(self)
-        d = self.deployment(kernels, target, deployment=deployment, default_kernels="portable")
-        cmsis = cmsis_nn_path or os.environ.get("CMSIS_NN_PATH")
-        expected = self.run_int8(*inputs)
-        if cycles and on != "qemu":
-            raise UsageError("cycles=True estimates the cycles of a QEMU run (on='qemu')")
-        outs, run = self._runner.run(inputs, on, d, cmsis, progress=progress, profile=True, cycles=cycles)
-        steps = self._runner.library(d).steps
-        if on == "qemu":
-            per_tick, unit = d.require_board().instructions_per_tick, "instructions"
-        else:
-            per_tick, unit = 1.0, "ns"
-        costs, hook = parse_profile(run.result.log, steps, per_tick, run.result.where)
-        match = all(torch.equal(e, o) for e, o in zip(expected, outs))
-        estimate = run.result.cycles
-        prof = Profile(self.name, on, d.core if on == "qemu" else None, run.kernels, unit,
-                       profile_rows(steps, costs, estimate.steps if estimate is not None else None), hook_cost=hook,
-                       cycles_core=estimate.core if estimate is not None else None)
-        if baseline:
-            base_outs, base = self._runner.run(inputs, on, d, cmsis, progress=progress)
-            prof.baseline = float(base.instructions if on == "qemu" else base.wall_s * 1e9)
-            match = match and all(torch.equal(e, o) for e, o in zip(expected, base_outs))
-        prof.outputs_match = match
-        return prof
-
-    def run_c(self, *inputs: torch.Tensor, on: str = "host", kernels=None,
-              cmsis_nn_path: str | None = None, target: str | None = None, int8: bool = False,
-              progress: bool = False, cflags: str | Sequence[str] = (), deployment=None):
-        """:meth:`c_run`, returning the outputs as :meth:`run` does, in forward's structure
-        (``int8=True``: the raw int8 outputs, a flat list as :meth:`run_int8`).  The run itself is also kept in ``last_c_run`` (a
-        convenience; :meth:`c_run` returns it)."""
-        run = self.c_run(*inputs, on=on, kernels=kernels, cmsis_nn_path=cmsis_nn_path, target=target,
-                         progress=progress, cflags=cflags, deployment=deployment)
-        self.last_c_run = run
-        outs = run.outputs
-        if int8:
-            return outs
-        deq = [o if o.dtype not in (torch.int8, torch.int16) else  # argmax/argmin indices: as they are
-               torch.ops.corten.dequantize_per_tensor(o.contiguous(), s.scale, s.zero_point,
-                                                      16 if o.dtype == torch.int16 else 8)
-               for o, s in zip(outs, self.outputs)]
-        return self._returned(deq)
 
     # ------------------------------------------------------------------ persistence
     def manifest(self) -> dict:
@@ -597,18 +430,6 @@ def _skip_canonical_form_check(ep, constants=None):
 def _register_loadable_namespaces() -> None:
     """``quantized_decomposed`` ops (left in a partly lowered program) exist only once imported."""
     from torch.ao.quantization.fx._decomposed import quantized_decomposed_lib  # noqa: F401
-
-
-def _cflags_tuple(cflags) -> tuple[str, ...]:
-    import shlex
-
-    if cflags is None:
-        return ()
-    if isinstance(cflags, str):
-        return tuple(shlex.split(cflags))
-    if not all(isinstance(f, str) for f in cflags):
-        raise UsageError(f"cflags must be a string or a list of strings, got {cflags!r}")
-    return tuple(cflags)
 
 
 def _manifest_error(path: Path, problem: str):
@@ -727,38 +548,3 @@ def load(path: str | Path) -> Program:
     if want != got:
         raise _manifest_error(man_path, f"its input/output shapes {want} do not match {prog_file.name}'s {got}")
     return prog
-
-
-def weight_layers(prog: "Program") -> list[tuple[str, int, int]]:
-    """``(module path or node name, weight bits, weight bytes in flash)`` of every weighted step of
-    ``prog`` in program order (the cost hook's bytes: packed int4 counts half)."""
-    from corten.ops.registry import op_cost, weight_bits
-
-    tensors = prog.info.get("tensors") or {}
-    rows = []
-    for n in prog.module().graph.nodes:
-        bits = weight_bits(n) if n.op == "call_function" else 0
-        if bits:
-            rows.append((tensors.get(n.name, {}).get("module", "") or n.name, bits, op_cost(n).weight_bytes))
-    return rows
-
-
-def weights_report(prog: "Program") -> str:
-    """Flash by weight width and per layer: every weighted step's module, width and weight bytes,
-    the totals per width and the other constants (biases, multipliers, tables); with the
-    ``weights="auto"`` decisions when it chose them."""
-    rows = weight_layers(prog)
-    per_width: dict[int, int] = {}
-    for _, bits, wb in rows:
-        per_width[bits] = per_width.get(bits, 0) + wb
-    total = int(prog.memory.constant_bytes)
-    lines = [f"flash (constants) {total:,} B: " + ", ".join(f"int{b} weights {v:,} B" for b, v in sorted(per_width.items()))
-             + f", other constants (biases, multipliers, tables) {total - sum(per_width.values()):,} B"]
-    a = (prog.info.get("weights") or {}).get("auto")
-    if a:
-        lines.append(f"weights=auto: {len(a['int4_layers'])} layer(s) int4 to fit max_flash {a['max_flash']:,} B "
-                     f"(int8 {a['int8_constant_bytes']:,} B -> {a['constant_bytes']:,} B), least int4 rounding "
-                     "error (op-alone SQNR) per byte saved first")
-    lines.append(f"  {'layer':<40} {'weights':>7} {'bytes':>10}")
-    lines += [f"  {m[:40]:<40} {'int' + str(w):>7} {b:>10,}" for m, w, b in rows]
-    return "\n".join(lines)
