@@ -231,6 +231,7 @@ def test_adaptive_rounding_refusals(net_programs):
         _compile(qat, x, None, rounding="adaptive")
 
 
+@pytest.mark.slow
 def test_adaptive_rounding_is_not_worse_than_nearest_on_a_trained_model():
     """A 64-32-10 MLP trained on scikit-learn's digits: with int4 and int8 weights, adaptive rounding
     gives a smaller output error against the float model on the test split than nearest, and no
@@ -241,7 +242,7 @@ def test_adaptive_rounding_is_not_worse_than_nearest_on_a_trained_model():
     x = torch.tensor(d.data, dtype=torch.float32) / 16
     y = torch.tensor(d.target)
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    train, test = perm[:1200], perm[1200:]
+    train, test = perm[:1200], perm[1200:1500]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
