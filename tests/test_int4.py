@@ -373,3 +373,24 @@ def test_cli_weights_auto(tmp_path, capsys):
     report = (out / "report.txt").read_text()
     assert "weights=auto" in report and re.search(r"\sint4\s+\d", report)  # (a layer row)
     assert corten.load(out).memory.constant_bytes <= 1000  # (int8: 1,107 B)
+
+
+def test_auto_keeps_int8_the_noisiest_set_that_fits():
+    """weights="auto"'s choice: the layers left int8 are those with the largest total int4 noise whose
+    savings fit the flash all-int4 leaves (checked against every subset)."""
+    import itertools
+
+    from corten.compiler import _keep_int8, _noise_per_byte
+
+    g = torch.Generator().manual_seed(3)
+    for trial in range(20):
+        cands = [{"module": f"m{i}", "op_sqnr_db_int4": float(torch.rand(1, generator=g)) * 30,
+                  "saved_bytes": int(torch.randint(1, 60, (1,), generator=g))} for i in range(7)]
+        slack = int(torch.randint(0, 150, (1,), generator=g))
+        noise = {d["module"]: _noise_per_byte(d) * d["saved_bytes"] for d in cands}
+        saved = {d["module"]: d["saved_bytes"] for d in cands}
+        best = max((sum(noise[m] for m in s) for r in range(len(cands) + 1)
+                    for s in itertools.combinations(noise, r) if sum(saved[m] for m in s) <= slack), default=0.0)
+        keep = _keep_int8(cands, slack)
+        assert sum(saved[m] for m in keep) <= slack
+        assert sum(noise[m] for m in keep) == pytest.approx(best)

@@ -789,6 +789,34 @@ def _noise_per_byte(d: dict) -> float:
     return noise / max(d["saved_bytes"], 1)
 
 
+def _keep_int8(candidates: list[dict], slack: int) -> set[str]:
+    """The modules that stay int8 when every other candidate goes int4: the set with the largest sum
+    of int4 noise (:func:`_noise_per_byte`'s noise) whose int4 savings fit ``slack`` bytes (the flash
+    all-int4 leaves under the budget), by exact 0/1 knapsack over bytes (in coarser units past
+    :data:`KNAPSACK_CELLS`)."""
+    if slack <= 0 or not candidates:
+        return set()
+    unit = -(-slack // KNAPSACK_CELLS)
+    cap = slack // unit
+    best = torch.zeros(cap + 1, dtype=torch.float64)
+    take = torch.zeros(len(candidates), cap + 1, dtype=torch.bool)
+    for i, d in enumerate(candidates):
+        w = -(-max(d["saved_bytes"], 1) // unit)  # (rounded up: the chosen set always fits)
+        if w > cap:
+            continue
+        gain = best[:cap + 1 - w] + _noise_per_byte(d) * max(d["saved_bytes"], 1)
+        better = gain > best[w:]
+        take[i, w:] = better
+        best[w:] = torch.where(better, gain, best[w:])
+    keep, c = set(), cap
+    for i in range(len(candidates) - 1, -1, -1):
+        if take[i, c]:
+            keep.add(candidates[i]["module"])
+            c -= -(-max(candidates[i]["saved_bytes"], 1) // unit)
+    return keep
+
+
+KNAPSACK_CELLS = 1 << 20  # weights="auto": the knapsack's capacity in cells at most (bytes, or coarser units)
 AUTO_WEIGHTS_SAMPLES = 8  # weights="auto": the calibration samples the per-layer int4 error is measured on
 
 
@@ -824,8 +852,22 @@ def _compile_weights_auto(model, example_inputs, target, calibration, seed, obse
                 n += 1
             return n
 
-        n = cover(0, flash8 - max_flash)
-        while True:
+        # first the best set: every layer int4 but the ones whose int4 noise is largest among those the
+        # flash left over by all-int4 can hold in int8 (a 0/1 knapsack); if the estimate misses the
+        # budget, the greedy order covers what is still over
+        flash4 = info["int4_constant_bytes"]
+        keep = _keep_int8(candidates, max_flash - flash4) if flash4 <= max_flash else set()
+        n, done = len(candidates) - len(keep), False
+        if keep:
+            layers = [d for d in candidates if d["module"] not in keep]
+            prog = build({d["module"]: "int4" for d in layers})
+            flash = _program_costs(prog)["constant_bytes"]
+            info["tried"].append({"layers": n, "constant_bytes": flash, "knapsack": True})
+            if flash <= max_flash:
+                chosen_prog, info["int4_layers"], done = prog, layers, True
+            else:
+                n = cover(0, flash8 - max_flash)
+        while not done:
             layers = candidates[:n]
             prog = prog4 if n == len(candidates) else build({d["module"]: "int4" for d in layers})
             flash = _program_costs(prog)["constant_bytes"]
@@ -966,8 +1008,9 @@ def compile(
     symmetric per-channel int4 weights in [-7, 7], packed two per byte in the C constants, int8
     activations, int32 biases, on conv2d / 1x1 / depthwise / linear; other layers keep int8), a dict
     ``{module path prefix | nn.Module type: "int8" | "int4"}`` as for ``precision``, or ``"auto"`` with
-    ``max_flash``: int8 when the constants fit, else the layers whose int4 rounding costs least (op-alone
-    SQNR of the all-int4 program, :meth:`Program.compare`, per byte of flash saved) go to int4 until they fit;
+    ``max_flash``: int8 when the constants fit, else every layer int4 but the set whose int4 rounding
+    noise (op-alone SQNR of the all-int4 program, :meth:`Program.compare`) sums highest among those the
+    flash left under the budget can hold in int8 (0/1 knapsack; then least noise per byte saved first);
     ``prog.info["weights"]["auto"]`` records the choice, :func:`weights_report` the flash per layer.
     ``rounding``: ``"nearest"`` (default) or ``"adaptive"``: each conv/linear's int8 or int4 weights rounded
     up or down to minimise the error of its output on the calibration samples (AdaRound,
