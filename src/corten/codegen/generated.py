@@ -621,7 +621,7 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
     c, co, kw, k = spec.c_in, spec.c_out, spec.kw, spec.kh * spec.kw * spec.c_in
     sh, sw = spec.stride
     ph, pw = spec.padding
-    # DSP: pre-widened int16 weights in SXTB16 order, filter pairs interleaved (two LDRDs per four
+    # DSP: pre-widened int16 weights in SXTB16 order, filter pairs interleaved (one LDM per four
     # inputs: CG_DOT_2X2_PAIR) for runs aligned to groups of four - all of them when C_in % 4 == 0;
     # misaligned runs (small C_in: the first layer) read extended tables, int8 rows otherwise
     paired = isa == "dsp" and sw * c < 4096
@@ -649,7 +649,9 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
     def dots(xs: str, two_px: bool, pair: bool) -> list[str]:
         """The row loop of one tile (pair: two filters; else the last, odd one)."""
         if pair:  # (a one-pixel tile reads its own pixel twice, XS 0: the second sums are dropped)
-            wide = f"CG_DOT_2X2_PAIR({xr} - xback, {xs if two_px else 0}, wp + r * 2 * wrow, runp, acc);"
+            # (the wide loop where a kernel row has 8 groups of four inputs or more, in the hot copy)
+            unroll = "unroll" if kw * c >= 32 else "0"
+            wide = f"CG_DOT_2X2_PAIR({xr} - xback, {xs if two_px else 0}, wp + r * 2 * wrow, runp, acc, {unroll});"
             narrow = f"{dot}({xr}, {xs}, w8 + r * {kw * c}, {k}, run, acc);"
         else:
             wide = f"cg_dot_2x2_dspw({xr} - xback, {xs}, wp + r * wrow, 0, runp, acc);"
@@ -700,10 +702,13 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
         ]
         return "\n".join("            " + ln for ln in lines) + "\n"
 
-    def tile(two_px: bool) -> str:
+    def tile(two_px: bool, vertical: bool = False) -> str:
+        """One tile: one pixel, or two - the next column's (``xs`` = stride * C_in), or the next row's
+        (``vertical``: the last column of a segment of odd width pairs its rows)."""
         if mve4:
             return tile_mve4(two_px)
-        xs = f"{sw * c}" if two_px else "0"
+        xs = ("0" if not two_px else f"{sh * spec.w * c}" if vertical else f"{sw * c}")
+        ys = spec.wo * co if vertical else co
         lines = [
             "const int16_t *wp = wt != NULL ? wt + 2 * woff : NULL;",
             f"const int8_t *w8 = w8base + (i0 * {kw} + j0) * {c};",
@@ -720,8 +725,8 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
         if two_px:
             lines += [f"        const int8_t v2 = cg_output(acc[2], qp, {ep});",
                       f"        const int8_t v3 = cg_output(acc[3], qp + 4, {ep});",
-                      f"        yp[{co} + o] = v2;",
-                      f"        yp[{co} + o + 1] = v3;"]
+                      f"        yp[{ys} + o] = v2;",
+                      f"        yp[{ys} + o + 1] = v3;"]
         lines += ["        yp[o] = v0;", "        yp[o + 1] = v1;", "    }",
                   "    if (wt != NULL) {", "        wp += 2 * wk;", "    }", f"    w8 += {2 * k};",
                   "    qp += 8;", "}"]
@@ -733,14 +738,19 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
                       *dots(xs, two_px, False),
                       f"    yp[{co - 1}] = cg_output(acc[0], qp, {ep});"]
             if two_px:
-                lines.append(f"    yp[{2 * co - 1}] = cg_output(acc[2], qp, {ep});")
+                lines.append(f"    yp[{ys + co - 1}] = cg_output(acc[2], qp, {ep});")
             lines.append("}")
         return "\n".join("            " + ln for ln in lines) + "\n"
 
+    # DSP: an odd-width segment's last column (the first layer's narrow outputs: 5 columns) pairs its
+    # rows instead of running one-pixel tiles (which compute a second pixel's sums and drop them)
+    vertical_ok = isa == "dsp" and sh * spec.w * c < 4096
     body = (f"    const int32_t rows = i1 - i0, run = (j1 - j0) * {c};\n"
+            f"    const int vertical = {int(vertical_ok)} && ((ox1 - ox0) & 1) && oy1 - oy0 > 1;\n"
             "    int32_t oy;\n"
             "    (void)run;\n"
             "    (void)w8base;\n"
+            "    (void)unroll;\n"
             "    for (oy = oy0; oy < oy1; oy++) {\n"
             f"        const int8_t *xp = in + ((oy * {sh} - {ph} + i0) * {spec.w} + (ox0 * {sw} - {pw} + j0)) * {c};\n"
             f"        int8_t *yp = out + (oy * {spec.wo} + ox0) * {co};\n"
@@ -748,8 +758,15 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
             f"        for (ox = ox0; ox + 1 < ox1; ox += 2, xp += {2 * sw * c}, yp += {2 * co}) {{\n"
             + tile(True) +
             "        }\n"
-            "        if (ox < ox1) {\n" + tile(False) + "        }\n"
+            "        if (ox < ox1 && !vertical) {\n" + tile(False) + "        }\n"
             "    }\n")
+    if vertical_ok:  # the last column of an odd-width segment: its pixels in pairs of rows
+        last = (f"        const int8_t *xp = in + ((oy * {sh} - {ph} + i0) * {spec.w} + ((ox1 - 1) * {sw} - {pw} + j0)) * {c};\n"
+                f"        int8_t *yp = out + (oy * {spec.wo} + ox1 - 1) * {co};\n")
+        body += ("    if (vertical) {\n"
+                 "        for (oy = oy0; oy + 1 < oy1; oy += 2) {\n" + last + tile(True, vertical=True) + "        }\n"
+                 "        if (oy < oy1) {\n" + last + tile(False) + "        }\n"
+                 "    }\n")
 
     def view_args(v, s: Segment) -> str:
         """wt, woff, wrow, wk, xback, runp, w8base of a segment's weight view."""
@@ -766,19 +783,21 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
     view_of = {id(s): v for s, v in views}
     sig = ("(const int8_t *in, int8_t *out, int32_t oy0, int32_t oy1, int32_t ox0, int32_t ox1, int32_t i0, "
            "int32_t i1, int32_t j0, int32_t j1, const int32_t *bias, const int16_t *wt, int32_t woff, "
-           "int32_t wrow, int32_t wk, int32_t xback, int32_t runp, const int8_t *w8base)")
+           "int32_t wrow, int32_t wk, int32_t xback, int32_t runp, const int8_t *w8base, int unroll)")
     need_general = any(not _specialised(spec, s, split) for s in split)
     fns = "".join(tiles[key] + "\n" for key in sorted(tiles))
     fns += f"CG_INLINE void {fname}_segf{sig}\n{{\n{body}}}\n"
     if need_general:
         fns += (f"\nstatic __attribute__((noinline)) void {fname}_seg{sig}\n{{\n"
+                f"    (void)unroll;  /* (border segments: the short loop) */\n"
                 f"    {fname}_segf(in, out, oy0, oy1, ox0, ox1, i0, i1, j0, j1, bias, wt, woff, wrow, wk, xback, "
-                "runp, w8base);\n}\n")
+                "runp, w8base, 0);\n}\n")
     calls = []
     for s in split:
         fn = f"{fname}_segf" if _specialised(spec, s, split) else f"{fname}_seg"
+        unroll = int(fn.endswith("_segf") and _interior(spec, s))  # (the wide loop only in the hot copy)
         calls.append(f"        {fn}(x, y, {s.oy0}, {s.oy1}, {s.ox0}, {s.ox1}, {s.i0}, {s.i1}, {s.j0}, {s.j1}, "
-                     f"{b_name} + {s.cls * co}, {view_args(view_of[id(s)], s)});")
+                     f"{b_name} + {s.cls * co}, {view_args(view_of[id(s)], s)}, {unroll});")
     in_size, out_size = spec.h * spec.w * c, spec.ho * spec.wo * co
     fns += (f"\nvoid {fname}(const int8_t *in, int8_t *out)\n{{\n    int32_t b;\n"
             f"    for (b = 0; b < {spec.n}; b++) {{\n        const int8_t *x = in + b * {in_size};\n"

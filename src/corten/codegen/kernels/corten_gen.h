@@ -279,18 +279,19 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
 }
 
 /*
- * CG_DOT_2X2_PAIR(x, XS, w, n, acc): the same product for a pair of filters whose pre-widened
+ * CG_DOT_2X2_PAIR(x, XS, w, n, acc, WIDE): the same product for a pair of filters whose pre-widened
  * weights are interleaved per four inputs - (w0, w2), (w1, w3) of the first filter, then of the
- * second, four words, 8-byte aligned - so that two LDRDs fetch both filters' weights.  ``XS`` is an
+ * second, four words, 8-byte aligned - so that one LDM fetches both filters' weights.  ``XS`` is an
  * integer literal (the byte offset of the second pixel, < 4096).  On DSP cores the body is one
- * block of 16 instructions per 4 inputs (2 LDR, 2 LDRD, 4 SXTB16, 8 SMLAD: 16 MACs), written in
- * assembly because gcc spills accumulators in this loop; elsewhere the same sums in C.
+ * block of 15 instructions per 4 inputs (1 LDM, 2 LDR, 4 SXTB16, 8 SMLAD: 16 MACs), written in
+ * assembly because gcc spills accumulators in this loop; elsewhere the same sums in C.  ``WIDE``: the
+ * loop unrolling of CG_DSP_GROUPS (0 or 1, a constant).
  */
 #ifdef CG_HAVE_DSP
-/* one group of four inputs: 2 LDRD, 2 LDR, 4 SXTB16, 8 SMLAD */
+/* one group of four inputs: 1 LDM (the four weight words into r8-r11, CG_DSP_GROUPS' registers:
+ * 5 cycles on a Cortex-M4 against 6 for two LDRDs), 2 LDR, 4 SXTB16, 8 SMLAD */
 #define CG_PAIR_GROUP(XS)                                                                            \
-    "ldrd %[wa0], %[wb0], [%[w]], #16\n\t"                                                           \
-    "ldrd %[wa1], %[wb1], [%[w], #-8]\n\t"                                                           \
+    "ldmia %[w]!, {%[wa0], %[wb0], %[wa1], %[wb1]}\n\t"                                              \
     "ldr %[t1], [%[x], #" #XS "]\n\t"                                                                \
     "sxtb16 %[t2], %[t1]\n\t"                                                                        \
     "sxtb16 %[t1], %[t1], ror #8\n\t"                                                                \
@@ -311,36 +312,55 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
       [t1] "=&r"(cg_t1), [t2] "=&r"(cg_t2)                                                          \
     :                                                                                                \
     : "memory", "cc"
-/* The loop is in the assembly too (8 inputs per iteration, one group first when their count is
- * odd): 34 instructions per 32 MACs, every value in a register. */
 /* The loop of the DSP assembly dot products: N_ inputs (a multiple of 4) in groups of four (GROUP:
- * the assembly of one group over x, w, a0..a3), one group first when their count is odd, then two
- * per iteration; the accumulators ACC_[0..3] in registers throughout. */
-#define CG_DSP_GROUPS(GROUP, X_, W_, N_, ACC_)                                                       \
+ * the assembly of one group over x, w, a0..a3), the accumulators ACC_[0..3] in registers throughout.
+ * WIDE_ (a constant) 0: one group first when their count is odd, then two per iteration (small
+ * code, for the many border copies); 1: the count's low bits as 1, 2 and 4 groups in a row, then
+ * eight per iteration (a taken branch costs a pipeline refill on a Cortex-M4: 5 cycles per loop
+ * iteration; the hot copies).  With a constant N_ the unneeded blocks vanish. */
+#define CG_DSP_GROUPS(GROUP, X_, W_, N_, ACC_, WIDE_)                                                \
     do {                                                                                             \
         const int8_t *cg_x = (X_);                                                                   \
         const int16_t *cg_w = (W_);                                                                  \
         int32_t cg_n = (N_) >> 2;                                                                    \
         int32_t *const cg_acc = (ACC_);                                                              \
         int32_t cg_a0 = cg_acc[0], cg_a1 = cg_acc[1], cg_a2 = cg_acc[2], cg_a3 = cg_acc[3];          \
-        int32_t cg_wa0, cg_wb0, cg_wa1, cg_wb1, cg_t1, cg_t2;                                        \
+        /* (ascending registers in memory order: CG_PAIR_GROUP loads them with one LDM) */          \
+        register int32_t cg_wa0 __asm__("r8"), cg_wb0 __asm__("r9");                                 \
+        register int32_t cg_wa1 __asm__("r10"), cg_wb1 __asm__("r11");                               \
+        int32_t cg_t1, cg_t2;                                                                        \
         if (cg_n & 1) {                                                                              \
             __asm__(GROUP CG_PAIR_OPERANDS);                                                          \
         }                                                                                            \
-        cg_n >>= 1;                                                                                  \
-        if (cg_n > 0) {                                                                              \
-            __asm__("1:\n\t" GROUP GROUP                                                             \
-                    "subs %[n], %[n], #1\n\t"                                                        \
-                    "bne 1b" CG_PAIR_OPERANDS);                                                      \
+        if (WIDE_) {                                                                                 \
+            if (cg_n & 2) {                                                                          \
+                __asm__(GROUP GROUP CG_PAIR_OPERANDS);                                               \
+            }                                                                                        \
+            if (cg_n & 4) {                                                                          \
+                __asm__(GROUP GROUP GROUP GROUP CG_PAIR_OPERANDS);                                   \
+            }                                                                                        \
+            cg_n >>= 3;                                                                              \
+            if (cg_n > 0) {                                                                          \
+                __asm__("1:\n\t" GROUP GROUP GROUP GROUP GROUP GROUP GROUP GROUP                      \
+                        "subs %[n], %[n], #1\n\t"                                                    \
+                        "bne 1b" CG_PAIR_OPERANDS);                                                  \
+            }                                                                                        \
+        } else {                                                                                     \
+            cg_n >>= 1;                                                                              \
+            if (cg_n > 0) {                                                                          \
+                __asm__("1:\n\t" GROUP GROUP                                                         \
+                        "subs %[n], %[n], #1\n\t"                                                    \
+                        "bne 1b" CG_PAIR_OPERANDS);                                                  \
+            }                                                                                        \
         }                                                                                            \
         cg_acc[0] = cg_a0;                                                                           \
         cg_acc[1] = cg_a1;                                                                           \
         cg_acc[2] = cg_a2;                                                                           \
         cg_acc[3] = cg_a3;                                                                           \
     } while (0)
-#define CG_DOT_2X2_PAIR(X_, XS, W_, N_, ACC_) CG_DSP_GROUPS(CG_PAIR_GROUP(XS), X_, W_, N_, ACC_)
+#define CG_DOT_2X2_PAIR(X_, XS, W_, N_, ACC_, WIDE_) CG_DSP_GROUPS(CG_PAIR_GROUP(XS), X_, W_, N_, ACC_, WIDE_)
 #else
-#define CG_DOT_2X2_PAIR(x, XS, w, n, acc) cg_dot_2x2_pair_c((x), (XS), (w), (n), (acc))
+#define CG_DOT_2X2_PAIR(x, XS, w, n, acc, WIDE_) cg_dot_2x2_pair_c((x), (XS), (w), (n), (acc))
 #endif
 
 /** CG_DOT_2X2_PAIR in C (hosts; the DSP primitives are then C functions too). */
@@ -368,7 +388,7 @@ CG_INLINE void cg_dot_2x2_pair_c(const int8_t *x, int32_t xs, const int16_t *w, 
  * 1, 2, 3: eight words - so one LDRD per filter fetches them, and each input word is widened once
  * for four filters.  DSP cores: per four inputs 1 LDR, 2 SXTB16, 4 LDRD, 8 SMLAD (16 MACs in 15
  * instructions; CMSIS-NN's two-row arm_nn_vec_mat_mult_t_s8 needs 13 for 8 MACs), the loop in the
- * assembly (two groups per iteration); elsewhere the same sums in C.
+ * assembly (eight groups per iteration: CG_DSP_GROUPS' wide form); elsewhere the same sums in C.
  */
 #ifdef CG_HAVE_DSP
 #define CG_MATVEC_GROUP                                                                              \
@@ -387,7 +407,7 @@ CG_INLINE void cg_dot_2x2_pair_c(const int8_t *x, int32_t xs, const int16_t *w, 
     "smlad %[a2], %[t1], %[wb0], %[a2]\n\t"                                                          \
     "smlad %[a3], %[t2], %[wa1], %[a3]\n\t"                                                          \
     "smlad %[a3], %[t1], %[wb1], %[a3]\n\t"
-#define CG_MATVEC4(X_, W_, N_, ACC_) CG_DSP_GROUPS(CG_MATVEC_GROUP, X_, W_, N_, ACC_)
+#define CG_MATVEC4(X_, W_, N_, ACC_) CG_DSP_GROUPS(CG_MATVEC_GROUP, X_, W_, N_, ACC_, 1)
 #else
 #define CG_MATVEC4(x, w, n, acc) cg_matvec4_c((x), (w), (n), (acc))
 #endif
