@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import sys
 import warnings
 from pathlib import Path
 
@@ -20,9 +21,15 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "accuracy.py"
 
 
 def _accuracy_module():
+    """benchmarks/accuracy.py as a module, imported as running the script does: with its own
+    directory on ``sys.path`` (it imports ``readme_block`` from there)."""
     spec = importlib.util.spec_from_file_location("corten_bench_accuracy", BENCH)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(BENCH.parent))
     return mod
 
 
