@@ -63,6 +63,31 @@ static int32_t corten_avg_divisor(const corten_pool_params *p, const corten_dims
 }
 
 /*
+ * The walk every windowed pool makes, written once: CORTEN_POOL_WINDOWS(in_type, out_type, out_step, body)
+ * runs `body` (a block) for each batch and output pixel (oy, ox) with, in scope: `ch` (= input_dims->c),
+ * `in_batch` (the batch's input), `win` (the taps of the window inside the input, corten_pool_window_at)
+ * and `out_px` (the pixel's first of out_step * ch output elements).  An empty window returns
+ * CORTEN_ERROR_ARGUMENT from the enclosing function.  Needs `params`, `input_dims`, `input`,
+ * `output_dims` and `output` in scope.
+ */
+#define CORTEN_POOL_WINDOWS(in_type, out_type, out_step, ...)                                              \
+    for (int32_t b = 0; b < input_dims->n; b++) {                                                          \
+        const int32_t ch = input_dims->c;                                                                  \
+        const in_type *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;               \
+        for (int32_t oy = 0; oy < output_dims->h; oy++) {                                                  \
+            for (int32_t ox = 0; ox < output_dims->w; ox++) {                                              \
+                const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);          \
+                out_type *out_px =                                                                         \
+                    output + (out_step) * ((((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch); \
+                if (win.ky_end <= win.ky_begin || win.kx_end <= win.kx_begin) {                            \
+                    return CORTEN_ERROR_ARGUMENT;                                                          \
+                }                                                                                          \
+                __VA_ARGS__                                                                                \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+
+/*
  * Average pooling is the same for every element width (int8; 16x8: int16 values, zero point 0 - the
  * window sums stay in int32 since a window has fewer than 65,536 taps).  CORTEN_AVG_BLOCK defines
  * `name`: sum the channels [c0, c0 + n) of the input rows [y0, y1) x columns [x0, x1) (dilation 1),
@@ -100,7 +125,7 @@ static int32_t corten_avg_divisor(const corten_pool_params *p, const corten_dims
     int name(const corten_pool_params *params, const corten_dims *input_dims, const type *input,           \
              const corten_dims *output_dims, type *output)                                                 \
     {                                                                                                      \
-        int32_t b, oy, ox, zp;                                                                             \
+        int32_t zp;                                                                                        \
         if (!corten_pool_args_ok(params, input_dims, input, output_dims, output) || params->dilation_h != 1 || \
             params->dilation_w != 1) {                                                                     \
             return CORTEN_ERROR_ARGUMENT;                                                                  \
@@ -108,23 +133,15 @@ static int32_t corten_avg_divisor(const corten_pool_params *p, const corten_dims
         /* CMSIS-NN's average (divisor = element count) sums the raw values; PyTorch's other divisors     \
          * need the real values, q - zero_point (the padding being the real 0). */                        \
         zp = (params->count_include_pad || params->divisor_override > 0) ? params->zero_point : 0;         \
-        for (b = 0; b < input_dims->n; b++) {                                                              \
-            const int32_t ch = input_dims->c;                                                              \
-            const type *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;              \
-            for (oy = 0; oy < output_dims->h; oy++) {                                                      \
-                for (ox = 0; ox < output_dims->w; ox++) {                                                  \
-                    const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);      \
-                    const int32_t divisor = corten_avg_divisor(params, input_dims, &win);                  \
-                    type *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch; \
-                    if (divisor <= 0 || win.ky_end <= win.ky_begin || win.kx_end <= win.kx_begin) {       \
-                        return CORTEN_ERROR_ARGUMENT;                                                      \
-                    }                                                                                      \
-                    block(in_batch, input_dims->w, ch, win.iy0 + win.ky_begin, win.iy0 + win.ky_end,      \
-                          win.ix0 + win.kx_begin, win.ix0 + win.kx_end, divisor, zp, params->activation_min, \
-                          params->activation_max, out_px);                                                 \
-                }                                                                                          \
+        CORTEN_POOL_WINDOWS(type, type, 1, {                                                               \
+            const int32_t divisor = corten_avg_divisor(params, input_dims, &win);                          \
+            if (divisor <= 0) {                                                                            \
+                return CORTEN_ERROR_ARGUMENT;                                                              \
             }                                                                                              \
-        }                                                                                                  \
+            block(in_batch, input_dims->w, ch, win.iy0 + win.ky_begin, win.iy0 + win.ky_end,              \
+                  win.ix0 + win.kx_begin, win.ix0 + win.kx_end, divisor, zp, params->activation_min,       \
+                  params->activation_max, out_px);                                                         \
+        })                                                                                                 \
         return CORTEN_OK;                                                                                  \
     }
 
@@ -139,37 +156,25 @@ CORTEN_AVG_POOL(corten_avg_pool2d_s16, int16_t, corten_avg_block_s16)
     int name(const corten_pool_params *params, const corten_dims *input_dims, const type *input,           \
              const corten_dims *output_dims, type *output)                                                 \
     {                                                                                                      \
-        int32_t b, oy, ox;                                                                                 \
         if (!corten_pool_args_ok(params, input_dims, input, output_dims, output)) {                        \
             return CORTEN_ERROR_ARGUMENT;                                                                  \
         }                                                                                                  \
-        for (b = 0; b < input_dims->n; b++) {                                                              \
-            const int32_t ch = input_dims->c;                                                              \
-            const type *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;              \
-            for (oy = 0; oy < output_dims->h; oy++) {                                                      \
-                for (ox = 0; ox < output_dims->w; ox++) {                                                  \
-                    const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);      \
-                    type *out_px = output + (((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch; \
-                    int32_t c;                                                                             \
-                    if (win.ky_end <= win.ky_begin || win.kx_end <= win.kx_begin) {                        \
-                        return CORTEN_ERROR_ARGUMENT;                                                      \
-                    }                                                                                      \
-                    for (c = 0; c < ch; c++) {                                                             \
-                        int32_t best = (lowest);                                                           \
-                        int32_t ky, kx;                                                                    \
-                        for (ky = win.ky_begin; ky < win.ky_end; ky++) {                                   \
-                            const int32_t iy = win.iy0 + ky * params->dilation_h;                          \
-                            for (kx = win.kx_begin; kx < win.kx_end; kx++) {                               \
-                                const int32_t ix = win.ix0 + kx * params->dilation_w;                      \
-                                const int32_t v = in_batch[((ptrdiff_t)iy * input_dims->w + ix) * ch + c]; \
-                                best = v > best ? v : best;                                                \
-                            }                                                                              \
-                        }                                                                                  \
-                        out_px[c] = (type)corten_clamp_i32(best, params->activation_min, params->activation_max); \
+        CORTEN_POOL_WINDOWS(type, type, 1, {                                                               \
+            int32_t c;                                                                                     \
+            for (c = 0; c < ch; c++) {                                                                     \
+                int32_t best = (lowest);                                                                   \
+                int32_t ky, kx;                                                                            \
+                for (ky = win.ky_begin; ky < win.ky_end; ky++) {                                           \
+                    const int32_t iy = win.iy0 + ky * params->dilation_h;                                  \
+                    for (kx = win.kx_begin; kx < win.kx_end; kx++) {                                       \
+                        const int32_t ix = win.ix0 + kx * params->dilation_w;                              \
+                        const int32_t v = in_batch[((ptrdiff_t)iy * input_dims->w + ix) * ch + c];         \
+                        best = v > best ? v : best;                                                        \
                     }                                                                                      \
                 }                                                                                          \
+                out_px[c] = (type)corten_clamp_i32(best, params->activation_min, params->activation_max);  \
             }                                                                                              \
-        }                                                                                                  \
+        })                                                                                                 \
         return CORTEN_OK;                                                                                  \
     }
 
@@ -179,39 +184,29 @@ CORTEN_MAX_POOL(corten_max_pool2d_s16, int16_t, -32768)
 int corten_max_pool2d_indices_s8(const corten_pool_params *params, const corten_dims *input_dims, const int8_t *input,
                                  const corten_dims *output_dims, int8_t *indices)
 {
-    int32_t b, oy, ox, c, ky, kx;
+    int8_t *const output = indices; /* int32 indices, 4 little-endian bytes each like the targets' */
     if (indices == NULL ||
         !corten_pool_args_ok(params, input_dims, input, output_dims, indices)) {
         return CORTEN_ERROR_ARGUMENT;
     }
-    for (b = 0; b < input_dims->n; b++) {
-        const int32_t ch = input_dims->c;
-        const int8_t *in_batch = input + (ptrdiff_t)b * input_dims->h * input_dims->w * ch;
-        for (oy = 0; oy < output_dims->h; oy++) {
-            for (ox = 0; ox < output_dims->w; ox++) {
-                const corten_pool_window win = corten_pool_window_at(params, input_dims, oy, ox);
-                int8_t *out_px = indices + 4 * ((((ptrdiff_t)b * output_dims->h + oy) * output_dims->w + ox) * ch);
-                if (win.ky_end <= win.ky_begin || win.kx_end <= win.kx_begin) {
-                    return CORTEN_ERROR_ARGUMENT;
-                }
-                for (c = 0; c < ch; c++) {
-                    int32_t best = -129, at = 0; /* the first tap always wins over -129 */
-                    for (ky = win.ky_begin; ky < win.ky_end; ky++) {
-                        const int32_t iy = win.iy0 + ky * params->dilation_h;
-                        for (kx = win.kx_begin; kx < win.kx_end; kx++) {
-                            const int32_t ix = win.ix0 + kx * params->dilation_w;
-                            const int32_t v = in_batch[((ptrdiff_t)iy * input_dims->w + ix) * ch + c];
-                            if (v > best) { /* strictly larger: the first maximum stays */
-                                best = v;
-                                at = iy * input_dims->w + ix;
-                            }
-                        }
+    CORTEN_POOL_WINDOWS(int8_t, int8_t, 4, {
+        int32_t c, ky, kx;
+        for (c = 0; c < ch; c++) {
+            int32_t best = -129, at = 0; /* the first tap always wins over -129 */
+            for (ky = win.ky_begin; ky < win.ky_end; ky++) {
+                const int32_t iy = win.iy0 + ky * params->dilation_h;
+                for (kx = win.kx_begin; kx < win.kx_end; kx++) {
+                    const int32_t ix = win.ix0 + kx * params->dilation_w;
+                    const int32_t v = in_batch[((ptrdiff_t)iy * input_dims->w + ix) * ch + c];
+                    if (v > best) { /* strictly larger: the first maximum stays */
+                        best = v;
+                        at = iy * input_dims->w + ix;
                     }
-                    memcpy(out_px + 4 * c, &at, sizeof at); /* int32, little-endian like the targets */
                 }
             }
+            memcpy(out_px + 4 * c, &at, sizeof at); /* int32, little-endian like the targets */
         }
-    }
+    })
     return CORTEN_OK;
 }
 
