@@ -68,7 +68,24 @@ def _conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
-class DSCNN(nn.Module):
+class PooledClassifier(nn.Module):
+    """The classifier head DS-CNN and ResNet-8 share: ``features`` (the subclass's), an average pool
+    over the whole remaining map, flatten, ``Linear(channels, num_classes)``."""
+
+    def add_head(self, map_size: int | tuple[int, int], channels: int, num_classes: int,
+                 generator: torch.Generator | None) -> None:
+        """``pool`` and ``classifier`` after the subclass's ``features``, then every weight seeded
+        (:func:`init_weights`, drawn in that module order)."""
+        self.pool = nn.AvgPool2d(map_size)
+        self.classifier = nn.Linear(channels, num_classes)
+        init_weights(self, generator)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.features(x))
+        return self.classifier(torch.flatten(x, 1))
+
+
+class DSCNN(PooledClassifier):
     """MLPerf Tiny keyword spotting DS-CNN on ``[N, 1, 49, 10]`` MFCCs (49 frames x 10 coefficients).
 
     ``Conv2d(1, 64, (10, 4), stride 2, padding (4, 1))`` + BN + ReLU + Dropout(0.2), four
@@ -92,13 +109,7 @@ class DSCNN(nn.Module):
         )
         self.map_size = tuple(_conv_out(size, k, s, p) for size, k, s, p in
                               zip(input_size, self.STEM_KERNEL, self.STEM_STRIDE, self.STEM_PADDING))
-        self.pool = nn.AvgPool2d(self.map_size)
-        self.classifier = nn.Linear(channels, num_classes)
-        init_weights(self, generator)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(self.features(x))
-        return self.classifier(torch.flatten(x, 1))
+        self.add_head(self.map_size, channels, num_classes, generator)
 
 
 class ResidualBlock(nn.Module):
@@ -124,7 +135,7 @@ class ResidualBlock(nn.Module):
         return self.relu(self.shortcut(x) + self.residual(x))
 
 
-class ResNet8(nn.Module):
+class ResNet8(PooledClassifier):
     """MLPerf Tiny image classification ResNet-8 on CIFAR-10 ``[N, 3, 32, 32]``.
 
     3x3 conv to 16 + BN + ReLU, three stacks of one :class:`ResidualBlock` each (16; 32 stride 2;
@@ -142,13 +153,7 @@ class ResNet8(nn.Module):
             layers.append(ResidualBlock(channels, out_channels, stride))
             channels, size = out_channels, _conv_out(size, 3, stride, 1)
         self.features = nn.Sequential(*layers)
-        self.pool = nn.AvgPool2d(size)
-        self.classifier = nn.Linear(channels, num_classes)
-        init_weights(self, generator)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(self.features(x))
-        return self.classifier(torch.flatten(x, 1))
+        self.add_head(size, channels, num_classes, generator)
 
 
 class MobileNetV1(nn.Module):
