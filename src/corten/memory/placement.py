@@ -12,6 +12,11 @@ the smallest result:
   "Efficient Memory Management for Deep Neural Net Inference", greedy by breadth);
 * ``"duration"``: longest-lived first, then by size;
 * ``"first"``: in order of first use, then by size.
+
+When the best of them is above the lower bound (the most bytes live at one step), each order is
+*lifted* a few rounds: the buffers that reach the arena's top move halfway to the front of the
+order and it is packed again (``"<order>+lift"``; banded schedules' many short-lived band buffers
+leave gaps greedy orders alone do not close).
 """
 from __future__ import annotations
 
@@ -80,16 +85,54 @@ def arena_size(buffers: list[Buffer], offsets: dict[str, int]) -> int:
     return max((offsets[b.key] + b.size for b in buffers), default=0)
 
 
+LIFT_WORK = 4_000_000  # buffer pairs (rounds x n^2) the lifting may spend per visiting order
+LIFT_ROUNDS = 16
+
+
+def lower_bound(buffers: list[Buffer]) -> int:
+    """The most bytes live at one step: no packing is smaller."""
+    return max(_step_load(buffers).values(), default=0)
+
+
+def lifted(order: list[Buffer], rounds: int, floor: int) -> tuple[int, dict[str, int]]:
+    """Pack ``order``, then ``rounds`` times move each buffer ending at the arena's top halfway to
+    the front of the order and pack again (stopping at ``floor``); the smallest packing seen."""
+    order = list(order)
+    best: tuple[int, dict[str, int]] | None = None
+    for _ in range(rounds):
+        offsets = best_fit(order)
+        size = arena_size(order, offsets)
+        if best is None or size < best[0]:
+            best = (size, offsets)
+        if size <= floor:
+            break
+        for i, buf in enumerate(list(order)):
+            if i and offsets[buf.key] + buf.size == size:
+                order.insert(i // 2, order.pop(i))
+    assert best is not None
+    return best
+
+
 def pack(buffers: list[Buffer]) -> tuple[dict[str, int], str]:
     """The smallest packing found, and the name of the visiting order that found it."""
     best: tuple[int, dict[str, int], str] | None = None
-    for name, order in visiting_orders(buffers).items():
+    orders = visiting_orders(buffers)
+    for name, order in orders.items():
         offsets = best_fit(order)
         size = arena_size(buffers, offsets)
         if best is None or size < best[0]:
             best = (size, offsets, name)
     if best is None:
         return {}, "size"
+    floor = lower_bound(buffers)
+    rounds = min(LIFT_ROUNDS, LIFT_WORK // max(1, len(buffers) ** 2))
+    if best[0] > floor and rounds > 1:
+        for name, order in orders.items():
+            size, offsets = lifted(order, rounds, floor)
+            if size < best[0]:
+                best = (size, offsets, f"{name}+lift")
+            if best[0] <= floor:
+                break
     return best[1], best[2]
 
 
