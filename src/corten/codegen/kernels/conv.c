@@ -50,12 +50,8 @@ typedef struct {
 static void corten_window_at(const corten_conv_params *p, int32_t oy, int32_t ox, int32_t kh, int32_t kw,
                              int32_t in_h, int32_t in_w, corten_window *win)
 {
-    win->iy0 = oy * p->stride_h - p->pad_h;
-    win->ix0 = ox * p->stride_w - p->pad_w;
-    win->ky_begin = corten_first_valid_tap(win->iy0, p->dilation_h);
-    win->ky_end = corten_end_valid_tap(win->iy0, p->dilation_h, kh, in_h);
-    win->kx_begin = corten_first_valid_tap(win->ix0, p->dilation_w);
-    win->kx_end = corten_end_valid_tap(win->ix0, p->dilation_w, kw, in_w);
+    corten_axis_taps(oy, p->stride_h, p->pad_h, p->dilation_h, kh, in_h, &win->iy0, &win->ky_begin, &win->ky_end);
+    corten_axis_taps(ox, p->stride_w, p->pad_w, p->dilation_w, kw, in_w, &win->ix0, &win->kx_begin, &win->kx_end);
 }
 
 /* acc[g] += sum over the window's valid taps of (x + input_offset) * w[oc + g], g < group. */
@@ -216,6 +212,48 @@ int corten_conv2d_s8(const corten_conv_params *params, const corten_quant *quant
     return CORTEN_OK;
 }
 
+/*
+ * The window loops of the simple (one output element at a time) convolutions, written once for the
+ * element types: for each image, output pixel and output channel `o`, `ACC_T acc = INIT`; for each
+ * filter tap (ky, kx) whose input pixel lies inside the input (padding taps contribute 0), with `x`
+ * pointing at that pixel's IN_T channels, the statement TAP; then `out_px[o] = STORE`.  Expects
+ * `params`, `input_dims`, `input`, `filter_dims`, `output_dims`, `output` in scope.
+ */
+#define CORTEN_CONV_WINDOWS(IN_T, OUT_T, ACC_T, INIT, TAP, STORE)                                              \
+    do {                                                                                                       \
+        int32_t b_, oy_, ox_, o;                                                                               \
+        for (b_ = 0; b_ < output_dims->n; b_++) {                                                              \
+            const IN_T *in_batch = input + (ptrdiff_t)b_ * input_dims->h * input_dims->w * input_dims->c;       \
+            for (oy_ = 0; oy_ < output_dims->h; oy_++) {                                                       \
+                for (ox_ = 0; ox_ < output_dims->w; ox_++) {                                                   \
+                    OUT_T *out_px = output + (((ptrdiff_t)b_ * output_dims->h + oy_) * output_dims->w + ox_) *   \
+                                                 output_dims->c;                                               \
+                    corten_window win;                                                                         \
+                    corten_window_at(params, oy_, ox_, filter_dims->h, filter_dims->w, input_dims->h,          \
+                                     input_dims->w, &win);                                                     \
+                    for (o = 0; o < output_dims->c; o++) {                                                     \
+                        ACC_T acc = (INIT);                                                                    \
+                        int32_t ky, kx;                                                                        \
+                        for (ky = win.ky_begin; ky < win.ky_end; ky++) {                                       \
+                            const int32_t iy_ = win.iy0 + ky * params->dilation_h;                             \
+                            for (kx = win.kx_begin; kx < win.kx_end; kx++) {                                   \
+                                const IN_T *x = in_batch + ((ptrdiff_t)iy_ * input_dims->w + win.ix0 +         \
+                                                            kx * params->dilation_w) * input_dims->c;          \
+                                TAP;                                                                           \
+                            }                                                                                  \
+                        }                                                                                      \
+                        out_px[o] = (STORE);                                                                   \
+                    }                                                                                          \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+    } while (0)
+
+/* STORE of the int8-output simple loops: the int32 accumulator requantized (per channel) to int8. */
+#define CORTEN_S8_STORE                                                                                        \
+    corten_finish(corten_u32_to_i32(acc), o, quant->multiplier, quant->shift, quant->per_channel,               \
+                  params->output_offset, params->activation_min, params->activation_max)
+
 /* Depthwise with depth multiplier 1: channels in blocks, taps outer, so the inner loop runs over
  * contiguous channels of both the input pixel and the filter tap. */
 static void corten_depthwise_mult1(const corten_conv_params *p, const corten_quant *q, const corten_dims *in_dims,
@@ -228,15 +266,12 @@ static void corten_depthwise_mult1(const corten_conv_params *p, const corten_qua
     for (b = 0; b < in_dims->n; b++) {
         const int8_t *in_batch = input + (ptrdiff_t)b * in_h * in_w * ch;
         for (oy = 0; oy < out_dims->h; oy++) {
-            const int32_t iy0 = oy * p->stride_h - p->pad_h;
-            const int32_t ky_begin = corten_first_valid_tap(iy0, p->dilation_h);
-            const int32_t ky_end = corten_end_valid_tap(iy0, p->dilation_h, kh, in_h);
+            int32_t iy0, ky_begin, ky_end;
+            corten_axis_taps(oy, p->stride_h, p->pad_h, p->dilation_h, kh, in_h, &iy0, &ky_begin, &ky_end);
             for (ox = 0; ox < out_dims->w; ox++) {
-                const int32_t ix0 = ox * p->stride_w - p->pad_w;
-                const int32_t kx_begin = corten_first_valid_tap(ix0, p->dilation_w);
-                const int32_t kx_end = corten_end_valid_tap(ix0, p->dilation_w, kw, in_w);
                 int8_t *out_px = output + (((ptrdiff_t)b * out_dims->h + oy) * out_dims->w + ox) * ch;
-                int32_t c0;
+                int32_t ix0, kx_begin, kx_end, c0;
+                corten_axis_taps(ox, p->stride_w, p->pad_w, p->dilation_w, kw, in_w, &ix0, &kx_begin, &kx_end);
                 for (c0 = 0; c0 < ch; c0 += CORTEN_BLOCK) {
                     const int32_t count = (ch - c0) < CORTEN_BLOCK ? (ch - c0) : CORTEN_BLOCK;
                     uint32_t acc[CORTEN_BLOCK];
@@ -274,45 +309,6 @@ static void corten_depthwise_mult1(const corten_conv_params *p, const corten_qua
     }
 }
 
-/* Depthwise with any depth multiplier: output channel o reads input channel o / mult. */
-static void corten_depthwise_general(const corten_conv_params *p, const corten_quant *q, const corten_dims *in_dims,
-                                     const int8_t *input, const corten_dims *f_dims, const int8_t *filter,
-                                     const int32_t *bias, const corten_dims *out_dims, int8_t *output)
-{
-    const int32_t in_h = in_dims->h, in_w = in_dims->w, c_in = in_dims->c, kh = f_dims->h, kw = f_dims->w;
-    const int32_t c_out = out_dims->c, mult = p->depth_multiplier;
-    int32_t b, oy, ox, o;
-    for (b = 0; b < in_dims->n; b++) {
-        const int8_t *in_batch = input + (ptrdiff_t)b * in_h * in_w * c_in;
-        for (oy = 0; oy < out_dims->h; oy++) {
-            const int32_t iy0 = oy * p->stride_h - p->pad_h;
-            const int32_t ky_begin = corten_first_valid_tap(iy0, p->dilation_h);
-            const int32_t ky_end = corten_end_valid_tap(iy0, p->dilation_h, kh, in_h);
-            for (ox = 0; ox < out_dims->w; ox++) {
-                const int32_t ix0 = ox * p->stride_w - p->pad_w;
-                const int32_t kx_begin = corten_first_valid_tap(ix0, p->dilation_w);
-                const int32_t kx_end = corten_end_valid_tap(ix0, p->dilation_w, kw, in_w);
-                int8_t *out_px = output + (((ptrdiff_t)b * out_dims->h + oy) * out_dims->w + ox) * c_out;
-                for (o = 0; o < c_out; o++) {
-                    const int32_t c = o / mult;
-                    uint32_t acc = bias != NULL ? (uint32_t)bias[o] : 0u;
-                    int32_t ky, kx;
-                    for (ky = ky_begin; ky < ky_end; ky++) {
-                        const int32_t iy = iy0 + ky * p->dilation_h;
-                        for (kx = kx_begin; kx < kx_end; kx++) {
-                            const int32_t ix = ix0 + kx * p->dilation_w;
-                            const int32_t xv = (int32_t)in_batch[((ptrdiff_t)iy * in_w + ix) * c_in + c] + p->input_offset;
-                            acc += (uint32_t)(xv * (int32_t)filter[((ptrdiff_t)ky * kw + kx) * c_out + o]);
-                        }
-                    }
-                    out_px[o] = corten_finish(corten_u32_to_i32(acc), o, q->multiplier, q->shift, q->per_channel,
-                                              p->output_offset, p->activation_min, p->activation_max);
-                }
-            }
-        }
-    }
-}
-
 int corten_depthwise_conv2d_s8(const corten_conv_params *params, const corten_quant *quant,
                                const corten_dims *input_dims, const int8_t *input,
                                const corten_dims *filter_dims, const int8_t *filter, const int32_t *bias,
@@ -324,8 +320,11 @@ int corten_depthwise_conv2d_s8(const corten_conv_params *params, const corten_qu
     }
     if (params->depth_multiplier == 1) {
         corten_depthwise_mult1(params, quant, input_dims, input, filter_dims, filter, bias, output_dims, output);
-    } else {
-        corten_depthwise_general(params, quant, input_dims, input, filter_dims, filter, bias, output_dims, output);
+    } else { /* any depth multiplier: output channel o reads input channel o / depth_multiplier */
+        CORTEN_CONV_WINDOWS(int8_t, int8_t, uint32_t, bias != NULL ? (uint32_t)bias[o] : 0u, {
+            const int32_t xv = (int32_t)x[o / params->depth_multiplier] + params->input_offset;
+            acc += (uint32_t)(xv * (int32_t)filter[((ptrdiff_t)ky * filter_dims->w + kx) * output_dims->c + o]);
+        }, CORTEN_S8_STORE);
     }
     return CORTEN_OK;
 }
@@ -439,52 +438,11 @@ int corten_grouped_conv2d_s8(const corten_conv_params *params, const corten_quan
 }
 
 /*
- * The window loops of the simple (one output element at a time) convolutions, written once for the
- * element types: for each image, output pixel and output channel `o`, `ACC_T acc = INIT`; for each
- * filter tap (ky, kx) whose input pixel lies inside the input (padding taps contribute 0), with `x`
- * pointing at that pixel's IN_T channels, the statement TAP; then `out_px[o] = STORE`.  Expects
- * `params`, `input_dims`, `input`, `filter_dims`, `output_dims`, `output` in scope.
- */
-#define CORTEN_CONV_WINDOWS(IN_T, OUT_T, ACC_T, INIT, TAP, STORE)                                              \
-    do {                                                                                                       \
-        int32_t b_, oy_, ox_, o;                                                                               \
-        for (b_ = 0; b_ < output_dims->n; b_++) {                                                              \
-            const IN_T *in_batch = input + (ptrdiff_t)b_ * input_dims->h * input_dims->w * input_dims->c;       \
-            for (oy_ = 0; oy_ < output_dims->h; oy_++) {                                                       \
-                for (ox_ = 0; ox_ < output_dims->w; ox_++) {                                                   \
-                    OUT_T *out_px = output + (((ptrdiff_t)b_ * output_dims->h + oy_) * output_dims->w + ox_) *   \
-                                                 output_dims->c;                                               \
-                    corten_window win;                                                                         \
-                    corten_window_at(params, oy_, ox_, filter_dims->h, filter_dims->w, input_dims->h,          \
-                                     input_dims->w, &win);                                                     \
-                    for (o = 0; o < output_dims->c; o++) {                                                     \
-                        ACC_T acc = (INIT);                                                                    \
-                        int32_t ky, kx;                                                                        \
-                        for (ky = win.ky_begin; ky < win.ky_end; ky++) {                                       \
-                            const int32_t iy_ = win.iy0 + ky * params->dilation_h;                             \
-                            for (kx = win.kx_begin; kx < win.kx_end; kx++) {                                   \
-                                const IN_T *x = in_batch + ((ptrdiff_t)iy_ * input_dims->w + win.ix0 +         \
-                                                            kx * params->dilation_w) * input_dims->c;          \
-                                TAP;                                                                           \
-                            }                                                                                  \
-                        }                                                                                      \
-                        out_px[o] = (STORE);                                                                   \
-                    }                                                                                          \
-                }                                                                                              \
-            }                                                                                                  \
-        }                                                                                                      \
-    } while (0)
-
-/*
  * A8W4 convolutions: int4 filters packed two per byte (corten_s4_at unpacks a nibble in the inner
  * loop), the int8 kernels' arithmetic: acc = bias[o] + sum over in-input taps of (x + input_offset) * w
  * with int32 wrap-around, requantized per channel.  Filter element (o, ky, kx, c) is nibble
  * ((o * kH + ky) * kW + kx) * C_in + c (conv2d, OHWI) or (ky * kW + kx) * C_out + o (depthwise).
  */
-#define CORTEN_S4_STORE                                                                                        \
-    corten_finish(corten_u32_to_i32(acc), o, quant->multiplier, quant->shift, quant->per_channel,               \
-                  params->output_offset, params->activation_min, params->activation_max)
-
 int corten_conv2d_s4(const corten_conv_params *params, const corten_quant *quant,
                      const corten_dims *input_dims, const int8_t *input,
                      const corten_dims *filter_dims, const int8_t *packed_filter, const int32_t *bias,
@@ -500,7 +458,7 @@ int corten_conv2d_s4(const corten_conv_params *params, const corten_quant *quant
         for (c = 0; c < input_dims->c; c++) {
             acc += (uint32_t)(((int32_t)x[c] + params->input_offset) * corten_s4_at(packed_filter, k0 + c));
         }
-    }, CORTEN_S4_STORE);
+    }, CORTEN_S8_STORE);
     return CORTEN_OK;
 }
 
@@ -516,7 +474,7 @@ int corten_depthwise_conv2d_s4(const corten_conv_params *params, const corten_qu
     CORTEN_CONV_WINDOWS(int8_t, int8_t, uint32_t, bias != NULL ? (uint32_t)bias[o] : 0u, {
         const int32_t xv = (int32_t)x[o / params->depth_multiplier] + params->input_offset;
         acc += (uint32_t)(xv * corten_s4_at(packed_filter, (ky * filter_dims->w + kx) * output_dims->c + o));
-    }, CORTEN_S4_STORE);
+    }, CORTEN_S8_STORE);
     return CORTEN_OK;
 }
 

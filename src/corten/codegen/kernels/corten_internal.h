@@ -226,6 +226,17 @@ static inline int32_t corten_end_valid_tap(int32_t start, int32_t dilation, int3
     return end < kernel ? end : kernel;
 }
 
+/** The taps along one axis of the window of output coordinate `o` (stride, pad, dilation and kernel,
+ *  over an input axis of `size`): *origin = o * stride - pad, the input coordinate of tap 0 (negative in
+ *  the padding), and the tap indices [*begin, *end) that fall inside the input. */
+static inline void corten_axis_taps(int32_t o, int32_t stride, int32_t pad, int32_t dilation, int32_t kernel,
+                                    int32_t size, int32_t *origin, int32_t *begin, int32_t *end)
+{
+    *origin = o * stride - pad;
+    *begin = corten_first_valid_tap(*origin, dilation);
+    *end = corten_end_valid_tap(*origin, dilation, kernel, size);
+}
+
 /** Element k of an int4 array packed two per byte in CMSIS-NN's s4 order (element 2j in the low
  *  nibble of byte j, 2j + 1 in the high one; two's complement nibbles). */
 static inline int32_t corten_s4_at(const int8_t *packed, int32_t k)
