@@ -164,6 +164,9 @@ def test_kernels_reject_inconsistent_dims(lib):
     assert lib.corten_grouped_conv2d_s8(ctypes.byref(conv), ctypes.byref(quant), ctypes.byref(Dims(1, 2, 2, 4)),
                                         x, ctypes.byref(Dims(4, 1, 1, 3)), grouped_w, None,  # 3 does not divide 4
                                         ctypes.byref(Dims(1, 2, 2, 4)), out) != 0
+    assert lib.corten_grouped_conv2d_s8(ctypes.byref(conv), ctypes.byref(quant), ctypes.byref(Dims(1, 2, 2, 0)),
+                                        x, ctypes.byref(Dims(4, 1, 1, 3)), grouped_w, None,  # no input channels:
+                                        ctypes.byref(Dims(1, 2, 2, 4)), out) != 0  # refused, no division by 0
 
 
 # ----------------------------------------------------------------------------- whole programs

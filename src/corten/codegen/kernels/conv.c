@@ -391,7 +391,8 @@ int corten_grouped_conv2d_s8(const corten_conv_params *params, const corten_quan
     const corten_conv_params *p = params;
     int32_t in_h, in_w, c_in, ck, kh, kw, c_out, groups, per_group, b, oy, ox, o;
     if (!corten_conv_args_ok(params, quant, input_dims, input, filter_dims, filter, output_dims, output) ||
-        filter_dims->c < 1 || filter_dims->n != output_dims->c || input_dims->c % filter_dims->c != 0) {
+        filter_dims->c < 1 || filter_dims->n != output_dims->c || input_dims->c < filter_dims->c ||
+        input_dims->c % filter_dims->c != 0) {
         return CORTEN_ERROR_ARGUMENT;
     }
     in_h = input_dims->h;
