@@ -12,14 +12,36 @@
 #include "corten_internal.h"
 #include "corten_kernels.h"
 
+/* The arguments the int8-activation linears (int8 and packed int4 weights) need. */
+static int corten_linear_args_ok(const corten_linear_params *params, const corten_quant *quant, int32_t batches,
+                                 int32_t in_features, int32_t out_features, const int8_t *input,
+                                 const int8_t *weight, const int32_t *kernel_sum, const int8_t *output)
+{
+    return params != NULL && quant != NULL && quant->multiplier != NULL && quant->shift != NULL && input != NULL &&
+           weight != NULL && kernel_sum != NULL && output != NULL && batches >= 0 && in_features >= 1 &&
+           out_features >= 1;
+}
+
+/* Output o of the int8-activation linears from its int32 sum: requantized (one rounding when
+ * quant->single_rounding), offset and clamped. */
+static inline int8_t corten_linear_output(const corten_linear_params *params, const corten_quant *quant,
+                                          int32_t total, int32_t o)
+{
+    if (quant->single_rounding) {
+        const int32_t q = quant->per_channel ? o : 0;
+        return corten_offset_clamp(corten_requantize_single(total, quant->multiplier[q], quant->shift[q]),
+                                   params->output_offset, params->activation_min, params->activation_max);
+    }
+    return corten_finish(total, o, quant->multiplier, quant->shift, quant->per_channel, params->output_offset,
+                         params->activation_min, params->activation_max);
+}
+
 int corten_linear_s8(const corten_linear_params *params, const corten_quant *quant, int32_t batches,
                      int32_t in_features, int32_t out_features, const int8_t *input, const int8_t *weight,
                      const int32_t *kernel_sum, int8_t *output)
 {
     int32_t b, o, g;
-    if (params == NULL || quant == NULL || quant->multiplier == NULL || quant->shift == NULL || input == NULL ||
-        weight == NULL || kernel_sum == NULL || output == NULL || batches < 0 || in_features < 1 ||
-        out_features < 1) {
+    if (!corten_linear_args_ok(params, quant, batches, in_features, out_features, input, weight, kernel_sum, output)) {
         return CORTEN_ERROR_ARGUMENT;
     }
     for (b = 0; b < batches; b++) {
@@ -37,18 +59,8 @@ int corten_linear_s8(const corten_linear_params *params, const corten_quant *qua
                 }
             }
             for (g = 0; g < group; g++) {
-                const int32_t total = corten_u32_to_i32(acc[g] + (uint32_t)kernel_sum[o + g]);
-                if (quant->single_rounding) {
-                    const int32_t q = quant->per_channel ? o + g : 0;
-                    y[o + g] = corten_offset_clamp(corten_requantize_single(total, quant->multiplier[q],
-                                                                            quant->shift[q]),
-                                                   params->output_offset, params->activation_min,
-                                                   params->activation_max);
-                } else {
-                    y[o + g] = corten_finish(total, o + g, quant->multiplier, quant->shift, quant->per_channel,
-                                             params->output_offset, params->activation_min,
-                                             params->activation_max);
-                }
+                y[o + g] = corten_linear_output(params, quant, corten_u32_to_i32(acc[g] + (uint32_t)kernel_sum[o + g]),
+                                                o + g);
             }
         }
     }
@@ -62,9 +74,8 @@ int corten_linear_s4(const corten_linear_params *params, const corten_quant *qua
                      const int32_t *kernel_sum, int8_t *output)
 {
     int32_t b, o, k;
-    if (params == NULL || quant == NULL || quant->multiplier == NULL || quant->shift == NULL || input == NULL ||
-        packed_weight == NULL || kernel_sum == NULL || output == NULL || batches < 0 || in_features < 1 ||
-        out_features < 1) {
+    if (!corten_linear_args_ok(params, quant, batches, in_features, out_features, input, packed_weight, kernel_sum,
+                               output)) {
         return CORTEN_ERROR_ARGUMENT;
     }
     for (b = 0; b < batches; b++) {
@@ -72,20 +83,11 @@ int corten_linear_s4(const corten_linear_params *params, const corten_quant *qua
         int8_t *y = output + (ptrdiff_t)b * out_features;
         for (o = 0; o < out_features; o++) {
             const int32_t k0 = o * in_features;
-            const int32_t q = quant->per_channel ? o : 0;
             uint32_t acc = (uint32_t)kernel_sum[o];
-            int32_t total;
             for (k = 0; k < in_features; k++) {
                 acc += (uint32_t)((int32_t)x[k] * corten_s4_at(packed_weight, k0 + k));
             }
-            total = corten_u32_to_i32(acc);
-            if (quant->single_rounding) {
-                y[o] = corten_offset_clamp(corten_requantize_single(total, quant->multiplier[q], quant->shift[q]),
-                                           params->output_offset, params->activation_min, params->activation_max);
-            } else {
-                y[o] = corten_finish(total, o, quant->multiplier, quant->shift, quant->per_channel,
-                                     params->output_offset, params->activation_min, params->activation_max);
-            }
+            y[o] = corten_linear_output(params, quant, corten_u32_to_i32(acc), o);
         }
     }
     return CORTEN_OK;
