@@ -84,35 +84,26 @@ static const char *format_u64(uint64_t value, char *buf, unsigned size)
     return p;
 }
 
-static int read_input(const char *path)
+/* Reads (writing 0) or writes (writing 1) all `bytes` bytes of `data` from / to the file at `path`;
+ * 0 after a CORTEN_ERROR line when the file cannot be opened or holds or takes fewer bytes. */
+static int transfer_file(const char *path, int writing, int8_t *data, size_t bytes)
 {
-    FILE *f = fopen(path, "rb");
-    size_t got;
+    FILE *f = fopen(path, writing ? "wb" : "rb");
+    size_t done;
+    int closed;
     if (f == NULL) {
-        printf("CORTEN_ERROR cannot open input file %s\n", path);
+        printf("CORTEN_ERROR cannot %s file %s\n", writing ? "create output" : "open input", path);
         return 0;
     }
-    got = fread(corten_input, 1, (size_t)CORTEN_INPUT_BYTES, f);
-    fclose(f);
-    if (got != (size_t)CORTEN_INPUT_BYTES) {
-        printf("CORTEN_ERROR input file %s has %lu bytes, expected %lu\n", path, (unsigned long)got,
-               (unsigned long)CORTEN_INPUT_BYTES);
-        return 0;
-    }
-    return 1;
-}
-
-static int write_output(const char *path)
-{
-    FILE *f = fopen(path, "wb");
-    size_t put;
-    if (f == NULL) {
-        printf("CORTEN_ERROR cannot create output file %s\n", path);
-        return 0;
-    }
-    put = fwrite(corten_output, 1, (size_t)CORTEN_OUTPUT_BYTES, f);
-    if (fclose(f) != 0 || put != (size_t)CORTEN_OUTPUT_BYTES) {
+    done = writing ? fwrite(data, 1, bytes, f) : fread(data, 1, bytes, f);
+    closed = fclose(f) == 0;
+    if (writing && (!closed || done != bytes)) {
         printf("CORTEN_ERROR short write to output file %s\n", path);
+        return 0;
+    }
+    if (!writing && done != bytes) {
+        printf("CORTEN_ERROR input file %s has %lu bytes, expected %lu\n", path, (unsigned long)done,
+               (unsigned long)bytes);
         return 0;
     }
     return 1;
@@ -127,7 +118,7 @@ int main(int argc, char **argv)
     uint64_t stop;
     int status;
 
-    if (!read_input(input_path)) {
+    if (!transfer_file(input_path, 0, corten_input, (size_t)CORTEN_INPUT_BYTES)) {
         return 2;
     }
     corten_timer_init();
@@ -150,7 +141,7 @@ int main(int argc, char **argv)
         }
     }
 #endif
-    if (status == 0 && !write_output(output_path)) {
+    if (status == 0 && !transfer_file(output_path, 1, corten_output, (size_t)CORTEN_OUTPUT_BYTES)) {
         return 2;
     }
     printf("CORTEN_RESULT status=%d elapsed=%s unit=%s\n", status,
