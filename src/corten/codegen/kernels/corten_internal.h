@@ -90,54 +90,11 @@ static inline int32_t corten_dot_offset_s8(const int8_t *x, const int8_t *w, int
 static inline void corten_dot4_offset_s8(const int8_t *x, const int8_t *w, int32_t w_stride, int32_t n,
                                          int32_t offset, uint32_t out[4])
 {
-    const int8_t *w0 = w;
-    const int8_t *w1 = w + w_stride;
-    const int8_t *w2 = w + 2 * w_stride;
-    const int8_t *w3 = w + 3 * w_stride;
-    const int16_t off16 = (int16_t)offset;
-    uint32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    int32_t k = 0;
-    for (; k + CORTEN_BLOCK <= n; k += CORTEN_BLOCK) {
-        uint32_t p0 = 0, p1 = 0, p2 = 0, p3 = 0;
-        int32_t j;
-        for (j = 0; j < CORTEN_BLOCK; j++) {
-            const int16_t xv = (int16_t)(x[k + j] + off16);
-            p0 += corten_widen_s16(corten_mul_s16(xv, w0[k + j]));
-            p1 += corten_widen_s16(corten_mul_s16(xv, w1[k + j]));
-            p2 += corten_widen_s16(corten_mul_s16(xv, w2[k + j]));
-            p3 += corten_widen_s16(corten_mul_s16(xv, w3[k + j]));
-        }
-        s0 += p0;
-        s1 += p1;
-        s2 += p2;
-        s3 += p3;
+    /* four blocked single dot products (each vectorised; the wrapping sums do not depend on the order) */
+    int32_t r;
+    for (r = 0; r < 4; r++) {
+        out[r] += (uint32_t)corten_dot_offset_s8(x, w + r * w_stride, n, offset);
     }
-    for (; k + CORTEN_HALF_BLOCK <= n; k += CORTEN_HALF_BLOCK) {
-        uint32_t p0 = 0, p1 = 0, p2 = 0, p3 = 0;
-        int32_t j;
-        for (j = 0; j < CORTEN_HALF_BLOCK; j++) {
-            const int16_t xv = (int16_t)(x[k + j] + off16);
-            p0 += corten_widen_s16(corten_mul_s16(xv, w0[k + j]));
-            p1 += corten_widen_s16(corten_mul_s16(xv, w1[k + j]));
-            p2 += corten_widen_s16(corten_mul_s16(xv, w2[k + j]));
-            p3 += corten_widen_s16(corten_mul_s16(xv, w3[k + j]));
-        }
-        s0 += p0;
-        s1 += p1;
-        s2 += p2;
-        s3 += p3;
-    }
-    for (; k < n; k++) {
-        const int16_t xv = (int16_t)(x[k] + off16);
-        s0 += corten_widen_s16(corten_mul_s16(xv, w0[k]));
-        s1 += corten_widen_s16(corten_mul_s16(xv, w1[k]));
-        s2 += corten_widen_s16(corten_mul_s16(xv, w2[k]));
-        s3 += corten_widen_s16(corten_mul_s16(xv, w3[k]));
-    }
-    out[0] += s0;
-    out[1] += s1;
-    out[2] += s2;
-    out[3] += s3;
 }
 #else
 static inline void corten_dot4_offset_s8(const int8_t *x, const int8_t *w, int32_t w_stride, int32_t n,
