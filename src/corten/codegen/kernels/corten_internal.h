@@ -47,22 +47,19 @@ static inline int32_t corten_dot_offset_s8(const int8_t *x, const int8_t *w, int
     const int16_t off16 = (int16_t)offset;
     uint32_t sum = 0;
     int32_t k = 0;
-    for (; k + CORTEN_BLOCK <= n; k += CORTEN_BLOCK) {
-        uint32_t part = 0;
-        int32_t j;
-        for (j = 0; j < CORTEN_BLOCK; j++) {
-            part += corten_widen_s16(corten_mul_s16((int16_t)(x[k + j] + off16), w[k + j]));
-        }
-        sum += part;
+/* Whole chunks of `len` inputs (a constant: host compilers turn a chunk into SIMD multiply-adds). */
+#define CORTEN_DOT_CHUNKS(len)                                                                         \
+    for (; k + (len) <= n; k += (len)) {                                                               \
+        uint32_t part = 0;                                                                             \
+        int32_t j;                                                                                     \
+        for (j = 0; j < (len); j++) {                                                                  \
+            part += corten_widen_s16(corten_mul_s16((int16_t)(x[k + j] + off16), w[k + j]));           \
+        }                                                                                              \
+        sum += part;                                                                                   \
     }
-    for (; k + CORTEN_HALF_BLOCK <= n; k += CORTEN_HALF_BLOCK) {
-        uint32_t part = 0;
-        int32_t j;
-        for (j = 0; j < CORTEN_HALF_BLOCK; j++) {
-            part += corten_widen_s16(corten_mul_s16((int16_t)(x[k + j] + off16), w[k + j]));
-        }
-        sum += part;
-    }
+    CORTEN_DOT_CHUNKS(CORTEN_BLOCK)
+    CORTEN_DOT_CHUNKS(CORTEN_HALF_BLOCK)
+#undef CORTEN_DOT_CHUNKS
     for (; k < n; k++) {
         sum += corten_widen_s16(corten_mul_s16((int16_t)(x[k] + off16), w[k]));
     }
