@@ -33,12 +33,10 @@ static corten_pool_window corten_pool_window_at(const corten_pool_params *p, con
                                                 int32_t oy, int32_t ox)
 {
     corten_pool_window win;
-    win.iy0 = oy * p->stride_h - p->pad_h;
-    win.ix0 = ox * p->stride_w - p->pad_w;
-    win.ky_begin = corten_first_valid_tap(win.iy0, p->dilation_h);
-    win.ky_end = corten_end_valid_tap(win.iy0, p->dilation_h, p->kernel_h, in_dims->h);
-    win.kx_begin = corten_first_valid_tap(win.ix0, p->dilation_w);
-    win.kx_end = corten_end_valid_tap(win.ix0, p->dilation_w, p->kernel_w, in_dims->w);
+    corten_axis_taps(oy, p->stride_h, p->pad_h, p->dilation_h, p->kernel_h, in_dims->h, &win.iy0, &win.ky_begin,
+                     &win.ky_end);
+    corten_axis_taps(ox, p->stride_w, p->pad_w, p->dilation_w, p->kernel_w, in_dims->w, &win.ix0, &win.kx_begin,
+                     &win.kx_end);
     return win;
 }
 
