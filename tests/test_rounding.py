@@ -281,3 +281,67 @@ def test_cli_rounding_adaptive(tmp_path, capsys):
                    "--rounding", "adaptive"])
     assert rc == 0, capsys.readouterr().out
     assert corten.load(out).info["rounding"]["layers"] == 4
+
+
+@pytest.mark.parametrize("width", ["int8", "int4"])
+def test_each_layer_is_rounded_on_the_inputs_the_re_rounded_layers_before_it_give(width):
+    """Layers are rounded in order, each on its inputs from the already re-rounded layers: every
+    layer's final integer weights and bias equal one layer-alone rounding (descent on the centred,
+    damped Gram matrix of the fitted samples from nearest, kept per channel where the held-out error
+    is lower) of the inputs the *final* program gives that layer."""
+    from corten.compiler import Pipeline
+    from corten.fx_nodes import get_attr
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    calib = torch.rand(16, 3, 6, 6) + 0.5
+    samples = [(calib[i:i + 1],) for i in range(16)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        near = Pipeline(model, (calib[:1],), calibration=samples, weights=width).convert().converted
+        adapt = Pipeline(model, (calib[:1],), calibration=samples, weights=width, rounding="adaptive")
+        adapt.calibrate()
+        weights = R.float_weights(adapt.prepared)
+        adapt = adapt.convert().converted
+    inputs: dict[str, list] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            if n.name in weights and n.op == "call_function":
+                inputs.setdefault(n.name, []).append(self.env[n.args[0]])
+            return super().run_node(n)
+
+    with torch.no_grad():
+        for s in samples:
+            Recorder(adapt).run(*s)
+    layers = {n.name: n for n in adapt.graph.nodes if n.name in weights and n.op == "call_function"}
+    assert len(layers) == 4
+    changed_after_first = 0
+    for k, (name, node) in enumerate(layers.items()):
+        q_target, scale, qmin, qmax = R._int_weight(node, adapt)
+        b_target, b_scale = R._int_bias(node, adapt)
+        q_near = get_attr(near, q_target).reshape(len(scale), -1).double()
+        b_near = get_attr(near, b_target).double()
+        w = weights[name].double()
+        w_scaled = w.reshape(len(scale), -1) / scale[:, None]
+        kind = R._layer_kind(node)
+        rows = [R.layer_rows(x, kind, tuple(w.shape), **R._geometry(node)) for x in inputs[name]]
+        fit, test = rows[:12], rows[12:]  # (the Gram matrices summed per sample, in float64)
+        group = torch.arange(len(scale)) // (len(scale) // fit[0].shape[0])
+        h_fit, h_test = (sum(R.gram(r) for r in part) for part in (fit, test))
+        sum_fit, sum_test = (sum(r.sum(1).double() for r in part) for part in (fit, test))
+        n_fit, n_test = (sum(r.shape[1] for r in part) for part in (fit, test))
+        q_adapt = R.round_adaptive(w_scaled, R.damped(R.centred(h_fit, sum_fit, n_fit)), group, qmin, qmax,
+                                   start=q_near)
+        mean_fit = sum_fit / n_fit
+        keep = R.corrected_losses(q_adapt, w_scaled, h_test, group, sum_test, n_test, mean_fit) < \
+            R.channel_losses(q_near, w_scaled, h_test, group)
+        expect_q = torch.where(keep[:, None], q_adapt, q_near)
+        shift = scale * (mean_fit[group] * (q_adapt - w_scaled)).sum(1)
+        expect_b = b_near + torch.where(keep, torch.round(-shift / b_scale), torch.zeros_like(shift))
+        got_q = get_attr(adapt, q_target).reshape(len(scale), -1).double()
+        assert torch.equal(got_q, expect_q), name
+        assert torch.equal(get_attr(adapt, b_target).double(), expect_b), name
+        if k:
+            changed_after_first += int((got_q != q_near).sum())
+    assert changed_after_first > 0

@@ -10,7 +10,11 @@ im2col patches of a conv, the feature vectors of a linear), the output error of 
 (AdaRound's layer-wise objective, Nagel et al. 2020, with its constraint: each weight is rounded
 *up or down*, ``q = floor(w / s)`` or ``floor(w / s) + 1``, clamped to the weight range).  ``H`` is
 the Gram matrix of the layer's quantized inputs over the calibration samples (per group for grouped
-and depthwise convolutions), so the cost of the search does not grow with the sample count.
+and depthwise convolutions), so the cost of the search does not grow with the sample count.  The
+layers are rounded one after the other in graph order, each on its inputs as the program computes
+them with the layers before it already re-rounded (weights and moved biases): a layer's rounding
+and bias fit the activations it will really see, so a later layer's bias absorbs the mean error the
+earlier layers leave.
 
 Solver: exact coordinate descent from round-to-nearest (:func:`round_adaptive`): in every channel,
 the single up/down flip that lowers ``r^T H r`` most is applied, until no flip lowers it.  Each step
@@ -238,34 +242,47 @@ def _geometry(node: torch.fx.Node) -> dict:
         {"groups": int(node_arg(node, "groups"))}
 
 
-class _GramRecorder(torch.fx.Interpreter):
-    """Runs the converted graph and adds each layer's input rows to its Gram matrices (the fit and
-    the held-out ones, by sample)."""
+def _constant_nodes(graph: torch.fx.Graph) -> set:
+    """The nodes whose value does not depend on the inputs (constants and what is computed from them)."""
+    const: set = set()
+    for n in graph.nodes:
+        if n.op == "get_attr" or (n.op == "call_function" and all(a in const for a in n.all_input_nodes)):
+            const.add(n)
+    return const
 
-    def __init__(self, gm, layers: dict[str, dict]):
-        super().__init__(gm)
-        self.layers = layers
-        self.held_out = False
 
-    def run_node(self, n):
-        out = super().run_node(n)
-        spec = self.layers.get(n.name)
-        if spec is not None and isinstance(n.args[0], torch.fx.Node):
-            rows = layer_rows(self.env[n.args[0]], spec["kind"], spec["shape"], **spec["geometry"])
-            key = "h_test" if self.held_out else "h_fit"
-            spec[key] = gram(rows) + spec.get(key, 0)
-            key = "sum_test" if self.held_out else "sum_fit"
-            spec[key] = rows.sum(1).to(torch.float64) + spec.get(key, 0)
-            spec["rows_test" if self.held_out else "rows_fit"] = spec.get("rows_test" if self.held_out else
-                                                                          "rows_fit", 0) + rows.shape[1]
-        return out
+def _ancestors(nodes, within: set) -> set:
+    seen, todo = set(), [n for n in nodes if isinstance(n, torch.fx.Node) and n in within]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo += [a for a in n.all_input_nodes if a in within]
+    return seen
+
+
+def _call(node: torch.fx.Node, gm: torch.nn.Module, value):
+    """``node`` evaluated with ``value(input node)`` for its inputs."""
+    if node.op == "get_attr":
+        return get_attr(gm, node.target)
+    args = torch.fx.node.map_arg(node.args, value)
+    kwargs = torch.fx.node.map_arg(node.kwargs, value)
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)
+    if node.op == "call_method":
+        return getattr(args[0], node.target)(*args[1:], **kwargs)
+    return get_attr(gm, node.target)(*args, **kwargs)  # call_module
 
 
 def adaptive_rounding(converted: torch.fx.GraphModule, weights: dict[str, torch.Tensor], samples: list,
                       say=lambda s: None) -> list[LayerRounding]:
     """Re-round the integer weights of ``converted``'s conv/linear layers in place (see the module
     docstring); ``weights`` from :func:`float_weights` of the prepared graph, ``samples`` the
-    calibration input tuples.  Returns one :class:`LayerRounding` per layer."""
+    calibration input tuples.  Returns one :class:`LayerRounding` per layer.
+
+    Layer by layer, in graph order: the graph runs node by node over all samples at once, so each
+    layer is rounded on its inputs as the quantized program gives them with every layer before it
+    already re-rounded (its Gram matrices see the upstream layers' final weights and biases)."""
     layers: dict[str, dict] = {}
     for node in converted.graph.nodes:
         if node.op != "call_function" or node.target not in _LAYERS or node.name not in weights:
@@ -281,52 +298,92 @@ def adaptive_rounding(converted: torch.fx.GraphModule, weights: dict[str, torch.
     if not layers or len(samples) < 2:
         return []
     n_test = max(1, len(samples) // HELD_OUT)
-    recorder = _GramRecorder(converted, layers)
-    with torch.no_grad():
-        for k, sample in enumerate(samples):
-            recorder.held_out = k >= len(samples) - n_test
-            recorder.run(*sample)
+    nodes = list(converted.graph.nodes)
+    const = _constant_nodes(converted.graph)
+    last_use = {a: i for i, n in enumerate(nodes) for a in n.all_input_nodes}
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    consts: dict = {}  # the constants' values (a layer's new weight and bias once it is re-rounded)
+    envs: list[dict] = [{} for _ in samples]  # per sample, the values of the other nodes
     report = []
-    for k, (name, spec) in enumerate(layers.items(), 1):
-        say(f"\r  adaptive rounding [{k}/{len(layers)}] {name}" + ("\n" if k == len(layers) else ""))
-        if "h_fit" not in spec or "h_test" not in spec:
-            continue  # (a layer the samples never reached)
-        w = spec["w"].reshape(spec["shape"][0], -1)
-        s = spec["scale"].reshape(-1, 1)
-        w_scaled = w / s
-        groups = spec["h_fit"].shape[0]
-        group = torch.arange(w.shape[0]) // (w.shape[0] // groups)
-        current = get_attr(converted, spec["target"])
-        q_near = current.reshape(w.shape[0], -1).to(torch.float64)
-        if spec["bias"] is None:
-            q_adapt = round_adaptive(w_scaled, damped(spec["h_fit"]), group, spec["qmin"], spec["qmax"], start=q_near)
-            q, keep, near, chosen = guarded(q_near, q_adapt, w_scaled, spec["h_test"], group)
-        else:  # the bias absorbs the mean error: round on the centred Gram matrix, then move the bias
-            n_fit = spec["rows_fit"]
-            h_fit = centred(spec["h_fit"], spec["sum_fit"], n_fit)
-            q_adapt = round_adaptive(w_scaled, damped(h_fit), group, spec["qmin"], spec["qmax"], start=q_near)
-            mean_fit = spec["sum_fit"] / max(n_fit, 1)
-            near = channel_losses(q_near, w_scaled, spec["h_test"], group)
-            adapt = corrected_losses(q_adapt, w_scaled, spec["h_test"], group, spec["sum_test"], spec["rows_test"],
-                                     mean_fit)
-            keep = adapt < near
-            q, chosen = torch.where(keep[:, None], q_adapt, q_near), torch.where(keep, adapt, near)
-            # output shift of each kept channel: s * mean . r; the bias (scale s_in * s) moves by -shift
-            shift = spec["scale"] * (mean_fit[group] * (q_adapt - w_scaled)).sum(1)
-            b_target, b_scale = spec["bias"]
-            bias = get_attr(converted, b_target)
-            moved = torch.where(keep, torch.round(-shift / b_scale), torch.zeros_like(shift))
-            if bool((moved != 0).any()):
-                new_bias = torch.clamp(bias.to(torch.float64) + moved, -INT32_MAX, INT32_MAX)  # (the bias range)
-                _set_attr(converted, b_target, new_bias.to(bias.dtype))
-        changed = int((q != q_near).sum())
-        if changed:
-            _set_attr(converted, spec["target"], q.reshape(current.shape).to(current.dtype))
-        per_output = float(spec["rows_test"] * w.shape[0])
-        s2 = spec["scale"] ** 2
-        report.append(LayerRounding(name, float((s2 * near).sum()) / per_output, float((s2 * chosen).sum()) / per_output,
-                                    w.shape[0], int(keep.sum()), changed))
+    with torch.no_grad():
+        for i, n in enumerate(nodes):
+            if n.op == "output":
+                break
+            if n in const:
+                consts[n] = _call(n, converted, consts.__getitem__)
+                continue
+            if n.op == "placeholder":
+                k = placeholders.index(n)
+                for env, sample in zip(envs, samples):
+                    env[n] = sample[k]
+                continue
+            spec = layers.get(n.name)
+            if spec is not None:
+                say(f"\r  adaptive rounding [{len(report) + 1}/{len(layers)}] {n.name}"
+                    + ("\n" if len(report) + 1 == len(layers) else ""))
+                for k, env in enumerate(envs):
+                    _add_rows(spec, env[n.args[0]], held_out=k >= len(samples) - n_test)
+                report.append(_round_layer(converted, spec, n.name))
+                for a in nodes:  # the layer's new weight and bias constants, for the nodes from here on
+                    if a in _ancestors(n.args[1:3], const):
+                        consts[a] = _call(a, converted, consts.__getitem__)
+            for env in envs:
+                env[n] = _call(n, converted, lambda a: consts[a] if a in consts else env[a])  # noqa: B023
+            for a in n.all_input_nodes:
+                if last_use.get(a) == i and a not in const:
+                    for env in envs:
+                        env.pop(a, None)
     return report
+
+
+def _add_rows(spec: dict, x: torch.Tensor, held_out: bool) -> None:
+    """Add one sample's input rows of a layer to its Gram matrix, row sum and row count (the fit or
+    the held-out ones)."""
+    rows = layer_rows(x, spec["kind"], spec["shape"], **spec["geometry"])
+    part = "test" if held_out else "fit"
+    spec["h_" + part] = gram(rows) + spec.get("h_" + part, 0)
+    spec["sum_" + part] = rows.sum(1).to(torch.float64) + spec.get("sum_" + part, 0)
+    spec["rows_" + part] = rows.shape[1] + spec.get("rows_" + part, 0)
+
+
+def _round_layer(converted: torch.fx.GraphModule, spec: dict, name: str) -> LayerRounding:
+    """Re-round one layer's weight (and move its bias) constants in ``converted`` from the Gram
+    matrices :func:`_add_rows` gathered."""
+    w = spec["w"].reshape(spec["shape"][0], -1)
+    s = spec["scale"].reshape(-1, 1)
+    w_scaled = w / s
+    groups = spec["h_fit"].shape[0]
+    group = torch.arange(w.shape[0]) // (w.shape[0] // groups)
+    current = get_attr(converted, spec["target"])
+    q_near = current.reshape(w.shape[0], -1).to(torch.float64)
+    if spec["bias"] is None:
+        q_adapt = round_adaptive(w_scaled, damped(spec["h_fit"]), group, spec["qmin"], spec["qmax"], start=q_near)
+        q, keep, near, chosen = guarded(q_near, q_adapt, w_scaled, spec["h_test"], group)
+    else:  # the bias absorbs the mean error: round on the centred Gram matrix, then move the bias
+        n_fit = spec["rows_fit"]
+        h_fit = centred(spec["h_fit"], spec["sum_fit"], n_fit)
+        q_adapt = round_adaptive(w_scaled, damped(h_fit), group, spec["qmin"], spec["qmax"], start=q_near)
+        mean_fit = spec["sum_fit"] / max(n_fit, 1)
+        near = channel_losses(q_near, w_scaled, spec["h_test"], group)
+        adapt = corrected_losses(q_adapt, w_scaled, spec["h_test"], group, spec["sum_test"], spec["rows_test"],
+                                 mean_fit)
+        keep = adapt < near
+        q, chosen = torch.where(keep[:, None], q_adapt, q_near), torch.where(keep, adapt, near)
+        # output shift of each kept channel: s * mean . r; the bias (scale s_in * s) moves by -shift
+        shift = spec["scale"] * (mean_fit[group] * (q_adapt - w_scaled)).sum(1)
+        b_target, b_scale = spec["bias"]
+        bias = get_attr(converted, b_target)
+        moved = torch.where(keep, torch.round(-shift / b_scale), torch.zeros_like(shift))
+        if bool((moved != 0).any()):
+            new_bias = torch.clamp(bias.to(torch.float64) + moved, -INT32_MAX, INT32_MAX)  # (the bias range)
+            _set_attr(converted, b_target, new_bias.to(bias.dtype))
+    changed = int((q != q_near).sum())
+    if changed:
+        _set_attr(converted, spec["target"], q.reshape(current.shape).to(current.dtype))
+    per_output = float(spec["rows_test"] * w.shape[0])
+    s2 = spec["scale"] ** 2
+    return LayerRounding(name, float((s2 * near).sum()) / per_output, float((s2 * chosen).sum()) / per_output,
+                         w.shape[0], int(keep.sum()), changed)
 
 
 def _set_attr(gm: torch.nn.Module, target: str, value: torch.Tensor) -> None:
