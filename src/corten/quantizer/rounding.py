@@ -324,8 +324,9 @@ def adaptive_rounding(converted: torch.fx.GraphModule, weights: dict[str, torch.
                 for k, env in enumerate(envs):
                     _add_rows(spec, env[n.args[0]], held_out=k >= len(samples) - n_test)
                 report.append(_round_layer(converted, spec, n.name))
-                for a in nodes:  # the layer's new weight and bias constants, for the nodes from here on
-                    if a in _ancestors(n.args[1:3], const):
+                changed = _ancestors(n.args[1:3], const)  # the new weight and bias constants, for what follows
+                for a in nodes:
+                    if a in changed:
                         consts[a] = _call(a, converted, consts.__getitem__)
             for env in envs:
                 env[n] = _call(n, converted, lambda a: consts[a] if a in consts else env[a])  # noqa: B023
