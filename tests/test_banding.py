@@ -2,6 +2,9 @@
 budget-driven search (corten.memory.banding)."""
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
 from torch import nn
@@ -55,7 +58,9 @@ def replay_on_planned_bytes(ep, plan, x):
     step by step on byte buffers filled with garbage (scratch re-filled at each step), every
     tensor read from and written to where the plan put it.  Every read must see exactly the bytes
     the reference computes for that tensor (so nothing live was overwritten), every view and
-    every in-place cat must already hold its bytes where the plan says, and the outputs match.
+    every in-place cat must already hold its bytes where the plan says (a view, e.g. a band's rows
+    of a tensor, only its own bytes: the rows earlier bands consumed may hold a segment output
+    trailing them, ``plan.cats_over_inputs``), and the outputs match.
     With memory regions, each region's arena is a buffer of its own (of the region's planned bytes,
     within its capacity)."""
     gen = torch.Generator().manual_seed(5)
@@ -92,8 +97,9 @@ def replay_on_planned_bytes(ep, plan, x):
         args = [ref[a.name] if isinstance(a, torch.fx.Node) else
                 [ref[b.name] for b in a] if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.fx.Node)
                 else a for a in n.args]
-        for a in n.all_input_nodes:  # every activation read sees its producer's bytes
-            if a.name in plan.tensors and input_layout_reshape(a) is None:
+        window = n.name in plan.tensors and alias_offset(n) is not None  # a view: it reads only its own bytes,
+        for a in n.all_input_nodes:  # checked below; every other activation read sees its producer's bytes
+            if a.name in plan.tensors and input_layout_reshape(a) is None and not window:
                 buf, off, nb = at(a.name)
                 assert torch.equal(buf[off:off + nb], c_bytes(ref[a.name])), (n.name, "reads", a.name)
         y = n.target(*args, **n.kwargs)
@@ -192,6 +198,28 @@ def test_banded_mv2_small_host_cmsis_nn_byte_exact(small_mv2, banded_small):
     x = torch.randn(small_mv2.inputs[0].shape, generator=torch.Generator().manual_seed(7))
     run = banded_small.c_run(x, kernels="cmsis-nn")
     assert all(torch.equal(a, b) for a, b in zip(small_mv2.run_int8(x), run.outputs))
+
+
+def test_segment_output_trails_its_consumed_input_byte_exact(small_mv2):
+    """At 48 KiB a segment's output is placed over the rows of its input that no later band reads
+    (plan.cats_over_inputs, shift <= 0 from the input's first byte): replayed on the planned bytes
+    for both kernel flavours, on the host in C (portable, and CMSIS-NN when present)."""
+    banded = small_mv2.fit_budget(48 * 1024)
+    x = torch.randn(small_mv2.inputs[0].shape, generator=torch.Generator().manual_seed(8))
+    want = small_mv2.run_int8(x)
+    for kernels in ("cmsis-nn", "portable"):
+        plan = banded.memory_for(kernels)
+        assert plan.cats_over_inputs and set(plan.cats_over_inputs) <= set(plan.placed_cats)
+        for cat, (src, shift) in plan.cats_over_inputs.items():
+            assert shift <= 0 and shift % plan.alignment == 0
+            assert plan.tensors[cat].offset == plan.tensors[src].offset + shift  # trailing it, in its bytes
+            assert plan.lifetimes[src][1] < plan.lifetimes[cat][1]  # the input dies while the bands run
+        assert torch.equal(replay_on_planned_bytes(banded.ep, plan, [x])[0], small_mv2.run(x))
+    assert banded.memory.arena_bytes <= 48 * 1024
+    if shutil.which("gcc"):
+        assert all(torch.equal(a, b) for a, b in zip(want, banded.c_run(x, kernels="portable").outputs))
+    if os.environ.get("CMSIS_NN_PATH"):
+        assert all(torch.equal(a, b) for a, b in zip(want, banded.c_run(x, kernels="cmsis-nn").outputs))
 
 
 def test_budget_error_names_smallest_arena_and_layer(small_mv2):

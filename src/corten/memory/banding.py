@@ -246,9 +246,10 @@ class _Model:
         probe = {0, 1, len(starts) // 2, len(starts) - 1}
         visit = range(len(starts)) if exact else sorted(probe)
         mid_macs = 0
+        needs = {}
         for bi in visit:
             r0 = starts[bi]
-            need = self.band_need(i, j, r0, min(r0 + rows, h))
+            need = needs[bi] = self.band_need(i, j, r0, min(r0 + rows, h))
             band_macs = 0
             for k in range(i, j + 1):
                 nm = self.steps[k].name
@@ -268,10 +269,39 @@ class _Model:
                     halo = max(0, share - rows * _shape_c(a)[2] // h)
         if not exact:
             macs += mid_macs * (len(starts) - len(probe & set(range(len(starts)))))
+        peak -= self.trailing_saving(i, j, rows, needs)
         unbanded = sum(_macs(self.steps[k], _shape_c(self.steps[k])[2]) for k in range(i, j + 1))
         out = (peak, macs - unbanded, halo)
         self._cache[key] = out
         return out
+
+    def trailing_saving(self, i: int, j: int, rows: int, needs: dict[int, dict]) -> int:
+        """Bytes the segment output saves by trailing an input that dies inside the segment (the
+        planner's ``cats_over_inputs``: band ``b``'s rows written over input rows no later band
+        reads); checked at the bands ``needs`` has (every band, or the probes)."""
+        h = _shape_c(self.steps[j])[2]
+        out = next((c for c in self.prog.classes.values() if c.root == self.steps[j].name), None)
+        if out is None or out.region != "arena":
+            return 0
+        y_row = out.nbytes // h
+        best = 0
+        for cls in self.prog.classes.values():
+            if cls.region != "arena" or not cls.first < i <= cls.last <= j:
+                continue
+            readers = [(k, a) for k in range(i, j + 1) for a in self.act_args[k]
+                       if self.prog.class_of.get(a.name) == cls.root]
+            if not readers:
+                continue
+            x_row = cls.nbytes // _shape_c(readers[0][1])[2]
+            shift = 0
+            for b, need in needs.items():  # band b - 1 wrote its rows before band b reads; the last op
+                for k, a in readers:       # writes band b's rows while it reads
+                    if self.steps[k].name in need and (b > 0 or k == j):
+                        lo = input_rows(self.steps[k], *need[self.steps[k].name], _shape_c(a)[2])[0]
+                        shift = min(shift, lo * x_row - min((b + (k == j)) * rows, h) * y_row)
+            shift = shift // 16 * 16
+            best = max(best, cls.nbytes + out.nbytes - (max(cls.nbytes, shift + out.nbytes) - shift))
+        return best
 
     def _band_peak(self, i: int, j: int, need: dict) -> int:
         """Max over the band's steps of the band tensors live there + the step's scratch (the band's
@@ -539,7 +569,7 @@ def fit(ep, budget: int, plan_fn, target_name: str = "", plan0=None):
     best = (plan0.arena_bytes, ep, Schedule([], 0, budget, arena_in_program_order, plan0.arena_bytes,
                                             reordered=reordered), plan0)
     peak_step = -1
-    for _ in range(4):
+    for _ in range(6):
         schedule, est_peak, peak_step = search(ep, scratch, live, goal)
         schedule.arena_before, schedule.budget, schedule.reordered = arena_in_program_order, budget, reordered
         if not schedule.segments:
@@ -554,7 +584,7 @@ def fit(ep, budget: int, plan_fn, target_name: str = "", plan0=None):
             return new_ep, schedule, plan
         if est_peak > goal:  # even the estimate does not fit: this is the smallest reachable
             break
-        goal -= plan.arena_bytes - budget + 16
+        goal -= (plan.arena_bytes - budget) // 2 // 16 * 16 + 16
     arena, _, schedule, plan = best
     steps = analyse(ep).steps
     node = steps[peak_step] if 0 <= peak_step < len(steps) else None

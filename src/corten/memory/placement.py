@@ -25,13 +25,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Buffer:
+    """``size`` bytes from step ``first`` through ``last``; with ``parts``, only those
+    ``(byte, size, first, last)`` rectangles of it are busy (a chain of tensors at fixed places in
+    one buffer, each live for its own steps)."""
+
     key: str
     size: int  # bytes, already rounded up to the alignment
     first: int
     last: int
+    parts: tuple[tuple[int, int, int, int], ...] = ()
 
     def conflicts(self, other: "Buffer") -> bool:
         return self.first <= other.last and other.first <= self.last
+
+    def rectangles(self) -> tuple[tuple[int, int, int, int], ...]:
+        return self.parts or ((0, self.size, self.first, self.last),)
 
 
 def align_up(n: int, alignment: int) -> int:
@@ -42,7 +50,10 @@ def _step_load(buffers: list[Buffer]) -> dict[int, int]:
     load: dict[int, int] = {}
     for b in buffers:
         for s in range(b.first, b.last + 1):
-            load[s] = load.get(s, 0) + b.size
+            busy = b.size if not b.parts else \
+                max((o + n for o, n, f, l in b.parts if f <= s <= l), default=0) - \
+                min((o for o, n, f, l in b.parts if f <= s <= l), default=0)
+            load[s] = load.get(s, 0) + busy
     return load
 
 
@@ -60,6 +71,8 @@ def visiting_orders(buffers: list[Buffer]) -> dict[str, list[Buffer]]:
 def fit_offset(placed: list[tuple[int, Buffer]], buf: Buffer) -> int:
     """Best-fit offset of ``buf`` among the ``(offset, buffer)`` pairs already placed: the tightest
     gap between the buffers it conflicts with, else on top of them."""
+    if buf.parts or any(other.parts for _, other in placed):
+        return _lowest_offset(placed, buf)
     busy = sorted(((off, other) for off, other in placed if other.conflicts(buf)), key=lambda p: (p[0], p[1].size))
     best_off, best_gap, top = None, None, 0
     for off, other in busy:
@@ -68,6 +81,23 @@ def fit_offset(placed: list[tuple[int, Buffer]], buf: Buffer) -> int:
             best_off, best_gap = top, gap
         top = max(top, off + other.size)
     return top if best_off is None else best_off
+
+
+def _lowest_offset(placed: list[tuple[int, Buffer]], buf: Buffer) -> int:
+    """The lowest offset at which no rectangle of ``buf`` overlaps a rectangle of a placed buffer
+    live at the same steps (buffers with ``parts``)."""
+    banned = []  # open intervals of offsets
+    for off, other in placed:
+        if not other.conflicts(buf):
+            continue
+        for qo, qn, qf, ql in other.rectangles():
+            for po, pn, pf, pl in buf.rectangles():
+                if qf <= pl and pf <= ql:
+                    banned.append((off + qo - po - pn, off + qo + qn - po))
+    for cand in sorted({0} | {b for _, b in banned if b > 0}):
+        if not any(a < cand < b for a, b in banned):
+            return cand
+    raise AssertionError("unreachable: the top of every placed rectangle is free")
 
 
 def best_fit(order: list[Buffer]) -> dict[str, int]:

@@ -28,8 +28,11 @@ Model (what the C generator implements):
   depthwise conv, channel by channel through a channel-sized temporary) writes its output over
   its dying first input (from its first byte) where that makes the arena smaller
   (:func:`in_place_kernel_candidates`, tried greedily from the most crowded step;
-  ``plan.in_place_kernels``); its temporary is that step's scratch.  No other op writes over its
-  input.
+  ``plan.in_place_kernels``); its temporary is that step's scratch.  The output of a banded segment
+  (an in-place ``quantized_cat``) may trail the segment input it consumes: placed ``shift`` bytes
+  after that input's first byte (``shift <= 0``), each band writes its rows where input rows no
+  later band reads were (:func:`cat_over_input_candidates`; ``plan.cats_over_inputs``), kept where
+  the arena does not grow (several segments may share the peak).  No other op writes over its input.
 * **Lower bound.**  ``max over steps of (arena tensors live at the step + its scratch)`` with every
   input and output of the step counted separately, i.e. without in-place sharing: no plan without
   in-place can go below it, and with in-place the arena may.
@@ -106,6 +109,7 @@ class MemoryPlan:
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # tensor -> (first, last) step
     in_place: dict[str, str] = field(default_factory=dict)  # output tensor -> the input whose bytes it reuses (in-place elementwise ops and kernels)
     in_place_kernels: tuple[str, ...] = ()  # steps running their provider's in-place kernel (over their first input)
+    cats_over_inputs: dict[str, tuple[str, int]] = field(default_factory=dict)  # banded cat -> (the input whose consumed rows it reuses, byte shift)
     copies: list[tuple[str, int]] = field(default_factory=list)  # (tensor, output index) copied at the end
     target: str = ""
     isa: str = ""
@@ -358,6 +362,46 @@ def in_place_kernel_candidates(prog: ProgramTensors, target: Target, providers: 
     return found
 
 
+def cat_over_input_candidates(prog: ProgramTensors, merges: dict[str, str], alignment: int,
+                              ) -> dict[str, tuple[str, int]]:
+    """``{cat root: (input root, shift)}``: an in-place cat (the output of a banded segment, its bands
+    written at their steps) may be placed ``shift`` bytes from the first byte of an arena tensor that
+    dies while the bands run, when no band writes bytes of that tensor which a later step (or the
+    writing step itself) still reads: ``shift`` is the largest multiple of ``alignment``, at most 0,
+    with every band's bytes ``[shift + o, shift + o + n)`` below every read of the input from that
+    band's step on.  Only tensors written before the first band, not the target of another merge."""
+    step_of = {n.name: i for i, n in enumerate(prog.steps)}
+    reads: dict[str, list[tuple[int, int, int]]] = {}  # root -> (step, first byte, end byte) of each read
+    for s, node in enumerate(prog.steps):
+        for a in node.all_input_nodes:
+            root = prog.class_of.get(a.name)
+            if root is not None:
+                lo = prog.view_offset.get(a.name, 0)
+                reads.setdefault(root, []).append((s, lo, lo + prog.nbytes[a.name]))
+    taken = set(merges.values())  # (bytes another op writes over in place)
+    found: dict[str, tuple[str, int]] = {}
+    for cat, roots in prog.placed_cats.items():
+        out = prog.classes[cat]
+        if out.region != "arena":
+            continue
+        writes = [(step_of[r], prog.view_offset.get(r, 0), prog.view_offset.get(r, 0) + prog.nbytes[r]) for r in roots]
+        first_w, last_w = min(w for w, _, _ in writes), max(w for w, _, _ in writes)
+        best = None
+        for root, cls in prog.classes.items():
+            if (root == cat or cls.region != "arena" or root in taken or not cls.first < first_w <= cls.last <= last_w
+                    or any(step_of.get(r, -1) >= first_w for r in prog.placed_cats.get(root, ()))):
+                continue
+            shift = min([0] + [lo - end for w, _, end in writes for s, lo, _ in reads.get(root, ()) if s >= w])
+            shift = shift // alignment * alignment  # (rounded down)
+            saved = cls.nbytes + out.nbytes - (max(cls.nbytes, shift + out.nbytes) - shift)
+            if saved > 0 and (best is None or saved > best[2]):
+                best = (root, shift, saved)
+        if best is not None:
+            found[cat] = (best[0], best[1])
+            taken.add(best[0])
+    return found
+
+
 @dataclass
 class _Layout:
     offsets: dict[str, int]
@@ -372,18 +416,48 @@ class _Layout:
         return sum(r.over for r in self.regions), self.arena_bytes
 
 
-def _pack_layout(prog: ProgramTensors, merges: dict[str, str], scratch_sizes: list[int], deployment: Deployment,
-            alignment: int) -> _Layout:
-    """Offsets of every arena buffer: the storage classes (each in-place chain one buffer, of its
-    largest member) and the scratch buffers, packed into one arena or split over the regions."""
-    spans: dict[str, list[int]] = {}  # owner -> [first, last, size]
+def _positions(prog: ProgramTensors, merges: dict[str, str], shifts: dict[str, int]) -> dict[str, tuple[str, int]]:
+    """``{arena class root: (owner, byte of the class in the owner's buffer)}``: each in-place chain
+    (``merges``: output -> the input whose bytes it reuses, ``shifts``: its byte shift from that
+    input's first byte, 0 unless given) is one buffer, starting at its lowest member."""
+    pos: dict[str, tuple[str, int]] = {}
+
+    def at(root: str) -> tuple[str, int]:
+        if root not in pos:
+            if root in merges:
+                owner, p = at(merges[root])
+                pos[root] = (owner, p + shifts.get(root, 0))
+            else:
+                pos[root] = (root, 0)
+        return pos[root]
+
     for cls in prog.classes.values():
-        if cls.region != "arena":
-            continue
-        span = spans.setdefault(_owner(merges, cls.root), [cls.first, cls.last, 0])
+        if cls.region == "arena":
+            at(cls.root)
+    low: dict[str, int] = {}
+    for root, (owner, p) in pos.items():
+        low[owner] = min(low.get(owner, 0), p)
+    return {root: (owner, p - low[owner]) for root, (owner, p) in pos.items() if prog.classes[root].region == "arena"}
+
+
+def _pack_layout(prog: ProgramTensors, merges: dict[str, str], scratch_sizes: list[int], deployment: Deployment,
+                 alignment: int, shifts: dict[str, int] | None = None) -> _Layout:
+    """Offsets of every arena buffer: the storage classes (each in-place chain one buffer spanning its
+    members at their positions, :func:`_positions`) and the scratch buffers, packed into one arena or
+    split over the regions."""
+    spans: dict[str, list[int]] = {}  # owner -> [first, last, size]
+    parts: dict[str, list[tuple[int, int, int, int]]] = {}  # owner -> its members' (byte, size, first, last)
+    positions = _positions(prog, merges, shifts or {})
+    shifted = {positions[root][0] for root in (shifts or {}) if root in positions}
+    for root, (owner, p) in positions.items():
+        cls = prog.classes[root]
+        span = spans.setdefault(owner, [cls.first, cls.last, 0])
         span[0], span[1] = min(span[0], cls.first), max(span[1], cls.last)
-        span[2] = max(span[2], cls.nbytes)
-    buffers = [Buffer(key, align_up(size, alignment), first, last) for key, (first, last, size) in spans.items()]
+        span[2] = max(span[2], p + cls.nbytes)
+        if owner in shifted:  # (a chain with a shifted member is busy only where its members live)
+            parts.setdefault(owner, []).append((p, align_up(cls.nbytes, alignment), cls.first, cls.last))
+    buffers = [Buffer(key, align_up(size, alignment), first, last, tuple(sorted(parts.get(key, ()))))
+               for key, (first, last, size) in spans.items()]
     buffers += [Buffer(f"scratch:{prog.steps[s].name}", align_up(n, alignment), s, s)
                 for s, n in enumerate(scratch_sizes) if n > 0]
     memory: dict[str, str] = {}
@@ -399,13 +473,6 @@ def _pack_layout(prog: ProgramTensors, merges: dict[str, str], scratch_sizes: li
         offsets, strategy = pack(buffers)
         arena_bytes = max((offsets[b.key] + b.size for b in buffers), default=0)
     return _Layout(offsets, memory, regions, arena_bytes, strategy)
-
-
-def _owner(merges: dict[str, str], root: str) -> str:
-    """The storage class whose bytes ``root`` finally uses (through in-place merges)."""
-    while root in merges:
-        root = merges[root]
-    return root
 
 
 def plan_memory(ep: ExportedProgram, deployment: "Deployment | Target | str", *, in_place: bool = True,
@@ -448,21 +515,31 @@ def plan_memory(ep: ExportedProgram, deployment: "Deployment | Target | str", *,
             if trial.cost < layout.cost:
                 merges, scratch_sizes, layout = trial_merges, trial_scratch, trial
                 kernels_in_place.append(prog.steps[s].name)
+    shifts: dict[str, int] = {}
+    cats_over: dict[str, tuple[str, int]] = {}
+    if in_place and prog.placed_cats:  # banded segment outputs over the input rows they consumed
+        for cat, (in_root, shift) in cat_over_input_candidates(prog, merges, alignment).items():
+            if in_root in merges.values():
+                continue
+            trial_merges, trial_shifts = {**merges, cat: in_root}, {**shifts, cat: shift}
+            trial = _pack_layout(prog, trial_merges, scratch_sizes, deployment, alignment, trial_shifts)
+            if trial.cost <= layout.cost:  # (not worse: several segments may share the peak)
+                merges, shifts, layout = trial_merges, trial_shifts, trial
+                cats_over[cat] = (in_root, shift)
     live = live_bytes_per_step(prog, scratch_sizes)
     offsets, memory, regions, arena_bytes, strategy = (layout.offsets, layout.memory, layout.regions,
                                                        layout.arena_bytes, layout.strategy)
-
-    def owner(root: str) -> str:
-        return _owner(merges, root)
+    position = _positions(prog, merges, shifts)
 
     tensors: dict[str, TensorAlloc] = {}
     lifetimes: dict[str, tuple[int, int]] = {}
     for name, root in prog.class_of.items():
         cls = prog.classes[root]
         arena = cls.region == "arena"
-        offset = (offsets[owner(root)] if arena else 0) + prog.view_offset.get(name, 0)
+        owner, at = position[root] if arena else ("", 0)
+        offset = (offsets[owner] + at if arena else 0) + prog.view_offset.get(name, 0)
         tensors[name] = TensorAlloc(cls.region, offset, prog.nbytes[name], cls.index,
-                                    memory.get(owner(root), "") if arena else "")
+                                    memory.get(owner, "") if arena else "")
         lifetimes[name] = (cls.first, cls.last)
     scratch = {}
     for s, n in enumerate(scratch_sizes):
@@ -484,7 +561,8 @@ def plan_memory(ep: ExportedProgram, deployment: "Deployment | Target | str", *,
         step_nodes=[n.name for n in prog.steps],
         step_ops=list(prog.op_names),
         lifetimes=lifetimes,
-        in_place=dict(merges),
+        in_place={out: src for out, src in merges.items() if out not in cats_over},
+        cats_over_inputs=cats_over,
         in_place_kernels=tuple(n for n in (s.name for s in prog.steps) if n in kernels_in_place),
         copies=list(prog.copies),
         target=target.name,
