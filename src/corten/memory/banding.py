@@ -34,6 +34,7 @@ import torch
 
 from corten.errors import BudgetError
 from corten.fx_nodes import arg_position
+from corten.memory.plan import ALIGNMENT
 from corten.memory.tensors import ProgramTensors, analyse
 from corten.ops.registry import Window, op_cost, op_window
 
@@ -299,7 +300,7 @@ class _Model:
                     if self.steps[k].name in need and (b > 0 or k == j):
                         lo = input_rows(self.steps[k], *need[self.steps[k].name], _shape_c(a)[2])[0]
                         shift = min(shift, lo * x_row - min((b + (k == j)) * rows, h) * y_row)
-            shift = shift // 16 * 16
+            shift = shift // ALIGNMENT * ALIGNMENT
             best = max(best, cls.nbytes + out.nbytes - (max(cls.nbytes, shift + out.nbytes) - shift))
         return best
 
@@ -549,7 +550,7 @@ def fit(ep, budget: int, plan_fn, target_name: str = "", plan0=None):
     rewritten program.  Raises :class:`BudgetError` naming the smallest arena found,
     the step that sets it and what to change.  The search works on estimates (whole tensors + band
     tensors + scratch, no packing slack); when the packed arena overshoots, it searches again with
-    the budget lowered by the overshoot (at most 4 rounds).  Each candidate is built by
+    the budget lowered by half the overshoot (at most 6 rounds).  Each candidate is built by
     :func:`banded_program` (no second ``torch.export``)."""
     plan0 = plan_fn(ep, False) if plan0 is None else plan0  # (the layer-by-layer plan, when known)
     if plan0.arena_bytes <= budget:
