@@ -2,7 +2,8 @@
 
 For the hot ops - ``quantized_conv2d`` (1x1 / pointwise and general, the first layer included),
 ``quantized_depthwise_conv2d`` (any kernel, stride and padding; depth multiplier 1) and
-``quantized_linear`` - the generator writes a C function specialised for the layer: shapes,
+``quantized_linear`` - the generator writes a C function specialised for the layer (and for the
+same-shape int8 add / sub and the unpadded average pool, :mod:`corten.codegen.generated_elementwise`): shapes,
 strides, padding, zero points and the activation clamp are literals; the blocks it calls
 (``codegen/kernels/corten_gen.h``) are always inlined, so the compiler sees fixed trip counts and
 immediate offsets.  What is done ahead of time:
@@ -47,10 +48,12 @@ from typing import Callable
 
 import torch
 
+from corten.codegen.generated_elementwise import ADD_OPS, POOL_OPS
 from corten.errors import CodegenError
 from corten.providers import KernelStep, Provider, register_provider
 
-GEN_OPS = ("quantized_conv2d", "quantized_depthwise_conv2d", "quantized_linear")
+LAYER_OPS = ("quantized_conv2d", "quantized_depthwise_conv2d", "quantized_linear")
+GEN_OPS = LAYER_OPS + ADD_OPS + POOL_OPS
 ISAS = ("plain", "dsp", "mve")
 INT32_LIMIT = 2**31
 SHORT_LIMIT = 2**30
@@ -1144,9 +1147,20 @@ def structural_reason(view) -> str | None:
     op = view.op_name
     if op not in GEN_OPS:
         return f"no generated kernel for {op}"
+    if op in ADD_OPS:
+        from corten.ops._broadcast import same_dense_shape
+
+        if any(view.dtype(name) != torch.int8 for name in ("input1", "input2")):
+            return "16x8 (int16) adds keep the s16 kernels"
+        return None if same_dense_shape(view) else "broadcast operands keep the library kernel"
     x = view.arg("input")
     if x.meta["val"].dtype != torch.int8:
         return "16x8 (int16) layers keep the s16 kernels"
+    if op in POOL_OPS:
+        from corten.codegen.generated_elementwise import avg_pool_reason
+        from corten.ops._common import pool_window
+
+        return avg_pool_reason(pool_window(view))
     from corten.providers import weight_dtype
 
     if weight_dtype(view.node) == torch.int4:
@@ -1175,6 +1189,10 @@ def layer_class(view) -> str:
     stride 1, no padding), ``"conv"`` (other dense convolutions, the first layer), ``"depthwise"``;
     the per-layer preference table :data:`YIELDS_TO` is keyed by it."""
     op = view.op_name
+    if op in ADD_OPS:
+        return "add"
+    if op in POOL_OPS:
+        return "pool"
     if op == "quantized_depthwise_conv2d":
         return "depthwise"
     if op == "quantized_linear":
@@ -1254,6 +1272,7 @@ class GeneratedStep(KernelStep):
     """A generated layer's step: the call, plus the C function written for it (``<name>_generated.c``)."""
 
     functions: str = ""
+    prototype: str = ""
 
 
 class GeneratedProvider(Provider):
@@ -1288,6 +1307,8 @@ class GeneratedProvider(Provider):
 
         from corten.providers import PORTABLE
 
+        if ctx.op_name in ADD_OPS + POOL_OPS:
+            return self._emit_elementwise(ctx)
         spec, reason = spec_of(ctx)
         reason = reason or why_not(spec)
         if reason is not None:  # (a value-dependent refusal: the accumulator bound) - the portable kernel
@@ -1297,27 +1318,52 @@ class GeneratedProvider(Provider):
         layer = generate(spec, isa_path(ctx.target), fname, ctx.derived_const, ctx.input("input"), ctx.out())
         code = ctx.invoke(fname, ctx.input("input"), ctx.out()) + ";"
         return GeneratedStep(self.name, tuple(ctx.calls), f"/* {layer.what} */\n{code}", note=layer.what,
-                             functions=f"/* {ctx.node.name}: {layer.what} */\n{layer.functions}")
+                             functions=f"/* {ctx.node.name}: {layer.what} */\n{layer.functions}",
+                             prototype=f"void {fname}(const int8_t *in, int8_t *out);")
+
+    def _emit_elementwise(self, ctx) -> KernelStep:
+        """An add / sub (two inputs) or an average pool: :mod:`corten.codegen.generated_elementwise`."""
+        from corten.codegen import generated_elementwise as ge
+
+        fname = f"{ctx.emitter.name}_gen_{ctx.emitter.node_prefix(ctx.node)}"
+        if ctx.op_name in ADD_OPS:
+            from corten.ops._broadcast import numel, rescaled_operands
+
+            v, x1, x2, out = rescaled_operands(ctx)
+            ta, tb = ge.add_tables(v, -1 if ctx.op_name == "quantized_sub" else 1)
+            bound = int(ta.abs().max()) + int(tb.abs().max())
+            short = short_epilogue_ok(bound, torch.tensor([v["output_multiplier"]]),
+                                      torch.tensor([v["output_shift"]]))
+            functions, what = ge.add_function(fname, numel(ctx.shape()), v,
+                                              ctx.derived_const("gen_a", ta.to(torch.int32)),
+                                              ctx.derived_const("gen_b", tb.to(torch.int32)), bound, short)
+            args, proto = (x1, x2, out), f"void {fname}(const int8_t *in1, const int8_t *in2, int8_t *out);"
+        else:
+            from corten.ops._common import optional_arg, pool_window
+
+            g = pool_window(ctx)
+            zp = int(optional_arg(ctx, "zero_point", 0))
+            functions, what = ge.avg_pool_function(fname, g, zp, isa_path(ctx.target) != "plain")
+            args, proto = (ctx.input("input"), ctx.out()), f"void {fname}(const int8_t *in, int8_t *out);"
+        code = ctx.invoke(fname, *args) + ";"
+        return GeneratedStep(self.name, tuple(ctx.calls), f"/* {what} */\n{code}", note=what,
+                             functions=f"/* {ctx.node.name}: {what} */\n{functions}", prototype=proto)
 
     def includes(self, name: str) -> tuple[str, ...]:
         return (f'#include "{name}_generated.h"',)
 
     def sources(self, name: str, steps) -> dict[str, str]:
         funcs = [s.functions for s in steps if isinstance(s, GeneratedStep) and s.functions]
-        if not funcs:
-            return {}
-        protos = []
-        for s in steps:
-            for call in getattr(s, "calls", ()):
-                if call.function.startswith(f"{name}_gen_"):
-                    protos.append(f"void {call.function}(const int8_t *in, int8_t *out);")
+        protos = [s.prototype for s in steps if isinstance(s, GeneratedStep) and s.prototype]
         guard = f"{name.upper()}_GENERATED_H"
         header = (f"/* {name}_generated.h - the kernels Corten generated for {name}'s layers (generated file). */\n"
                   f"#ifndef {guard}\n#define {guard}\n\n#include <stdint.h>\n\n" + "\n".join(protos)
                   + f"\n\n#endif /* {guard} */\n")
+        if not funcs:  # (the library includes the lead provider's header even when no step is generated)
+            return {f"{name}_generated.h": header}
         body = "\n".join(funcs)
-        source = (f"/* {name}_generated.c - one kernel per convolution / depthwise / linear layer of {name}, every\n"
-                  " * shape and constant known (Corten's generated kernels, corten/codegen/generated.py).\n"
+        source = (f"/* {name}_generated.c - one kernel per convolution / depthwise / linear / add / average-pool step\n"
+                  f" * of {name}, every shape and constant known (Corten's generated kernels, corten/codegen/generated.py).\n"
                   " * Generated file: do not edit. */\n"
                   f'#include "{name}_generated.h"\n#include "{name}_constants.h"\n'
                   '#include "corten_kernels/corten_gen.h"\n\n' + body)

@@ -511,3 +511,29 @@ def lower_rescaled_binary(m: Match, what: str, op: str, alpha_hint: str = ""):
     return m.call(op, a.node, b.node, a.qparams.offset, p.input1_multiplier, p.input1_shift,
                   b.qparams.offset, p.input2_multiplier, p.input2_shift, p.left_shift, m.output.zero_point,
                   p.output_multiplier, p.output_shift, act_min, act_max)
+
+
+# ----------------------------------------------------------------------------- pooling windows
+def optional_arg(ctx, name: str, default):
+    """Argument ``name`` of a node (an emission context or ``NodeView``), ``default`` when the op
+    has no such argument (an older program) or it is None."""
+    try:
+        v = ctx.arg(name)
+    except Exception:  # noqa: BLE001  (an older program without the argument)
+        return default
+    return default if v is None else v
+
+
+def pool_window(ctx) -> dict:
+    """The window arguments of a strided pool node (an emission context or ``NodeView``: the
+    providers' view, the generated kernels' too)."""
+    is_avg = ctx.op_name == "quantized_avg_pool2d"
+    n, h, w, c = ctx.nhwc(ctx.arg("input"))
+    _, ho, wo, _ = ctx.nhwc()
+    return dict(is_avg=is_avg, n=n, h=h, w=w, c=c, ho=ho, wo=wo, kernel=ctx.arg("kernel_size"),
+                stride=ctx.arg("stride"), padding=ctx.arg("padding"),
+                act_min=int(ctx.arg("activation_min")), act_max=int(ctx.arg("activation_max")),
+                ceil_mode=bool(optional_arg(ctx, "ceil_mode", False)),
+                include_pad=bool(optional_arg(ctx, "count_include_pad", False)) if is_avg else False,
+                divisor=int(optional_arg(ctx, "divisor_override", 0)) if is_avg else 0,
+                dilation=[1, 1] if is_avg else [int(v) for v in (optional_arg(ctx, "dilation", None) or [1, 1])])

@@ -44,7 +44,7 @@ from corten.errors import LoweringError
 from corten.fx_nodes import node_arg
 from corten.fixed_point import clamp_activation
 from corten.ops import checks
-from corten.ops._common import as_4d_view, back_to_3d, pads4
+from corten.ops._common import as_4d_view, back_to_3d, optional_arg, pads4, pool_window
 from corten.ops._rules import Match
 from corten.ops.registry import A8W8, A16W8, Hook, OpFamily, Window, annotates, lowers, register_family
 from corten.providers import CMSIS_NN, PORTABLE, NodeView, kernel_suffix
@@ -520,14 +520,6 @@ def _avgpool_scratch(node, target) -> int:
 
 
 # ----------------------------------------------------------------------------- C emission
-def _opt(ctx, name: str, default):
-    try:
-        v = ctx.arg(name)
-    except Exception:  # noqa: BLE001  (an older program without the argument)
-        return default
-    return default if v is None else v
-
-
 def cmsis_compatible(in_hw, kernel, stride, padding, ho, wo, ceil_mode, include_pad, divisor, dilation=(1, 1)) -> bool:
     """True when CMSIS-NN's pooling computes this op: symmetric padding, no dilation, floor-mode
     output size and (average) every divisor the count of input elements in its window."""
@@ -545,27 +537,13 @@ def cmsis_compatible(in_hw, kernel, stride, padding, ho, wo, ceil_mode, include_
     return True
 
 
-def _window(ctx) -> dict:
-    """The window arguments of a strided pool node (both providers' view)."""
-    is_avg = ctx.op_name == "quantized_avg_pool2d"
-    n, h, w, c = ctx.nhwc(ctx.arg("input"))
-    _, ho, wo, _ = ctx.nhwc()
-    return dict(is_avg=is_avg, n=n, h=h, w=w, c=c, ho=ho, wo=wo, kernel=ctx.arg("kernel_size"),
-                stride=ctx.arg("stride"), padding=ctx.arg("padding"),
-                act_min=int(ctx.arg("activation_min")), act_max=int(ctx.arg("activation_max")),
-                ceil_mode=bool(_opt(ctx, "ceil_mode", False)),
-                include_pad=bool(_opt(ctx, "count_include_pad", False)) if is_avg else False,
-                divisor=int(_opt(ctx, "divisor_override", 0)) if is_avg else 0,
-                dilation=[1, 1] if is_avg else [int(v) for v in (_opt(ctx, "dilation", None) or [1, 1])])
-
-
 def _buffers(ctx) -> tuple[str, str, str]:
     """(input, output, "s8" | "s16") of a pool node."""
     return ctx.typed_input("input"), ctx.typed_out(), kernel_suffix(ctx.dtype("input"))
 
 
 def _cmsis_supports(node, target) -> str | None:
-    g = _window(NodeView(node, target))
+    g = pool_window(NodeView(node, target))
     if cmsis_compatible((g["h"], g["w"]), g["kernel"], g["stride"], g["padding"], g["ho"], g["wo"], g["ceil_mode"],
                         g["include_pad"], g["divisor"], g["dilation"]):
         return None
@@ -578,7 +556,7 @@ def _cmsis_supports(node, target) -> str | None:
 def _pool_cmsis(ctx) -> str:
     """``arm_avgpool_s8`` / ``arm_max_pool_s8`` (``_s16``; scratch from the plan) when
     :func:`cmsis_compatible`."""
-    g = _window(ctx)
+    g = pool_window(ctx)
     x, out, suffix = _buffers(ctx)
     (kh, kw), (sh, sw) = g["kernel"], g["stride"]
     top, left, _, _ = pads4(g["padding"])
@@ -597,12 +575,12 @@ def _pool_cmsis(ctx) -> str:
 @PORTABLE.kernel("quantized_avg_pool2d", "quantized_max_pool2d")
 def _pool_portable(ctx) -> str:
     """``corten_{avg,max}_pool2d_s8`` (``_s16``): every variant."""
-    g = _window(ctx)
+    g = pool_window(ctx)
     x, out, suffix = _buffers(ctx)
     (kh, kw), (sh, sw) = g["kernel"], g["stride"]
     top, left, bottom, right = pads4(g["padding"])
     fn = f"corten_avg_pool2d_{suffix}" if g["is_avg"] else f"corten_max_pool2d_{suffix}"
-    zp = int(_opt(ctx, "zero_point", 0)) if g["is_avg"] else 0
+    zp = int(optional_arg(ctx, "zero_point", 0)) if g["is_avg"] else 0
     fields = dict(kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw, pad_h=top, pad_w=left,
                   activation_min=g["act_min"], activation_max=g["act_max"], pad_bottom=bottom, pad_right=right,
                   dilation_h=g["dilation"][0], dilation_w=g["dilation"][1], count_include_pad=int(g["include_pad"]),

@@ -76,6 +76,18 @@ CG_INLINE int32_t cg_smlatt(int32_t a, int32_t b, int32_t acc)
 {
     return __smlatt(a, b, acc);
 }
+/** acc + (x.b0, x.b2) sign-extended, in two int16 lanes (SXTAB16; each lane wraps modulo 2**16). */
+CG_INLINE int32_t cg_sxtab16(int32_t acc, int32_t x)
+{
+    return (int32_t)__sxtab16(acc, x);
+}
+/** acc + (x.b1, x.b3) sign-extended, in two int16 lanes (SXTAB16 with ROR #8). */
+CG_INLINE int32_t cg_sxtab16_ror8(int32_t acc, int32_t x)
+{
+    int32_t r;
+    __asm__("sxtab16 %0, %1, %2, ror #8" : "=r"(r) : "r"(acc), "r"(x));
+    return r;
+}
 /** Saturate to int8 (SSAT #8). */
 CG_INLINE int32_t cg_ssat8(int32_t v)
 {
@@ -108,6 +120,14 @@ CG_INLINE int32_t cg_sxtb16_ror8(int32_t x)
 {
     return cg_pack16(cg_byte(x, 1), cg_byte(x, 3));
 }
+CG_INLINE int32_t cg_sxtab16(int32_t acc, int32_t x)
+{
+    return cg_pack16(cg_lo16(acc) + cg_byte(x, 0), cg_hi16(acc) + cg_byte(x, 2));
+}
+CG_INLINE int32_t cg_sxtab16_ror8(int32_t acc, int32_t x)
+{
+    return cg_pack16(cg_lo16(acc) + cg_byte(x, 1), cg_hi16(acc) + cg_byte(x, 3));
+}
 CG_INLINE int32_t cg_smlad(int32_t a, int32_t b, int32_t acc)
 {
     return acc + cg_lo16(a) * cg_lo16(b) + cg_hi16(a) * cg_hi16(b);
@@ -129,6 +149,21 @@ CG_INLINE int32_t cg_smmulr(int32_t a, int32_t b)
     return (int32_t)corten_asr64((int64_t)a * b + ((int64_t)1 << 31), 32);
 }
 #endif
+
+/** Int16 lane ``k`` (0 low, 1 high) of a word, sign-extended. */
+CG_INLINE int32_t cg_lane16(int32_t x, int k)
+{
+    const int32_t v = (int32_t)(((uint32_t)x >> (16 * k)) & 0xFFFFu);
+    return v >= 0x8000 ? v - 0x10000 : v;
+}
+
+/** The average pool's output (corten/ops/pool.py): CMSIS-NN's rounded division of the window sum
+ *  ``s`` by ``div`` (C division truncates), plus ``zp``, clamped to [act_min, act_max]. */
+CG_INLINE int8_t cg_avg_out(int32_t s, int32_t div, int32_t zp, int32_t act_min, int32_t act_max)
+{
+    const int32_t v = (s > 0 ? s + div / 2 : s - div / 2) / div + zp;
+    return (int8_t)(v < act_min ? act_min : (v > act_max ? act_max : v));
+}
 
 /* ------------------------------------------------------------------ requantization */
 /**
@@ -868,15 +903,17 @@ CG_INLINE void cg_dw4_dsp(const int8_t *x, const int16_t *w, int32_t *acc)
 /*
  * CG_DW4_TAP(XR, WG, XOFF, WOFF, A0, A1, A2, A3): cg_dw4_dsp for the tap whose four input values
  * are at byte XOFF of XR and whose widened weights at byte WOFF of WG (integer literals, XOFF <
- * 4096, WOFF < 1024): one LDRD, one LDR, two SXTB16, four SMLAxy on DSP cores (gcc interleaves
- * the taps of C code badly and spills; the accumulators stay in registers here).
+ * 4096, WOFF < 1024): three LDRs (input word first, then the two weight words: 2 + 1 + 1 cycles on a
+ * Cortex-M4, where one LDRD and one LDR take 3 + 2), two SXTB16, four SMLAxy on DSP cores (gcc
+ * interleaves the taps of C code badly and spills; the accumulators stay in registers here).
  */
 #ifdef CG_HAVE_DSP
 #define CG_DW4_TAP(XR, WG, XOFF, WOFF, A0, A1, A2, A3)                                               \
     do {                                                                                             \
         int32_t cg_wa, cg_wb, cg_t1, cg_t2;                                                          \
-        __asm__("ldrd %[wa], %[wb], [%[w], #" #WOFF "]\n\t"                                           \
-                "ldr %[t1], [%[x], #" #XOFF "]\n\t"                                                   \
+        __asm__("ldr %[t1], [%[x], #" #XOFF "]\n\t"                                                   \
+                "ldr %[wa], [%[w], #" #WOFF "]\n\t"                                                   \
+                "ldr %[wb], [%[w], #" #WOFF " + 4]\n\t"                                               \
                 "sxtb16 %[t2], %[t1]\n\t"                                                            \
                 "sxtb16 %[t1], %[t1], ror #8\n\t"                                                    \
                 "smlabb %[a0], %[t2], %[wa], %[a0]\n\t"                                              \
