@@ -85,39 +85,14 @@ class CRun:
         return None if est is None else est.total
 
 
-_KERNEL_OBJECTS: dict[str, Path] = {}
-_KERNEL_OBJECT_DIR: tempfile.TemporaryDirectory | None = None
-
-
 def host_kernel_objects(kernel_files, cflags: tuple[str, ...]) -> list[Path]:
-    """Corten's portable kernel sources compiled once per process for the host (per content and
-    flags) and reused by every later host build: a program's own C (model, constants, harness) is
-    small, the kernels are most of the build time (4-6 s, 10-15 s under ASan on this machine)."""
-    import hashlib
-
-    from corten.runners.common import WARNING_FLAGS, compile_and_link
+    """Corten's kernel sources compiled for the host with ``cflags``, once per process
+    (:func:`corten.runners.common.cached_objects`)."""
+    from corten.runners.common import WARNING_FLAGS, cached_objects
     from corten.runners.host import HOST_CC
 
-    global _KERNEL_OBJECT_DIR
-    if _KERNEL_OBJECT_DIR is None:
-        _KERNEL_OBJECT_DIR = tempfile.TemporaryDirectory(prefix="corten-kernel-objects-")
-    headers = b"".join(Path(h).read_bytes() for h in sorted(kernel_files, key=lambda p: Path(p).name)
-                       if Path(h).suffix == ".h")
-    objects = []
-    for src in kernel_files:
-        src = Path(src)
-        if src.suffix != ".c":
-            continue
-        key = hashlib.sha256(b"\0".join([src.read_bytes(), headers, HOST_CC.encode(),
-                                          " ".join((*WARNING_FLAGS, *cflags)).encode()])).hexdigest()[:24]
-        obj = _KERNEL_OBJECTS.get(key)
-        if obj is None or not obj.exists():
-            obj = Path(_KERNEL_OBJECT_DIR.name) / f"{src.stem}-{key}.o"
-            compile_and_link([HOST_CC, *WARNING_FLAGS, *cflags, f"-I{src.parent}", "-c", str(src), "-o", str(obj)],
-                             "host (Corten kernels)")
-            _KERNEL_OBJECTS[key] = obj
-        objects.append(obj)
-    return objects
+    return cached_objects([p for p in kernel_files if Path(p).suffix == ".c"], [HOST_CC, *WARNING_FLAGS, *cflags],
+                          where="host (Corten kernels)")
 
 
 class ProgramRunner:
@@ -152,23 +127,27 @@ class ProgramRunner:
             cycles: bool = False) -> tuple[list[torch.Tensor], CRun]:
         """One C run; ``profile``: the instrumented build (``-DCORTEN_PROFILE``, the harness reads the
         timer after every step: :mod:`corten.runners.profile` turns its log into rows)."""
-        from corten.runners.host import run_on_host
-        from corten.runners.qemu import run_on_qemu
+        from corten.runners.common import WARNING_FLAGS, cached_objects
+        from corten.runners.host import HOST_CC, run_on_host
+        from corten.runners.qemu import arm_compile_command, run_on_qemu
 
         if on not in ("host", "qemu"):
             raise UsageError(f"on must be 'host' or 'qemu', got {on!r}")
         lib = self.library(deployment)
-        sources, includes = list(lib.sources), list(lib.include_dirs)
+        includes = list(lib.include_dirs)
         cflags = ("-O2", *cflags)  # the caller's flags last: they override (-O0, -g, -fsanitize=...)
-        if on == "host":
-            kernel_sources = [p for p in lib.kernel_files if p.suffix == ".c"]
-            sources = [p for p in sources if p not in kernel_sources] + host_kernel_objects(lib.kernel_files, cflags)
+        # the kernel libraries as objects compiled once per process (they do not depend on the program)
+        compile_command = ([HOST_CC, *WARNING_FLAGS, *cflags] if on == "host"
+                           else arm_compile_command(deployment.require_board(), cflags))
+        kernel_sources = [p for p in lib.kernel_files if p.suffix == ".c"]
+        sources = [p for p in lib.sources if p not in kernel_sources]
+        sources += cached_objects(kernel_sources, compile_command, where=f"{on} (Corten kernels)")
         if lib.links_cmsis_nn:
             if cmsis_nn_path is None:
                 raise UsageError(f"kernels={lib.kernels!r} needs cmsis_nn_path (or the CMSIS_NN_PATH variable) "
                                  "pointing at a CMSIS-NN source tree")
             nn_sources, nn_includes = cmsis_nn_sources(cmsis_nn_path)
-            sources += nn_sources
+            sources += cached_objects(nn_sources, compile_command, nn_includes, where=f"{on} (CMSIS-NN)")
             includes += nn_includes
         q_inputs = self.program.quantize_inputs(*inputs)
         data = inputs_to_c_bytes(lib, q_inputs)  # packed at lib.inputs[i].offset

@@ -84,6 +84,13 @@ def float_abi_flags(target: Target) -> list[str]:
     return [f"-mfpu={target.fpu}", "-mfloat-abi=hard"]
 
 
+def arm_compile_command(board: Board, cflags: Sequence[str] = ("-O2",)) -> list[str]:
+    """arm-none-eabi-gcc and the code-generation flags of ``board``'s core (no sources, no link)."""
+    target = get_target(board.target)
+    return [ARM_CC, *WARNING_FLAGS, *cflags, f"-mcpu={target.cpu}", "-mthumb", *float_abi_flags(target),
+            "-ffunction-sections", "-fdata-sections"]
+
+
 def arm_build_command(
     sources: Sequence[Path],
     include_dirs: Sequence[Path],
@@ -96,17 +103,9 @@ def arm_build_command(
 ) -> list[str]:
     """The arm-none-eabi-gcc command line that builds the board harness ELF (``linker_dirs``: searched
     before the boards' directory for the scripts sections.ld INCLUDEs)."""
-    target = get_target(board.target)
     compile_units, link_inputs = split_sources(sources)
     return [
-        ARM_CC,
-        *WARNING_FLAGS,
-        *cflags,
-        f"-mcpu={target.cpu}",
-        "-mthumb",
-        *float_abi_flags(target),
-        "-ffunction-sections",
-        "-fdata-sections",
+        *arm_compile_command(board, cflags),
         "--specs=rdimon.specs",  # newlib + semihosting syscalls (librdimon)
         "-nostartfiles",  # Corten's startup.c replaces rdimon-crt0/crti/crtn
         *include_flags([*include_dirs, HARNESS_DIR]),

@@ -24,7 +24,11 @@
 
 #include "corten_fixed_point.h"
 
+/* Always inlined on the cores (the specialisation above needs it); a host test build may define
+ * CG_INLINE as plain `static inline` to let the compiler choose: the same C, compiled ~4-20x faster. */
+#ifndef CG_INLINE
 #define CG_INLINE static inline __attribute__((always_inline))
+#endif
 
 #if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1)
 #include <arm_mve.h>
