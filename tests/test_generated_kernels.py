@@ -221,6 +221,67 @@ def test_short_epilogue_equals_requantize():
             assert np.array_equal(_short(acc, m, s), want), (m, s)
 
 
+def _short_folded(acc: np.ndarray, m: int, s: int, off: int) -> np.ndarray:
+    """cg_requant_short with CG_OFFSET_IN_ROUNDING (q[2] = 2**right + off * 2**(right + 1)) in numpy int64,
+    asserting that none of the C's int32 values wraps."""
+    left, right = max(s, 0), max(-s, 0)
+    q2 = (1 << right) + (off << (right + 1))
+    assert abs(q2) < 2**31
+    a = acc << left
+    v = (2 * a * m + (1 << 31)) >> 32
+    t = q2 + (v >> 31)
+    u = v + (t >> 1)
+    assert (np.abs(t) < 2**31).all() and (np.abs(u) < 2**31).all()
+    return u >> right
+
+
+def test_offset_in_rounding_equals_requantize_plus_offset():
+    """Where offset_folds accepts (short epilogue, (2|off| + 2) * 2**right <= 2**30), the folded rounding
+    constant gives requantize(acc) + off exactly - domain edges, rounding ties, random values - and the
+    int32 intermediates cannot wrap even for |v| = 2**30; outside it the fold is refused."""
+    rng = np.random.default_rng(1)
+    mults = [0, 1, 2**30, 2**31 - 1, 1518500250] + [int(v) for v in rng.integers(0, 2**31, 6)]
+    offsets = [0, 1, -1, 127, -128, 255, -255, 1000, -4096]
+    tried = 0
+    for s in range(-31, 8):
+        left, right = max(s, 0), max(-s, 0)
+        bound = (2**30 - 1) >> left
+        for off in offsets:
+            ok = gen.offset_folds(True, torch.tensor([s, min(s, -1)]), off)
+            assert ok == ((2 * abs(off) + 2) * 2**max(right, 1) <= 2**30)
+            assert not gen.offset_folds(False, torch.tensor([s]), off)
+            if not gen.offset_folds(True, torch.tensor([s]), off):
+                continue
+            # the worst case of the C's values: |v| = 2**30 (SMMULR of |2a| < 2**31)
+            q2 = (1 << right) + (off << (right + 1))
+            for v in (2**30, -2**30):
+                t = q2 + (v >> 31)
+                assert abs(t) < 2**31 and abs(v + (t >> 1)) < 2**31
+            for m in mults:
+                edges = np.array([0, 1, -1, bound, -bound, bound - 1, -bound + 1], dtype=np.int64)
+                rand = rng.integers(-bound, bound + 1, 500, dtype=np.int64)
+                ties = np.array([], dtype=np.int64)
+                if right and m:
+                    k = rng.integers(-2**10, 2**10, 100, dtype=np.int64)
+                    ties = np.clip(((k * (1 << right) + (1 << (right - 1))) << 31) // m, -bound, bound)
+                acc = np.concatenate([edges, rand, ties])
+                want = requantize(torch.from_numpy(acc), m, s).numpy().astype(np.int64) + off
+                assert np.array_equal(_short_folded(acc, m, s, off), want), (m, s, off)
+                tried += 1
+    assert tried > 1000
+    assert not gen.offset_folds(True, torch.tensor([-23]), 127) and gen.offset_folds(True, torch.tensor([-22]), 127)
+
+
+def test_scalar_epilogue_tables_fold_the_offset_where_proven():
+    m, s = torch.tensor([2**30, 2**30 + 5]), torch.tensor([-7, -9])
+    table, ep = gen.scalar_epilogue(m, s, True, -3, -128, 127)
+    assert table[:, 2].tolist() == [2**7 - 3 * 2**8, 2**9 - 3 * 2**10] and ep == "5, -3, -128, 127"
+    table, ep = gen.scalar_epilogue(m, s, False, -3, -128, 127)
+    assert ep == "0, -3, -128, 127"
+    table, ep = gen.scalar_epilogue(m, torch.tensor([-25, -1]), True, 100, -128, 127)
+    assert table[:, 2].tolist() == [2**25, 2] and ep == "1, 100, -128, 127"
+
+
 def test_short_epilogue_refused_outside_its_domain():
     assert not gen.short_epilogue_ok(2**30, torch.tensor([2**30]), torch.tensor([-5]))
     assert not gen.short_epilogue_ok(2**28, torch.tensor([2**30]), torch.tensor([2]))

@@ -182,12 +182,29 @@ def short_epilogue_ok(bound: int, multiplier: torch.Tensor, shift: torch.Tensor)
     return bound * (1 << left) < SHORT_LIMIT
 
 
-def epilogue_table(multiplier: torch.Tensor, shift: torch.Tensor, short: bool, planar: bool = False) -> torch.Tensor:
-    """int32 epilogue constants per output channel, in the order the epilogue reads them."""
+def offset_folds(short: bool, shift: torch.Tensor, out_offset: int) -> bool:
+    """Whether the scalar short epilogue adds the output offset inside its rounding constant
+    (``cg_output``'s CG_OFFSET_IN_ROUNDING: ``q[2] = 2**right + out_offset * 2**(right + 1)``, one
+    addition less per output).  Exact because ``(t + 2k) >> 1 = (t >> 1) + k`` and ``(u + k * 2**r) >> r
+    = (u >> r) + k``; no int32 wrap-around while ``(2 |out_offset| + 2) * 2**right <= 2**30`` (then
+    ``|q[2]| + 1 < 2**31`` and ``|v| + |q[2] >> 1| < 2**31`` for the short epilogue's ``|v| <= 2**30``)."""
+    if not short:
+        return False
+    right = int((-shift.to(torch.int64)).clamp(min=0).max())
+    return (2 * abs(int(out_offset)) + 2) << right <= SHORT_LIMIT
+
+
+def epilogue_table(multiplier: torch.Tensor, shift: torch.Tensor, short: bool, planar: bool = False,
+                   fold_offset: int = 0) -> torch.Tensor:
+    """int32 epilogue constants per output channel, in the order the epilogue reads them
+    (``fold_offset``: the output offset folded into the short interleaved table's rounding constant,
+    where :func:`offset_folds` allows it)."""
     m, s = multiplier.to(torch.int64), shift.to(torch.int64)
     if short:
         left, right = s.clamp(min=0), (-s).clamp(min=0)
         pow2 = torch.ones_like(right) << right
+        if fold_offset and not planar:
+            pow2 = pow2 + (int(fold_offset) << (right + 1))
         cols = [m, left, -right, pow2] if planar else [m, right, pow2, left]
     else:
         cols = [m, s, torch.zeros_like(s), torch.zeros_like(s)]
@@ -198,6 +215,20 @@ def epilogue_table(multiplier: torch.Tensor, shift: torch.Tensor, short: bool, p
 def epilogue_mode(short: bool, shift: torch.Tensor) -> int:
     """``cg_output``'s ``epilogue`` argument: 0 general, 1 short, 2 short with left shifts."""
     return 0 if not short else (2 if bool((shift > 0).any()) else 1)
+
+
+OFFSET_IN_ROUNDING = 4  # cg_output's epilogue flag CG_OFFSET_IN_ROUNDING
+
+
+def scalar_epilogue(multiplier: torch.Tensor, shift: torch.Tensor, short: bool, out_offset: int, act_min: int,
+                    act_max: int) -> tuple[torch.Tensor, str]:
+    """The interleaved epilogue table of ``cg_output`` and its arguments after ``q`` (``epilogue,
+    out_offset, act_min, act_max``): the output offset in the rounding constant where
+    :func:`offset_folds` proves it exact."""
+    fold = offset_folds(short, shift, out_offset)
+    table = epilogue_table(multiplier, shift, short, fold_offset=out_offset if fold else 0)
+    mode = epilogue_mode(short, shift) | (OFFSET_IN_ROUNDING if fold else 0)
+    return table, f"{mode}, {_c(out_offset)}, {act_min}, {act_max}"
 
 
 def widened_weights(weight: torch.Tensor) -> torch.Tensor:
@@ -397,8 +428,8 @@ def _matvec(spec, fname, array, biases, short, x_expr, y_expr) -> GeneratedLayer
     b_name = array("gen_bias", bias.contiguous())
     mult = torch.cat([spec.multiplier.to(torch.int64), torch.zeros(pad, dtype=torch.int64)])
     shift = torch.cat([spec.shift.to(torch.int64), torch.zeros(pad, dtype=torch.int64)])
-    q_name = array("gen_q", epilogue_table(mult, shift, short))
-    ep = f"{epilogue_mode(short, spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
+    table, ep = scalar_epilogue(mult, shift, short, spec.output_offset, spec.act_min, spec.act_max)
+    q_name = array("gen_q", table)
 
     def pass_(o: str, stores: int, ind: str) -> list[str]:
         lines = ["{",
@@ -644,9 +675,13 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
     arrays.update({name: name for name in tables.values()})
     arrays["gen_bias"] = b_name = array("gen_bias", biases.to(torch.int32).contiguous())
     mve4 = isa == "mve" and short and co % 4 == 0  # 2 px x 4 filters, a 4-lane epilogue
-    arrays["gen_q"] = q_name = array("gen_q", epilogue_table(spec.multiplier, spec.shift, short, planar=mve4))
+    if mve4:
+        table, ep = epilogue_table(spec.multiplier, spec.shift, short, planar=True), ""
+    else:
+        table, ep = scalar_epilogue(spec.multiplier, spec.shift, short, spec.output_offset, spec.act_min,
+                                    spec.act_max)
+    arrays["gen_q"] = q_name = array("gen_q", table)
     dot = f"cg_dot_2x2_{isa}"
-    ep = f"{epilogue_mode(short, spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
     xr = f"xp + r * {spec.w * c}"
 
     def dots(xs: str, two_px: bool, pair: bool) -> list[str]:
@@ -824,9 +859,13 @@ def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> 
         arrays["gen_weight"] = w8 = array("gen_weight", spec.weight.to(torch.int8).reshape(-1).contiguous())
     all16 = isa == "mve" and all(dw16_ok(spec, s) for s in segs)  # (then no segment reads the plain bias table)
     b_name = "NULL" if all16 else array("gen_bias", biases.to(torch.int32).contiguous())
-    q_name = array("gen_q", epilogue_table(spec.multiplier, spec.shift, short, planar=isa == "mve"))
+    if isa == "mve":  # (the Helium epilogues read the planar table; no scalar epilogue runs)
+        table, ep = epilogue_table(spec.multiplier, spec.shift, short, planar=True), ""
+    else:
+        table, ep = scalar_epilogue(spec.multiplier, spec.shift, short, spec.output_offset, spec.act_min,
+                                    spec.act_max)
+    q_name = array("gen_q", table)
     arrays.update(gen_q=q_name, **({} if all16 else {"gen_bias": b_name}))
-    ep = f"{epilogue_mode(short, spec.shift)}, {spec.output_offset}, {spec.act_min}, {spec.act_max}"
     head = (f"    const int32_t rows = i1 - i0, cols = j1 - j0;\n"
             "    int32_t oy, ox;\n"
             "    for (oy = oy0; oy < oy1; oy++) {\n"

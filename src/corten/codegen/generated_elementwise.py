@@ -62,14 +62,13 @@ def add_function(fname: str, size: int, v: dict, ta: str, tb: str, bound: int, s
     """``(C of fname(in1, in2, out), what)`` for ``size`` elements; ``ta``/``tb`` name the tables of
     :func:`add_tables`, ``bound`` is ``max|a| + max|b|`` and ``short`` whether the short epilogue is
     proven equal on it."""
-    from corten.codegen.generated import _c, epilogue_mode, epilogue_table
+    from corten.codegen.generated import _c, scalar_epilogue
 
     m, s = torch.tensor([v["output_multiplier"]]), torch.tensor([v["output_shift"]])
-    q = ", ".join(_c(int(t)) for t in epilogue_table(m, s, short)[0])
-    mode = epilogue_mode(short, s)
+    table, ep = scalar_epilogue(m, s, short, v["output_offset"], v["activation_min"], v["activation_max"])
+    q = ", ".join(_c(int(t)) for t in table[0])
     total = "ta[in1[k]] + tb[in2[k]]" if bound < 2**31 else "corten_add_wrap(ta[in1[k]], tb[in2[k]])"
-    elem = (f"out[k] = cg_output({total}, q, {mode}, {_c(v['output_offset'])}, {v['activation_min']}, "
-            f"{v['activation_max']})")
+    elem = f"out[k] = cg_output({total}, q, {ep})"
     body = "\n".join(f"            {{ const int32_t k = i + {j}; {elem}; }}" for j in range(4))
     code = f"""void {fname}(const int8_t *in1, const int8_t *in2, int8_t *out)
 {{

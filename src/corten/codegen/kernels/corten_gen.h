@@ -181,6 +181,9 @@ CG_INLINE int8_t cg_avg_out(int32_t s, int32_t div, int32_t zp, int32_t act_min,
  *   divide_by_power_of_two(v, r) = (v + ((2**r + (v >> 31)) >> 1)) >> r, i.e. v + 2**(r-1) for
  *   v >= 0 and v + 2**(r-1) - 1 for v < 0 (ties away from zero; + 0 when r = 0), which cannot
  *   overflow because |v| <= 2**30.
+ * With CG_OFFSET_IN_ROUNDING (cg_output) q[2] is 2**r + out_offset * 2**(r+1) and the result
+ * includes the output offset: (t + 2k) >> 1 = (t >> 1) + k and (u + k * 2**r) >> r = (u >> r) + k;
+ * the generator folds it only where nothing wraps (generated.py, offset_folds).
  */
 CG_INLINE int32_t cg_requant_short(int32_t acc, const int32_t *q, int has_left)
 {
@@ -196,16 +199,21 @@ CG_INLINE int32_t cg_requant_general(int32_t acc, const int32_t *q)
     return corten_requantize(acc, q[0], q[1]);
 }
 
+#define CG_OFFSET_IN_ROUNDING 4 /* cg_output's epilogue flag: q[2] holds the output offset too */
+
 /**
  * acc -> int8 output: requantize, add the output offset, clamp to [act_min, act_max].
- * ``epilogue``: 0 general, 1 short, 2 short with left shifts.
+ * ``epilogue``: 0 general, 1 short, 2 short with left shifts; | CG_OFFSET_IN_ROUNDING: the short
+ * epilogue's rounding constant adds the output offset (one addition less).
  */
 CG_INLINE int8_t cg_output(int32_t acc, const int32_t *q, int epilogue, int32_t out_offset, int32_t act_min,
                            int32_t act_max)
 {
     if (epilogue) {
-        /* |v| <= 2**30: no wrap-around in the offset addition */
-        int32_t v = cg_requant_short(acc, q, epilogue == 2) + out_offset;
+        int32_t v = cg_requant_short(acc, q, (epilogue & 3) == 2);
+        if (!(epilogue & CG_OFFSET_IN_ROUNDING)) {
+            v += out_offset; /* |v| <= 2**30: no wrap-around in the offset addition */
+        }
         v = cg_ssat8(v);
         if (act_min > -128) {
             v = v < act_min ? act_min : v;
