@@ -282,6 +282,25 @@ def test_scalar_epilogue_tables_fold_the_offset_where_proven():
     assert table[:, 2].tolist() == [2**25, 2] and ep == "1, 100, -128, 127"
 
 
+def test_dsp_layers_store_doubled_weights_where_proven():
+    """DSP layers with the short epilogue whose products all read widened weights keep 2w and 2 * bias
+    (CG_DOUBLED_ACC): the random layers the byte tests run include such layers, and the tables are
+    exactly twice the single ones; a general-epilogue layer keeps them single."""
+    seen = 0
+    for spec in random_specs(5, 20, ("conv", "depthwise", "linear")):
+        got: dict[str, torch.Tensor] = {}
+        layer = gen.generate(spec, "dsp", "l", lambda suffix, t: got.setdefault(suffix, t) is t and suffix)
+        doubled = "gen_weight" not in got and layer.short_epilogue and (spec.kind == "conv" or spec.c_in % 4 == 0)
+        assert gen.doubles(layer.short_epilogue, "gen_weight" not in got) == (2 if doubled else 1)
+        if doubled:
+            seen += 1
+            w16 = next(t for k, t in got.items() if k.startswith("gen_weight16"))
+            assert bool((w16 % 2 == 0).all()) and int(w16.abs().max()) <= 256
+    assert seen >= 5
+    with pytest.raises(Exception):
+        gen.scalar_epilogue(torch.tensor([2**30]), torch.tensor([-3]), False, 0, -128, 127, doubled=True)
+
+
 def test_short_epilogue_refused_outside_its_domain():
     assert not gen.short_epilogue_ok(2**30, torch.tensor([2**30]), torch.tensor([-5]))
     assert not gen.short_epilogue_ok(2**28, torch.tensor([2**30]), torch.tensor([2]))

@@ -218,17 +218,28 @@ def epilogue_mode(short: bool, shift: torch.Tensor) -> int:
 
 
 OFFSET_IN_ROUNDING = 4  # cg_output's epilogue flag CG_OFFSET_IN_ROUNDING
+DOUBLED_ACC = 8  # cg_output's epilogue flag CG_DOUBLED_ACC
 
 
 def scalar_epilogue(multiplier: torch.Tensor, shift: torch.Tensor, short: bool, out_offset: int, act_min: int,
-                    act_max: int) -> tuple[torch.Tensor, str]:
+                    act_max: int, doubled: bool = False) -> tuple[torch.Tensor, str]:
     """The interleaved epilogue table of ``cg_output`` and its arguments after ``q`` (``epilogue,
     out_offset, act_min, act_max``): the output offset in the rounding constant where
-    :func:`offset_folds` proves it exact."""
+    :func:`offset_folds` proves it exact; ``doubled``: the layer's accumulators are doubled (its
+    widened weights and biases stored doubled: short epilogue only, see :func:`doubles`)."""
+    if doubled and not short:
+        raise CodegenError("doubled accumulators need the short epilogue")
     fold = offset_folds(short, shift, out_offset)
     table = epilogue_table(multiplier, shift, short, fold_offset=out_offset if fold else 0)
-    mode = epilogue_mode(short, shift) | (OFFSET_IN_ROUNDING if fold else 0)
+    mode = epilogue_mode(short, shift) | (OFFSET_IN_ROUNDING if fold else 0) | (DOUBLED_ACC if doubled else 0)
     return table, f"{mode}, {_c(out_offset)}, {act_min}, {act_max}"
+
+
+def doubles(short: bool, widened_only: bool) -> int:
+    """The factor (2 or 1) of a layer's stored weights and biases: 2 when the short epilogue is proven
+    (its SMMULR takes ``2a``; ``|2 * acc| < 2**31`` there) and every product of the layer reads the
+    pre-widened int16 tables (``2w`` fits int16, not int8): the epilogue's doubling costs nothing."""
+    return 2 if short and widened_only else 1
 
 
 def widened_weights(weight: torch.Tensor) -> torch.Tensor:
@@ -423,12 +434,13 @@ def _matvec(spec, fname, array, biases, short, x_expr, y_expr) -> GeneratedLayer
     co, k, r = spec.c_out, spec.c_in, MATVEC_ROWS
     rows = -(-co // r) * r
     pad = rows - co
-    w16 = array("gen_weight16", matvec_weights(spec.weight.to(torch.int8).reshape(co, k)))
-    bias = torch.cat([biases[0].to(torch.int32), torch.zeros(pad, dtype=torch.int32)])
+    f = doubles(short, True)
+    w16 = array("gen_weight16", f * matvec_weights(spec.weight.to(torch.int8).reshape(co, k)))
+    bias = torch.cat([f * biases[0].to(torch.int32), torch.zeros(pad, dtype=torch.int32)])
     b_name = array("gen_bias", bias.contiguous())
     mult = torch.cat([spec.multiplier.to(torch.int64), torch.zeros(pad, dtype=torch.int64)])
     shift = torch.cat([spec.shift.to(torch.int64), torch.zeros(pad, dtype=torch.int64)])
-    table, ep = scalar_epilogue(mult, shift, short, spec.output_offset, spec.act_min, spec.act_max)
+    table, ep = scalar_epilogue(mult, shift, short, spec.output_offset, spec.act_min, spec.act_max, f == 2)
     q_name = array("gen_q", table)
 
     def pass_(o: str, stores: int, ind: str) -> list[str]:
@@ -662,24 +674,25 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
     views = _split_by_view(spec, segs, paired)
     arrays: dict[str, str] = {}
     tables: dict[object, str] = {}
+    f = doubles(short, paired and all(v != "bytes" for _, v in views))
     for _, v in views:
         if v in tables:
             continue
         if v == "full":
-            tables[v] = array("gen_weight16", paired_weights(spec.weight.to(torch.int8)))
+            tables[v] = array("gen_weight16", f * paired_weights(spec.weight.to(torch.int8)))
         elif v == "bytes":
             tables[v] = array("gen_weight", spec.weight.to(torch.int8).reshape(co, -1).contiguous())
         else:
             j0, j1, d = v
-            tables[v] = array(f"gen_weight16_c{j0}_{j1}_{d}", paired_weights(extended_weights(spec, j0, j1, d)))
+            tables[v] = array(f"gen_weight16_c{j0}_{j1}_{d}", f * paired_weights(extended_weights(spec, j0, j1, d)))
     arrays.update({name: name for name in tables.values()})
-    arrays["gen_bias"] = b_name = array("gen_bias", biases.to(torch.int32).contiguous())
+    arrays["gen_bias"] = b_name = array("gen_bias", (f * biases.to(torch.int32)).contiguous())
     mve4 = isa == "mve" and short and co % 4 == 0  # 2 px x 4 filters, a 4-lane epilogue
     if mve4:
         table, ep = epilogue_table(spec.multiplier, spec.shift, short, planar=True), ""
     else:
         table, ep = scalar_epilogue(spec.multiplier, spec.shift, short, spec.output_offset, spec.act_min,
-                                    spec.act_max)
+                                    spec.act_max, f == 2)
     arrays["gen_q"] = q_name = array("gen_q", table)
     dot = f"cg_dot_2x2_{isa}"
     xr = f"xp + r * {spec.w * c}"
@@ -858,12 +871,13 @@ def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> 
     if isa != "dsp" or c0 < c:  # (the DSP path reads the int8 weights only for the last C % 4 channels)
         arrays["gen_weight"] = w8 = array("gen_weight", spec.weight.to(torch.int8).reshape(-1).contiguous())
     all16 = isa == "mve" and all(dw16_ok(spec, s) for s in segs)  # (then no segment reads the plain bias table)
-    b_name = "NULL" if all16 else array("gen_bias", biases.to(torch.int32).contiguous())
+    f = doubles(short, isa == "dsp" and c0 == c)  # (every product then reads the widened weights)
+    b_name = "NULL" if all16 else array("gen_bias", (f * biases.to(torch.int32)).contiguous())
     if isa == "mve":  # (the Helium epilogues read the planar table; no scalar epilogue runs)
         table, ep = epilogue_table(spec.multiplier, spec.shift, short, planar=True), ""
     else:
         table, ep = scalar_epilogue(spec.multiplier, spec.shift, short, spec.output_offset, spec.act_min,
-                                    spec.act_max)
+                                    spec.act_max, f == 2)
     q_name = array("gen_q", table)
     arrays.update(gen_q=q_name, **({} if all16 else {"gen_bias": b_name}))
     head = (f"    const int32_t rows = i1 - i0, cols = j1 - j0;\n"
@@ -891,7 +905,7 @@ def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> 
     elif isa == "dsp":
         inner = "            int32_t ch;\n"
         if c0:
-            w16 = array("gen_weight16", widened_depthwise_weights(spec.weight.to(torch.int8)))
+            w16 = array("gen_weight16", f * widened_depthwise_weights(spec.weight.to(torch.int8)))
             arrays["gen_weight16"] = w16
             inner += (f"            for (ch = 0; ch < {c0}; ch += 4) {{\n"
                       "                int32_t acc[4], r, j;\n"

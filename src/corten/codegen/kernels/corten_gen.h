@@ -184,11 +184,14 @@ CG_INLINE int8_t cg_avg_out(int32_t s, int32_t div, int32_t zp, int32_t act_min,
  * With CG_OFFSET_IN_ROUNDING (cg_output) q[2] is 2**r + out_offset * 2**(r+1) and the result
  * includes the output offset: (t + 2k) >> 1 = (t >> 1) + k and (u + k * 2**r) >> r = (u >> r) + k;
  * the generator folds it only where nothing wraps (generated.py, offset_folds).
+ * ``doubled`` (CG_DOUBLED_ACC): ``acc`` is already 2 * the accumulator - the layer's pre-widened int16
+ * weights and its biases are stored doubled (|2 * acc| < 2**31 on the short epilogue's domain), so the
+ * doubling of SMMULR(2a, m) costs nothing here.
  */
-CG_INLINE int32_t cg_requant_short(int32_t acc, const int32_t *q, int has_left)
+CG_INLINE int32_t cg_requant_short(int32_t acc, const int32_t *q, int has_left, int doubled)
 {
     const int32_t a = has_left ? corten_u32_to_i32((uint32_t)acc << q[3]) : acc;
-    const int32_t v = cg_smmulr(a * 2, q[0]);
+    const int32_t v = cg_smmulr(doubled ? a : a * 2, q[0]);
     const int32_t t = q[2] + corten_asr32(v, 31);
     return corten_asr32(v + (t >> 1), q[1]);
 }
@@ -200,17 +203,19 @@ CG_INLINE int32_t cg_requant_general(int32_t acc, const int32_t *q)
 }
 
 #define CG_OFFSET_IN_ROUNDING 4 /* cg_output's epilogue flag: q[2] holds the output offset too */
+#define CG_DOUBLED_ACC 8        /* cg_output's epilogue flag: the accumulator is doubled (short epilogue) */
 
 /**
  * acc -> int8 output: requantize, add the output offset, clamp to [act_min, act_max].
  * ``epilogue``: 0 general, 1 short, 2 short with left shifts; | CG_OFFSET_IN_ROUNDING: the short
- * epilogue's rounding constant adds the output offset (one addition less).
+ * epilogue's rounding constant adds the output offset (one addition less); | CG_DOUBLED_ACC: ``acc``
+ * is twice the sum (doubled weights and biases; short epilogue only).
  */
 CG_INLINE int8_t cg_output(int32_t acc, const int32_t *q, int epilogue, int32_t out_offset, int32_t act_min,
                            int32_t act_max)
 {
     if (epilogue) {
-        int32_t v = cg_requant_short(acc, q, (epilogue & 3) == 2);
+        int32_t v = cg_requant_short(acc, q, (epilogue & 3) == 2, epilogue & CG_DOUBLED_ACC);
         if (!(epilogue & CG_OFFSET_IN_ROUNDING)) {
             v += out_offset; /* |v| <= 2**30: no wrap-around in the offset addition */
         }
