@@ -19,8 +19,11 @@ immediate offsets.  What is done ahead of time:
   the DSP depthwise path reads weights pre-widened to int16 pairs in ``SXTB16`` order
   (``(w0, w2), (w1, w3)`` per four channels, ``_w16``), one word per two channels.
 * **Epilogue tables in the order the epilogue reads them**: ``_q`` holds per output channel
-  ``{multiplier, left shift, right shift, 2**right}`` (short epilogue) or ``{multiplier, shift}``
-  (general), interleaved for the scalar epilogues, planar for the Helium one.
+  ``{multiplier, right shift, 2**right, left shift}`` (short epilogue; the scalar one with the output
+  offset folded into the rounding constant where :func:`offset_folds` allows) or ``{multiplier, shift}``
+  (general), interleaved for the scalar epilogues, planar for the Helium one.  DSP layers whose
+  products all read widened weights store them and the biases doubled (:func:`doubles`), so the
+  short epilogue's ``SMMULR(2a, m)`` needs no shift.
 * **Register tiles**: 2 pixels x 2 output channels per dense dot product (4 accumulators: 13 live
   registers on a Cortex-M4, no spill), four channels per depthwise step (DSP) or per vector (MVE);
   on Helium 2 pixels x 4 filters per VMLADAVA tile (a per-layer assembly loop over the filter groups,
