@@ -1,7 +1,7 @@
 """int8 vs int16 activations (TFLite's 16x8 scheme, ``corten.compile(precision="int16")``): accuracy of
 autoencoders and instruction counts on QEMU (the README's 16x8 tables).
 
-    .venv/bin/python benchmarks/bench_int16.py [--inputs 20] [--no-qemu] [--markdown]
+    .venv/bin/python benchmarks/bench_int16.py [--inputs 20] [--no-qemu] [--markdown] [--write-readme README.md]
 
 Accuracy: the relative reconstruction error ||program - float|| / ||float|| of each autoencoder
 (mean / max over ``--inputs`` random N(0, 1) inputs, as benchmarks/agreement.py measures it), the
@@ -26,6 +26,7 @@ import os
 import warnings
 
 import torch
+from readme_block import replace_block  # (benchmarks/ is the script directory)
 from torch import nn
 
 
@@ -192,6 +193,7 @@ def main(argv=None) -> int:
     ap.add_argument("--inputs", type=int, default=20)
     ap.add_argument("--no-qemu", action="store_true")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--write-readme", metavar="README", help="put the tables between the README's bench_int16 markers")
     ap.add_argument("--tabular", action="store_true", help="only the cancer-raw rows")
     args = ap.parse_args(argv)
     if args.tabular:
@@ -205,23 +207,38 @@ def main(argv=None) -> int:
         return 0
     acc = accuracy_rows(args.inputs)
     ins = [] if args.no_qemu else instruction_rows()
-    if args.markdown:
-        print("\n| autoencoder | int8 rel. error (mean / max) | int16 (mean / max) | int8 weights alone | arena int8 / int16 |")
-        print("|---|---|---|---|---|")
-        for r in acc:
-            print(f"| {r['model']} | {r['int8'][0]:.3f} / {r['int8'][1]:.3f} | {r['int16'][0]:.3f} / {r['int16'][1]:.3f} "
-                  f"| {r['weights'][0]:.3f} / {r['weights'][1]:.3f} | {r['int8_arena']:,} / {r['int16_arena']:,} B |")
-        if ins:
-            print("\n| model | target | kernels | int8 instructions | int16 instructions | int16 / int8 | bytes equal |")
-            print("|---|---|---|---|---|---|---|")
-            key = {(r["model"], r["target"], r["kernels"], r["precision"]): r for r in ins}
-            for (m, t, k, p), r in key.items():
-                if p != "int8":
-                    continue
-                r16 = key[(m, t, k, "int16")]
-                print(f"| {m} | {t} | {k} | {r['instructions']:,} | {r16['instructions']:,} | "
-                      f"{r16['instructions'] / r['instructions']:.2f} | {r['bytes_equal'] and r16['bytes_equal']} |")
+    if args.markdown or args.write_readme:
+        acc_table, ins_table = markdown_tables(acc, ins)
+        print("\n" + acc_table + ("\n\n" + ins_table if ins_table else ""))
+        if args.write_readme:
+            replace_block(args.write_readme, "<!-- bench_int16: begin -->", "<!-- bench_int16: end -->", acc_table,
+                          "the int16 error table")
+            if ins_table:
+                replace_block(args.write_readme, "<!-- bench_int16 qemu: begin -->", "<!-- bench_int16 qemu: end -->",
+                              ins_table, "the int16 instruction table")
     return 0
+
+
+def markdown_tables(acc, ins) -> tuple[str, str]:
+    """The README's two tables: relative errors and arenas, QEMU instructions ('' without QEMU rows)."""
+    lines = ["| autoencoder | int8 rel. error (mean / max) | int16 (mean / max) | int8 weights alone | arena int8 / int16 |",
+             "|---|---|---|---|---|"]
+    for r in acc:
+        lines.append(f"| {r['model']} | {r['int8'][0]:.3f} / {r['int8'][1]:.3f} | {r['int16'][0]:.3f} / "
+                     f"{r['int16'][1]:.3f} | {r['weights'][0]:.3f} / {r['weights'][1]:.3f} | "
+                     f"{r['int8_arena']:,} / {r['int16_arena']:,} B |")
+    if not ins:
+        return "\n".join(lines), ""
+    qemu = ["| model | target | kernels | int8 instructions | int16 instructions | int16 / int8 | bytes equal |",
+            "|---|---|---|---|---|---|---|"]
+    key = {(r["model"], r["target"], r["kernels"], r["precision"]): r for r in ins}
+    for (m, t, k, p), r in key.items():
+        if p != "int8":
+            continue
+        r16 = key[(m, t, k, "int16")]
+        qemu.append(f"| {m} | {t} | {k} | {r['instructions']:,} | {r16['instructions']:,} | "
+                    f"{r16['instructions'] / r['instructions']:.2f} | {r['bytes_equal'] and r16['bytes_equal']} |")
+    return "\n".join(lines), "\n".join(qemu)
 
 
 if __name__ == "__main__":
