@@ -68,6 +68,13 @@ def pytest_runtest_setup(item):
     numpy.random.seed(0)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The ``slow`` tests first, each group in the order pytest-randomly shuffled it (its wrapper
+    reorders before this hook; the sort is stable): the run ends on short tests, so at the end
+    neither xdist worker waits long for the other's last test."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """Print pytest-randomly's seed even under ``-q`` (its own header line is hidden there)."""
     seed = getattr(config.option, "randomly_seed", None)

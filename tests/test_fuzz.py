@@ -16,6 +16,7 @@ CI_SEEDS = 200
 CHUNK = 25
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first", range(0, CI_SEEDS, CHUNK), ids=lambda s: f"seeds{s}-{s + CHUNK - 1}")
 def test_fuzz_models_are_byte_exact_under_sanitizers_or_refused_cleanly(first):
     log = io.StringIO()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import corten
-from conftest import shared_program
+from conftest import ZOO_224, shared_program
 from corten.zoo import MODELS, get_model
 
 EXPECTED_OPS = {
@@ -62,7 +62,8 @@ def test_zoo_model_fully_lowered_with_pinned_op_counts(name):
     assert prog.op_counts() == EXPECTED_OPS[name]
 
 
-@pytest.mark.parametrize("name", [n for n in EXPECTED_OPS if n not in ("mv2-0.35-96",)])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ZOO_224 else n
+                                  for n in EXPECTED_OPS if n not in ("mv2-0.35-96",)])
 def test_zoo_model_host_and_m55_byte_exact(name):
     prog, x = compiled(name)
     expected = prog.run_int8(x)[0]
