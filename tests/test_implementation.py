@@ -72,23 +72,23 @@ def test_tester_implementation_host_and_qemu():
 
 def test_cli_run_reports_byte_equality(tmp_path, capsys):
     out = tmp_path / "prog"
-    assert cli_main(["compile", "mv2-0.35-96", "--out", str(out), "--calib", "2", "--emit-c"]) == 0
-    assert (out / "c" / "mv2_0_35_96.h").exists()
+    assert cli_main(["compile", "ds-cnn", "--out", str(out), "--calib", "2", "--emit-c"]) == 0
+    assert (out / "c" / "ds_cnn.h").exists()
     assert cli_main(["run", str(out), "--on", "host"]) == 0
     text = capsys.readouterr().out
     assert "byte-for-byte equal to the Python reference: YES" in text
     import numpy as np
 
-    np.save(tmp_path / "x.npy", np.random.RandomState(0).randn(1, 3, 96, 96).astype("float32"))
+    np.save(tmp_path / "x.npy", np.random.RandomState(0).randn(1, 1, 49, 10).astype("float32"))
     assert cli_main(["run", str(out), "--on", "host", "--input", str(tmp_path / "x.npy")]) == 0
     assert "byte-for-byte equal to the Python reference: YES" in capsys.readouterr().out
     np.save(tmp_path / "bad.npy", np.zeros((1, 3, 8, 8), "float32"))
     assert cli_main(["run", str(out), "--input", str(tmp_path / "bad.npy")]) == 2
-    assert "(1, 3, 8, 8) != the program's input (1, 3, 96, 96)" in capsys.readouterr().err
+    assert "(1, 3, 8, 8) != the program's input (1, 1, 49, 10)" in capsys.readouterr().err
 
 
 def test_budget_refusal(tmp_path, capsys):
-    rc = cli_main(["compile", "mv2-0.35-96", "--out", str(tmp_path / "p"), "--calib", "1", "--max-arena", "1000"])
+    rc = cli_main(["compile", "ds-cnn", "--out", str(tmp_path / "p"), "--calib", "1", "--max-arena", "1000"])
     assert rc == 2
     err = capsys.readouterr().err
     assert "does not fit" in err and "peak at step" in err
