@@ -201,9 +201,12 @@ def cached_objects(sources: Iterable[Path], compile_command: Sequence[str], incl
     if _OBJECT_DIR is None:
         _OBJECT_DIR = tempfile.TemporaryDirectory(prefix="corten-kernel-objects-")
     command = [*compile_command, *include_flags(include_dirs)]
+    digests: dict[Path, bytes] = {}  # the headers of each source directory, read once per call
     objects = []
     for src in map(Path, sources):
-        key = hashlib.sha256(b"\0".join([src.read_bytes(), _headers_digest([src.parent, *include_dirs]),
+        if src.parent not in digests:
+            digests[src.parent] = _headers_digest([src.parent, *include_dirs])
+        key = hashlib.sha256(b"\0".join([src.read_bytes(), digests[src.parent],
                                           "\0".join(command).encode()])).hexdigest()[:24]
         obj = _OBJECTS.get(key)
         if obj is None or not obj.exists():

@@ -18,6 +18,11 @@ HOST_TIMER = HARNESS_DIR / "timer_host.c"
 HOST_BINARY = "corten_host_harness"
 
 
+def host_compile_command(cflags: Sequence[str] = ("-O2",), cc: str = HOST_CC) -> list[str]:
+    """The host compiler and its flags (no sources, no link)."""
+    return [cc, *WARNING_FLAGS, *cflags]
+
+
 def host_build_command(
     sources: Sequence[Path],
     include_dirs: Sequence[Path],
@@ -30,9 +35,7 @@ def host_build_command(
     """The gcc command line that builds the host harness executable."""
     compile_units, link_inputs = split_sources(sources)
     return [
-        cc,
-        *WARNING_FLAGS,
-        *cflags,
+        *host_compile_command(cflags, cc),
         *include_flags([*include_dirs, HARNESS_DIR]),
         *define_flags(defines),
         *compile_units,

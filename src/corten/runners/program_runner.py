@@ -88,10 +88,10 @@ class CRun:
 def host_kernel_objects(kernel_files, cflags: tuple[str, ...]) -> list[Path]:
     """Corten's kernel sources compiled for the host with ``cflags``, once per process
     (:func:`corten.runners.common.cached_objects`)."""
-    from corten.runners.common import WARNING_FLAGS, cached_objects
-    from corten.runners.host import HOST_CC
+    from corten.runners.common import cached_objects
+    from corten.runners.host import host_compile_command
 
-    return cached_objects([p for p in kernel_files if Path(p).suffix == ".c"], [HOST_CC, *WARNING_FLAGS, *cflags],
+    return cached_objects([p for p in kernel_files if Path(p).suffix == ".c"], host_compile_command(cflags),
                           where="host (Corten kernels)")
 
 
@@ -127,8 +127,8 @@ class ProgramRunner:
             cycles: bool = False) -> tuple[list[torch.Tensor], CRun]:
         """One C run; ``profile``: the instrumented build (``-DCORTEN_PROFILE``, the harness reads the
         timer after every step: :mod:`corten.runners.profile` turns its log into rows)."""
-        from corten.runners.common import WARNING_FLAGS, cached_objects
-        from corten.runners.host import HOST_CC, run_on_host
+        from corten.runners.common import cached_objects
+        from corten.runners.host import host_compile_command, run_on_host
         from corten.runners.qemu import arm_compile_command, run_on_qemu
 
         if on not in ("host", "qemu"):
@@ -137,7 +137,7 @@ class ProgramRunner:
         includes = list(lib.include_dirs)
         cflags = ("-O2", *cflags)  # the caller's flags last: they override (-O0, -g, -fsanitize=...)
         # the kernel libraries as objects compiled once per process (they do not depend on the program)
-        compile_command = ([HOST_CC, *WARNING_FLAGS, *cflags] if on == "host"
+        compile_command = (host_compile_command(cflags) if on == "host"
                            else arm_compile_command(deployment.require_board(), cflags))
         kernel_sources = [p for p in lib.kernel_files if p.suffix == ".c"]
         sources = [p for p in lib.sources if p not in kernel_sources]
