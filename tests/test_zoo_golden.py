@@ -61,8 +61,10 @@ def _c_digest(lib) -> str:
 
 
 def _c_form_digest(lib) -> str:
-    """The model's C with every numeric literal masked (what no CPU's float rounding changes)."""
+    """The model's C with every numeric literal and every byte string (large int8 arrays) masked
+    (what no CPU's float rounding changes)."""
     text = "".join(p.read_text() for p in (lib.header, lib.source, lib.constants_header, lib.constants))
+    text = re.sub(r'"(\\x[0-9a-f]{2})+"', "<bytes>", text)
     return _sha(re.sub(r"(?<![A-Za-z0-9_.])-?(0x[0-9a-fA-F]+|[0-9][0-9.eE+-]*)[uUlLfF]*", "#", text).encode())
 
 
