@@ -7,6 +7,7 @@ count_include_pad (the zero-point correction), strided pools; and the tables' ar
 the op on every pair of int8 values."""
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 import torch.nn as nn
 
 import corten
-from conftest import needs_gcc, needs_qemu
+from conftest import HOST_CFLAGS, needs_gcc, needs_qemu
 from corten.codegen import generated_elementwise as ge
 from corten.ops._broadcast import PARAM_NAMES
 from corten.ops.add import quantized_add
@@ -46,6 +47,7 @@ CASES = {
 }
 
 
+@functools.lru_cache(maxsize=None)  # one compile per case for all its host and QEMU runs
 def _compiled(case: str):
     torch.manual_seed(7)
     c, h, w, pool = CASES[case]
@@ -69,7 +71,7 @@ def _check_choices(prog, target):
 def test_generated_add_and_pool_on_host(case, target):
     prog, x = _compiled(case)
     _check_choices(prog, target)
-    run = prog.c_run(x, on="host", kernels="generated", target=target)
+    run = prog.c_run(x, on="host", kernels="generated", target=target, cflags=HOST_CFLAGS)
     assert all(torch.equal(a, b) for a, b in zip(run.outputs, prog.run_int8(x)))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ZOO_224, needs_gcc, needs_qemu
+from conftest import HOST_CFLAGS, ZOO_224, needs_gcc, needs_qemu
 from test_zoo_programs import EXPECTED_OPS, compiled
 
 
@@ -16,12 +16,6 @@ def _params(names):
     return [pytest.param(n, marks=pytest.mark.slow) if n in ZOO_224 else n for n in names]
 
 
-# the host builds of the zoo's and the idioms' generated C: -O0 and corten_gen.h's blocks as plain
-# `static inline` (on the cores they are always inlined, so the compiler specialises each for its
-# layer): the same C, compiled 5-15x faster (ds-cnn's M4 path: 7.9 s -> 0.5 s of gcc).  The layer
-# tests of test_generated_kernels build it as the cores do (-O2, always inlined) on the host, and the
-# QEMU runs below build the zoo at -O2 for the cores.
-HOST_CFLAGS = ("-O0", "-DCG_INLINE=static inline")
 # the host runs the plain (M3) path of every model in C, and the DSP (M4) and Helium (M55) paths'
 # C equivalents of the models without a 96x96 or 224x224 image input; the MobileNets run the DSP
 # and Helium paths with the real instructions on QEMU below (their C equivalents on the host cost

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import corten
+from conftest import HOST_CFLAGS
 from corten.codegen.generated import GEN_OPS
 from idiom_models import IDIOMS
-from test_generated_zoo import HOST_CFLAGS
 
 CASES = {name: (factory, shapes) for name, factory, shapes in IDIOMS}
 
