@@ -341,35 +341,37 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
  */
 #ifdef CG_HAVE_DSP
 /* one group of four inputs: 1 LDM (the four weight words into r8-r11, CG_DSP_GROUPS' registers:
- * 5 cycles on a Cortex-M4 against 6 for two LDRDs), 2 LDR, 4 SXTB16, 8 SMLAD */
+ * 5 cycles on a Cortex-M4 against 6 for two LDRDs), then both pixels' words by two LDRs right behind
+ * it (pipelined: one cycle each), 4 SXTB16, 8 SMLAD */
 #define CG_PAIR_GROUP(XS)                                                                            \
     "ldmia %[w]!, {%[wa0], %[wb0], %[wa1], %[wb1]}\n\t"                                              \
     "ldr %[t1], [%[x], #" #XS "]\n\t"                                                                \
+    "ldr %[t3], [%[x]], #4\n\t"                                                                      \
     "sxtb16 %[t2], %[t1]\n\t"                                                                        \
     "sxtb16 %[t1], %[t1], ror #8\n\t"                                                                \
     "smlad %[a2], %[t2], %[wa0], %[a2]\n\t"                                                          \
     "smlad %[a2], %[t1], %[wb0], %[a2]\n\t"                                                          \
     "smlad %[a3], %[t2], %[wa1], %[a3]\n\t"                                                          \
     "smlad %[a3], %[t1], %[wb1], %[a3]\n\t"                                                          \
-    "ldr %[t1], [%[x]], #4\n\t"                                                                      \
-    "sxtb16 %[t2], %[t1]\n\t"                                                                        \
-    "sxtb16 %[t1], %[t1], ror #8\n\t"                                                                \
+    "sxtb16 %[t2], %[t3]\n\t"                                                                        \
+    "sxtb16 %[t3], %[t3], ror #8\n\t"                                                                \
     "smlad %[a0], %[t2], %[wa0], %[a0]\n\t"                                                          \
-    "smlad %[a0], %[t1], %[wb0], %[a0]\n\t"                                                          \
+    "smlad %[a0], %[t3], %[wb0], %[a0]\n\t"                                                          \
     "smlad %[a1], %[t2], %[wa1], %[a1]\n\t"                                                          \
-    "smlad %[a1], %[t1], %[wb1], %[a1]\n\t"
+    "smlad %[a1], %[t3], %[wb1], %[a1]\n\t"
 #define CG_PAIR_OPERANDS                                                                             \
     : [x] "+r"(cg_x), [w] "+r"(cg_w), [n] "+r"(cg_n), [a0] "+r"(cg_a0), [a1] "+r"(cg_a1), [a2] "+r"(cg_a2), \
       [a3] "+r"(cg_a3), [wa0] "=&r"(cg_wa0), [wb0] "=&r"(cg_wb0), [wa1] "=&r"(cg_wa1), [wb1] "=&r"(cg_wb1), \
-      [t1] "=&r"(cg_t1), [t2] "=&r"(cg_t2)                                                          \
+      [t1] "=&r"(cg_t1), [t2] "=&r"(cg_t2), [t3] "=&r"(cg_t3)                                      \
     :                                                                                                \
     : "memory", "cc"
 /* The loop of the DSP assembly dot products: N_ inputs (a multiple of 4) in groups of four (GROUP:
  * the assembly of one group over x, w, a0..a3), the accumulators ACC_[0..3] in registers throughout.
  * WIDE_ (a constant) 0: one group first when their count is odd, then two per iteration (small
- * code, for the many border copies); 1: the count's low bits as 1, 2 and 4 groups in a row, then
- * eight per iteration (a taken branch costs a pipeline refill on a Cortex-M4: 5 cycles per loop
+ * code, for the many border copies); 1: the count's low bits as 1, 2, 4 and 8 groups in a row, then
+ * sixteen per iteration (a taken branch costs a pipeline refill on a Cortex-M4: 5 cycles per loop
  * iteration; the hot copies).  With a constant N_ the unneeded blocks vanish. */
+#define CG_8(GROUP) GROUP GROUP GROUP GROUP GROUP GROUP GROUP GROUP
 #define CG_DSP_GROUPS(GROUP, X_, W_, N_, ACC_, WIDE_)                                                \
     do {                                                                                             \
         const int8_t *cg_x = (X_);                                                                   \
@@ -380,7 +382,7 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
         /* (ascending registers in memory order: CG_PAIR_GROUP loads them with one LDM) */          \
         register int32_t cg_wa0 __asm__("r8"), cg_wb0 __asm__("r9");                                 \
         register int32_t cg_wa1 __asm__("r10"), cg_wb1 __asm__("r11");                               \
-        int32_t cg_t1, cg_t2;                                                                        \
+        int32_t cg_t1, cg_t2, cg_t3;                                                                 \
         if (cg_n & 1) {                                                                              \
             __asm__(GROUP CG_PAIR_OPERANDS);                                                          \
         }                                                                                            \
@@ -391,9 +393,12 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
             if (cg_n & 4) {                                                                          \
                 __asm__(GROUP GROUP GROUP GROUP CG_PAIR_OPERANDS);                                   \
             }                                                                                        \
-            cg_n >>= 3;                                                                              \
+            if (cg_n & 8) {                                                                          \
+                __asm__(CG_8(GROUP) CG_PAIR_OPERANDS);                                               \
+            }                                                                                        \
+            cg_n >>= 4;                                                                              \
             if (cg_n > 0) {                                                                          \
-                __asm__("1:\n\t" GROUP GROUP GROUP GROUP GROUP GROUP GROUP GROUP                      \
+                __asm__("1:\n\t" CG_8(GROUP) CG_8(GROUP)                                               \
                         "subs %[n], %[n], #1\n\t"                                                    \
                         "bne 1b" CG_PAIR_OPERANDS);                                                  \
             }                                                                                        \
@@ -440,7 +445,7 @@ CG_INLINE void cg_dot_2x2_pair_c(const int8_t *x, int32_t xs, const int16_t *w, 
  * 1, 2, 3: eight words - so one LDRD per filter fetches them, and each input word is widened once
  * for four filters.  DSP cores: per four inputs 1 LDR, 2 SXTB16, 4 LDRD, 8 SMLAD (16 MACs in 15
  * instructions; CMSIS-NN's two-row arm_nn_vec_mat_mult_t_s8 needs 13 for 8 MACs), the loop in the
- * assembly (eight groups per iteration: CG_DSP_GROUPS' wide form); elsewhere the same sums in C.
+ * assembly (sixteen groups per iteration: CG_DSP_GROUPS' wide form); elsewhere the same sums in C.
  */
 #ifdef CG_HAVE_DSP
 #define CG_MATVEC_GROUP                                                                              \
