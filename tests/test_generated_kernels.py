@@ -198,7 +198,8 @@ def test_short_epilogue_equals_requantize():
     """On every accumulator the generator accepts (|acc| * 2**left < 2**30, m >= 0): the edges of the
     domain, every tie of the rounding shift near them, and random values, for many (m, shift)."""
     rng = np.random.default_rng(0)
-    shifts = list(range(-31, 8))
+    shifts = list(range(-30, 8))
+    assert not gen.short_epilogue_ok(1, torch.tensor([2**30]), torch.tensor([-31]))  # (2**31: not an int32)
     mults = [0, 1, 2**30, 2**31 - 1, 1518500250, 1073741824 + 12345] + [int(v) for v in rng.integers(0, 2**31, 20)]
     for s in shifts:
         left = max(s, 0)
@@ -270,6 +271,47 @@ def test_offset_in_rounding_equals_requantize_plus_offset():
                 tried += 1
     assert tried > 1000
     assert not gen.offset_folds(True, torch.tensor([-23]), 127) and gen.offset_folds(True, torch.tensor([-22]), 127)
+
+
+def test_sign_from_acc_equals_requantize_plus_offset():
+    """CG_SIGN_FROM_ACC (every right shift >= 1): SMMLAR(2a, m, K + (2a >> 31)) >> right with K half the
+    rounding constant (the output offset folded in where offset_folds proves it, else added after)
+    equals requantize(acc) + off - domain edges, rounding ties, the zero products of negative
+    accumulators, random values - with no int32 value wrapping; a shift of 0 refuses it."""
+    rng = np.random.default_rng(2)
+    mults = [0, 1, 2**30, 2**31 - 1, 1518500250] + [int(v) for v in rng.integers(0, 2**31, 6)]
+    tried = 0
+    for s in range(-30, 0):
+        right, bound = -s, 2**30 - 1
+        assert gen.sign_from_acc(True, torch.tensor([s, -1])) and not gen.sign_from_acc(False, torch.tensor([s]))
+        for off in (0, 1, -1, 127, -128, 1000):
+            fold = gen.offset_folds(True, torch.tensor([s]), off)
+            table, ep = gen.scalar_epilogue(torch.tensor([2**30]), torch.tensor([s]), True, off, -128, 127,
+                                            smmlar=True)
+            k = int(table[0, 2])
+            assert int(ep.split(",")[0]) & gen.SIGN_FROM_ACC and k == ((1 << right) + (off << (right + 1)) if fold
+                                                                       else 1 << right) // 2
+            for m in mults:
+                edges = np.array([0, 1, -1, -2, bound, -bound, bound - 1, -bound + 1], dtype=np.int64)
+                rand = rng.integers(-bound, bound + 1, 300, dtype=np.int64)
+                small = -rng.integers(1, 2**12, 50, dtype=np.int64)  # (products rounding to 0 or -1)
+                ties = np.array([], dtype=np.int64)
+                if m:
+                    j = rng.integers(-2**10, 2**10, 60, dtype=np.int64)
+                    ties = np.clip(((j * (1 << right) + (1 << (right - 1))) << 31) // m, -bound, bound)
+                acc = np.concatenate([edges, rand, small, ties])
+                a2 = 2 * acc
+                kk = k + (a2 >> 31)
+                v = kk + ((a2 * m + (1 << 31)) >> 32)  # SMMLAR(2a, m, kk)
+                assert (np.abs(kk) < 2**31).all() and (np.abs(v) < 2**31).all()
+                got = (v >> right) + (0 if fold else off)
+                want = requantize(torch.from_numpy(acc), m, s).numpy().astype(np.int64) + off
+                assert np.array_equal(got, want), (m, s, off)
+                tried += 1
+    assert tried > 1000
+    assert not gen.sign_from_acc(True, torch.tensor([-3, 0]))
+    table, ep = gen.scalar_epilogue(torch.tensor([2**30]), torch.tensor([0]), True, 5, -128, 127, smmlar=True)
+    assert not int(ep.split(",")[0]) & gen.SIGN_FROM_ACC
 
 
 def test_scalar_epilogue_tables_fold_the_offset_where_proven():

@@ -178,8 +178,9 @@ def accumulator_bound(spec: LayerSpec, biases: torch.Tensor) -> int:
 
 def short_epilogue_ok(bound: int, multiplier: torch.Tensor, shift: torch.Tensor) -> bool:
     """Whether ``cg_requant_short`` equals ``arm_nn_requantize`` on every accumulator ``|acc| <= bound``
-    (module docstring): multipliers >= 0, shifts in [-31, 31], ``bound * 2**left < 2**30``."""
-    if bool((multiplier < 0).any()) or bool((shift > 31).any()) or bool((shift < -31).any()):
+    (module docstring): multipliers >= 0, shifts in [-30, 31], ``bound * 2**left < 2**30``."""
+    # (a right shift of 31 would need the rounding constant 2**31, which int32 tables cannot hold)
+    if bool((multiplier < 0).any()) or bool((shift > 31).any()) or bool((shift < -30).any()):
         return False
     left = int(shift.clamp(min=0).max())
     return bound * (1 << left) < SHORT_LIMIT
@@ -222,19 +223,33 @@ def epilogue_mode(short: bool, shift: torch.Tensor) -> int:
 
 OFFSET_IN_ROUNDING = 4  # cg_output's epilogue flag CG_OFFSET_IN_ROUNDING
 DOUBLED_ACC = 8  # cg_output's epilogue flag CG_DOUBLED_ACC
+SIGN_FROM_ACC = 16  # cg_output's epilogue flag CG_SIGN_FROM_ACC
+
+
+def sign_from_acc(short: bool, shift: torch.Tensor) -> bool:
+    """Whether the scalar short epilogue may take its rounding's sign from the accumulator and add its
+    halved rounding constant inside one SMMLAR (``cg_requant_short``'s CG_SIGN_FROM_ACC): every channel
+    shifts right by at least one (then the sign of a zero product cannot change the result)."""
+    return short and bool((shift <= -1).all())
 
 
 def scalar_epilogue(multiplier: torch.Tensor, shift: torch.Tensor, short: bool, out_offset: int, act_min: int,
-                    act_max: int, doubled: bool = False) -> tuple[torch.Tensor, str]:
+                    act_max: int, doubled: bool = False, smmlar: bool = False) -> tuple[torch.Tensor, str]:
     """The interleaved epilogue table of ``cg_output`` and its arguments after ``q`` (``epilogue,
     out_offset, act_min, act_max``): the output offset in the rounding constant where
     :func:`offset_folds` proves it exact; ``doubled``: the layer's accumulators are doubled (its
-    widened weights and biases stored doubled: short epilogue only, see :func:`doubles`)."""
+    widened weights and biases stored doubled: short epilogue only, see :func:`doubles`); ``smmlar``
+    (DSP cores): the SMMLAR form where :func:`sign_from_acc` allows it (the table's rounding column
+    halved)."""
     if doubled and not short:
         raise CodegenError("doubled accumulators need the short epilogue")
     fold = offset_folds(short, shift, out_offset)
     table = epilogue_table(multiplier, shift, short, fold_offset=out_offset if fold else 0)
-    mode = epilogue_mode(short, shift) | (OFFSET_IN_ROUNDING if fold else 0) | (DOUBLED_ACC if doubled else 0)
+    signed = smmlar and sign_from_acc(short, shift)
+    if signed:  # (every right shift >= 1: the rounding constant is even)
+        table[:, 2] = table[:, 2] // 2
+    mode = (epilogue_mode(short, shift) | (OFFSET_IN_ROUNDING if fold else 0) | (DOUBLED_ACC if doubled else 0)
+            | (SIGN_FROM_ACC if signed else 0))
     return table, f"{mode}, {_c(out_offset)}, {act_min}, {act_max}"
 
 
@@ -442,8 +457,8 @@ def _matvec(spec, fname, array, biases, short, x_expr, y_expr) -> GeneratedLayer
     bias = torch.cat([f * biases[0].to(torch.int32), torch.zeros(pad, dtype=torch.int32)])
     b_name = array("gen_bias", bias.contiguous())
     mult = torch.cat([spec.multiplier.to(torch.int64), torch.zeros(pad, dtype=torch.int64)])
-    shift = torch.cat([spec.shift.to(torch.int64), torch.zeros(pad, dtype=torch.int64)])
-    table, ep = scalar_epilogue(mult, shift, short, spec.output_offset, spec.act_min, spec.act_max, f == 2)
+    shift = torch.cat([spec.shift.to(torch.int64), -torch.ones(pad, dtype=torch.int64)])  # (never stored)
+    table, ep = scalar_epilogue(mult, shift, short, spec.output_offset, spec.act_min, spec.act_max, f == 2, True)
     q_name = array("gen_q", table)
 
     def pass_(o: str, stores: int, ind: str) -> list[str]:
@@ -695,7 +710,7 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
         table, ep = epilogue_table(spec.multiplier, spec.shift, short, planar=True), ""
     else:
         table, ep = scalar_epilogue(spec.multiplier, spec.shift, short, spec.output_offset, spec.act_min,
-                                    spec.act_max, f == 2)
+                                    spec.act_max, f == 2, isa == "dsp")
     arrays["gen_q"] = q_name = array("gen_q", table)
     dot = f"cg_dot_2x2_{isa}"
     xr = f"xp + r * {spec.w * c}"
@@ -880,7 +895,7 @@ def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> 
         table, ep = epilogue_table(spec.multiplier, spec.shift, short, planar=True), ""
     else:
         table, ep = scalar_epilogue(spec.multiplier, spec.shift, short, spec.output_offset, spec.act_min,
-                                    spec.act_max, f == 2)
+                                    spec.act_max, f == 2, isa == "dsp")
     q_name = array("gen_q", table)
     arrays.update(gen_q=q_name, **({} if all16 else {"gen_bias": b_name}))
     head = (f"    const int32_t rows = i1 - i0, cols = j1 - j0;\n"

@@ -68,6 +68,13 @@ CG_INLINE int32_t cg_smmulr(int32_t a, int32_t b)
     __asm__("smmulr %0, %1, %2" : "=r"(r) : "r"(a), "r"(b));
     return r;
 }
+/** k + (a * b + 2**31) >> 32, the rounding high multiply-accumulate (SMMLAR; the 64-bit sum modulo 2**64). */
+CG_INLINE int32_t cg_smmlar(int32_t a, int32_t b, int32_t k)
+{
+    int32_t r;
+    __asm__("smmlar %0, %1, %2, %3" : "=r"(r) : "r"(a), "r"(b), "r"(k));
+    return r;
+}
 CG_INLINE int32_t cg_smlad(int32_t a, int32_t b, int32_t acc)
 {
     return __smlad(a, b, acc);
@@ -152,6 +159,10 @@ CG_INLINE int32_t cg_smmulr(int32_t a, int32_t b)
 {
     return (int32_t)corten_asr64((int64_t)a * b + ((int64_t)1 << 31), 32);
 }
+CG_INLINE int32_t cg_smmlar(int32_t a, int32_t b, int32_t k)
+{
+    return corten_u32_to_i32((uint32_t)k + (uint32_t)cg_smmulr(a, b)); /* (k * 2**32 + ... ) >> 32 */
+}
 #endif
 
 /** Int16 lane ``k`` (0 low, 1 high) of a word, sign-extended. */
@@ -187,13 +198,25 @@ CG_INLINE int8_t cg_avg_out(int32_t s, int32_t div, int32_t zp, int32_t act_min,
  * ``doubled`` (CG_DOUBLED_ACC): ``acc`` is already 2 * the accumulator - the layer's pre-widened int16
  * weights and its biases are stored doubled (|2 * acc| < 2**31 on the short epilogue's domain), so the
  * doubling of SMMULR(2a, m) costs nothing here.
+ * ``sign_from_acc`` (CG_SIGN_FROM_ACC, layers whose every channel shifts right by r >= 1, no left shift):
+ * q[2] holds K = q2 / 2 (2**(r-1), plus out_offset * 2**r with CG_OFFSET_IN_ROUNDING) and the result is
+ * (SMMLAR(2a, m, K + (a >> 31))) >> r: one instruction less.  Equal because (q2 + (v >> 31)) >> 1 =
+ * K + (v >> 31) (q2 even) and SMMLAR(2a, m, k) = k + SMMULR(2a, m); the sign of v = SMMULR(2a, m)
+ * (m >= 0) is the sign of a except where v = 0 < -a, and there (K - 1) >> r = K >> r (= out_offset)
+ * for r >= 1 (tests/test_generated_kernels.py checks it on the domain edges and ties).
  */
-CG_INLINE int32_t cg_requant_short(int32_t acc, const int32_t *q, int has_left, int doubled)
+CG_INLINE int32_t cg_requant_short(int32_t acc, const int32_t *q, int has_left, int doubled, int sign_from_acc)
 {
     const int32_t a = has_left ? corten_u32_to_i32((uint32_t)acc << q[3]) : acc;
-    const int32_t v = cg_smmulr(doubled ? a : a * 2, q[0]);
-    const int32_t t = q[2] + corten_asr32(v, 31);
-    return corten_asr32(v + (t >> 1), q[1]);
+    const int32_t a2 = doubled ? a : a * 2;
+    if (sign_from_acc) {
+        return corten_asr32(cg_smmlar(a2, q[0], q[2] + corten_asr32(a2, 31)), q[1]);
+    }
+    {
+        const int32_t v = cg_smmulr(a2, q[0]);
+        const int32_t t = q[2] + corten_asr32(v, 31);
+        return corten_asr32(v + (t >> 1), q[1]);
+    }
 }
 
 /** The general epilogue: CMSIS-NN's arm_nn_requantize; q = {multiplier, shift, -, -}. */
@@ -204,18 +227,21 @@ CG_INLINE int32_t cg_requant_general(int32_t acc, const int32_t *q)
 
 #define CG_OFFSET_IN_ROUNDING 4 /* cg_output's epilogue flag: q[2] holds the output offset too */
 #define CG_DOUBLED_ACC 8        /* cg_output's epilogue flag: the accumulator is doubled (short epilogue) */
+#define CG_SIGN_FROM_ACC 16     /* cg_output's epilogue flag: SMMLAR, the rounding's sign from the accumulator */
 
 /**
  * acc -> int8 output: requantize, add the output offset, clamp to [act_min, act_max].
  * ``epilogue``: 0 general, 1 short, 2 short with left shifts; | CG_OFFSET_IN_ROUNDING: the short
  * epilogue's rounding constant adds the output offset (one addition less); | CG_DOUBLED_ACC: ``acc``
- * is twice the sum (doubled weights and biases; short epilogue only).
+ * is twice the sum (doubled weights and biases; short epilogue only); | CG_SIGN_FROM_ACC: q[2] is half the
+ * rounding constant, one SMMLAR (every right shift >= 1, no left shift; cg_requant_short).
  */
 CG_INLINE int8_t cg_output(int32_t acc, const int32_t *q, int epilogue, int32_t out_offset, int32_t act_min,
                            int32_t act_max)
 {
     if (epilogue) {
-        int32_t v = cg_requant_short(acc, q, (epilogue & 3) == 2, epilogue & CG_DOUBLED_ACC);
+        int32_t v = cg_requant_short(acc, q, (epilogue & 3) == 2, epilogue & CG_DOUBLED_ACC,
+                                     epilogue & CG_SIGN_FROM_ACC);
         if (!(epilogue & CG_OFFSET_IN_ROUNDING)) {
             v += out_offset; /* |v| <= 2**30: no wrap-around in the offset addition */
         }
