@@ -385,12 +385,13 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
     "smlad %[a0], %[t3], %[wb0], %[a0]\n\t"                                                          \
     "smlad %[a1], %[t2], %[wa1], %[a1]\n\t"                                                          \
     "smlad %[a1], %[t3], %[wb1], %[a1]\n\t"
-#define CG_PAIR_OPERANDS                                                                             \
-    : [x] "+r"(cg_x), [w] "+r"(cg_w), [n] "+r"(cg_n), [a0] "+r"(cg_a0), [a1] "+r"(cg_a1), [a2] "+r"(cg_a2), \
-      [a3] "+r"(cg_a3), [wa0] "=&r"(cg_wa0), [wb0] "=&r"(cg_wb0), [wa1] "=&r"(cg_wa1), [wb1] "=&r"(cg_wb1), \
-      [t1] "=&r"(cg_t1), [t2] "=&r"(cg_t2), [t3] "=&r"(cg_t3)                                      \
-    :                                                                                                \
-    : "memory", "cc"
+/* (the straight blocks do not take the count: it stays a constant for the compiler where it is one) */
+#define CG_PAIR_REGS                                                                                 \
+    [x] "+r"(cg_x), [w] "+r"(cg_w), [a0] "+r"(cg_a0), [a1] "+r"(cg_a1), [a2] "+r"(cg_a2), [a3] "+r"(cg_a3), \
+        [wa0] "=&r"(cg_wa0), [wb0] "=&r"(cg_wb0), [wa1] "=&r"(cg_wa1), [wb1] "=&r"(cg_wb1), [t1] "=&r"(cg_t1), \
+        [t2] "=&r"(cg_t2), [t3] "=&r"(cg_t3)
+#define CG_PAIR_OPERANDS : CG_PAIR_REGS : : "memory"
+#define CG_PAIR_LOOP_OPERANDS : CG_PAIR_REGS, [n] "+r"(cg_n) : : "memory", "cc"
 /* The loop of the DSP assembly dot products: N_ inputs (a multiple of 4) in groups of four (GROUP:
  * the assembly of one group over x, w, a0..a3), the accumulators ACC_[0..3] in registers throughout.
  * WIDE_ (a constant) 0: one group first when their count is odd, then two per iteration (small
@@ -426,14 +427,16 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
             if (cg_n > 0) {                                                                          \
                 __asm__("1:\n\t" CG_8(GROUP) CG_8(GROUP)                                               \
                         "subs %[n], %[n], #1\n\t"                                                    \
-                        "bne 1b" CG_PAIR_OPERANDS);                                                  \
+                        "bne 1b" CG_PAIR_LOOP_OPERANDS);                                             \
             }                                                                                        \
         } else {                                                                                     \
             cg_n >>= 1;                                                                              \
-            if (cg_n > 0) {                                                                          \
+            if (cg_n == 1) {                                                                         \
+                __asm__(GROUP GROUP CG_PAIR_OPERANDS);                                               \
+            } else if (cg_n > 1) {                                                                   \
                 __asm__("1:\n\t" GROUP GROUP                                                         \
                         "subs %[n], %[n], #1\n\t"                                                    \
-                        "bne 1b" CG_PAIR_OPERANDS);                                                  \
+                        "bne 1b" CG_PAIR_LOOP_OPERANDS);                                             \
             }                                                                                        \
         }                                                                                            \
         cg_acc[0] = cg_a0;                                                                           \
