@@ -1153,26 +1153,59 @@ def _dw_mve_segment(spec: LayerSpec, s: Segment, wm: str, q_name: str, b_name: s
     return "\n".join("        " + ln for ln in body)
 
 
-def _dw_offsets_ok(spec: LayerSpec, s: Segment) -> bool:
-    """The segment's tap offsets fit CG_DW4_TAP's immediates."""
-    return ((s.i1 - s.i0 - 1) * spec.w + (s.j1 - s.j0 - 1)) * spec.c_in < 4096
+def _dw_offsets_ok(spec: LayerSpec, s: Segment, xs: int = 0) -> bool:
+    """The segment's tap offsets (plus ``xs``, a second pixel's) fit CG_DW4_TAP's immediates."""
+    return ((s.i1 - s.i0 - 1) * spec.w + (s.j1 - s.j0 - 1)) * spec.c_in + xs < 4096
 
 
 def _dw_dsp_segment(spec: LayerSpec, s: Segment, w16: str, q_name: str, b_name: str, ep: str,
                     scalar_tail: str) -> str:
     """One segment of a DSP depthwise layer as its own loop nest: every tap one CG_DW4_TAP with
-    literal offsets, four channels at a time, the epilogue's values computed before the stores."""
+    literal offsets, four channels at a time, the epilogue channel by channel (each channel's values
+    before its stores: int8 stores may alias the tables, so nothing is read twice); without
+    a scalar tail (C % 4 == 0) two output columns per step (CG_DW4_TAP2: each tap's weights and each
+    channel's epilogue constants loaded once for both), the last one of an odd count alone."""
     c, kw, ntaps = spec.c_in, spec.kw, spec.kh * spec.kw
     c0 = c - c % 4
     sh, sw = spec.stride
     ph, pw = spec.padding
-    taps = []
-    for r in range(s.i1 - s.i0):
-        for j in range(s.j1 - s.j0):
-            taps.append(f"CG_DW4_TAP(xr, wg, {(r * spec.w + j) * c}, {(r * kw + j) * 8}, a0, a1, a2, a3);")
-    if not taps:  # a window entirely in the padding: the folded bias alone
-        taps.append("(void)xr;")
-    ind = " " * 20
+    xs = sw * c
+    pairs = not scalar_tail and s.ox1 - s.ox0 > 1 and _dw_offsets_ok(spec, s, xs)
+    offsets = [((r * spec.w + j) * c, (r * kw + j) * 8) for r in range(s.i1 - s.i0) for j in range(s.j1 - s.j0)]
+
+    def step(npx: int, ind: str) -> list[str]:
+        """The channel loop of ``npx`` (1 or 2) output pixels at xp / yp."""
+        accs = "a0, a1, a2, a3" + (", b0, b1, b2, b3" if npx == 2 else "")
+        if npx == 2 and offsets:  # (one assembly statement for the window on DSP cores)
+            taps = ["#ifdef CG_HAVE_DSP", "int32_t cg_wa, cg_wb, cg_t1, cg_t2;", "__asm__(",
+                    *(f"    CG_DW2_STEP({xo}, {xs}, {wo})" for xo, wo in offsets),
+                    f"    CG_DW2_OPERANDS(xr, wg, {accs}));", "#else",
+                    *(f"CG_DW4_TAP2(xr, wg, {xo}, {xs}, {wo}, {accs});" for xo, wo in offsets), "#endif"]
+        else:
+            taps = [f"CG_DW4_TAP(xr, wg, {xo}, {wo}, {accs});" for xo, wo in offsets]
+        if not taps:  # a window entirely in the padding: the folded bias alone
+            taps.append("(void)xr;")
+        lines = [
+            f"const int16_t *wg = {w16} + {(s.i0 * kw + s.j0) * 4};",
+            f"const int32_t *qp = {q_name};",
+            "int32_t ch;",
+            f"for (ch = 0; ch < {c0}; ch += 4, wg += {ntaps * 4}, qp += 16) {{",
+            "    const int8_t *xr = xp + ch;",
+            "    int32_t a0 = bias[ch], a1 = bias[ch + 1], a2 = bias[ch + 2], a3 = bias[ch + 3];",
+            *(["    int32_t b0 = a0, b1 = a1, b2 = a2, b3 = a3;"] if npx == 2 else []),
+            *("    " + t for t in taps),
+            *(ln for k in range(4) for ln in (
+                "    {",
+                f"        const int8_t va = cg_output(a{k}, qp + {4 * k}, {ep});",
+                *([f"        const int8_t vb = cg_output(b{k}, qp + {4 * k}, {ep});"] if npx == 2 else []),
+                f"        yp[ch + {k}] = va;",
+                *([f"        yp[{c} + ch + {k}] = vb;"] if npx == 2 else []),
+                "    }")),
+            "}",
+        ]
+        return [ind + ln for ln in lines]
+
+    ind = " " * 12
     lines = [
         f"/* rows {s.oy0}..{s.oy1 - 1}, columns {s.ox0}..{s.ox1 - 1}: taps {s.i0}..{s.i1 - 1} x {s.j0}..{s.j1 - 1} */",
         "{",
@@ -1181,34 +1214,21 @@ def _dw_dsp_segment(spec: LayerSpec, s: Segment, w16: str, q_name: str, b_name: 
         f"    for (oy = {s.oy0}; oy < {s.oy1}; oy++) {{",
         f"        const int8_t *xp = x + ((oy * {sh} - {ph + (-s.i0)}) * {spec.w} + ({s.ox0 * sw} - {pw - s.j0})) * {c};",
         f"        int8_t *yp = y + (oy * {spec.wo} + {s.ox0}) * {c};",
-        f"        for (ox = {s.ox0}; ox < {s.ox1}; ox++, xp += {sw * c}, yp += {c}) {{",
-        f"            const int16_t *wg = {w16} + {(s.i0 * kw + s.j0) * 4};",
-        f"            const int32_t *qp = {q_name};",
-        "            int32_t ch;",
-        f"            for (ch = 0; ch < {c0}; ch += 4, wg += {ntaps * 4}, qp += 16) {{",
-        "                const int8_t *xr = xp + ch;",
-        "                int32_t a0 = bias[ch], a1 = bias[ch + 1], a2 = bias[ch + 2], a3 = bias[ch + 3];",
-        *("                " + t for t in taps),
-        "                {",
-        f"                    const int8_t v0 = cg_output(a0, qp, {ep});",
-        f"                    const int8_t v1 = cg_output(a1, qp + 4, {ep});",
-        f"                    const int8_t v2 = cg_output(a2, qp + 8, {ep});",
-        f"                    const int8_t v3 = cg_output(a3, qp + 12, {ep});",
-        "                    yp[ch] = v0;",
-        "                    yp[ch + 1] = v1;",
-        "                    yp[ch + 2] = v2;",
-        "                    yp[ch + 3] = v3;",
-        "                }",
-        "            }",
     ]
-    if scalar_tail:  # the last C % 4 channels: the generic loop, with this segment's taps
-        lines += ["            {",
-                  f"                const int32_t rows = {s.i1 - s.i0}, cols = {s.j1 - s.j0}, i0 = {s.i0}, j0 = {s.j0};",
-                  *("    " + ln for ln in scalar_tail.rstrip("\n").split("\n")),
-                  "            }"]
-    end = ["        }", "    }", "}"]
-    body = "\n".join(ind[:8] + ln for ln in lines)
-    return body + "\n" + "\n".join(ind[:8] + ln for ln in end)
+    if pairs:
+        lines += [f"        for (ox = {s.ox0}; ox + 1 < {s.ox1}; ox += 2, xp += {2 * xs}, yp += {2 * c}) {{",
+                  *step(2, ind), "        }",
+                  f"        if (ox < {s.ox1}) {{", *step(1, ind), "        }"]
+    else:
+        lines += [f"        for (ox = {s.ox0}; ox < {s.ox1}; ox++, xp += {xs}, yp += {c}) {{", *step(1, ind)]
+        if scalar_tail:  # the last C % 4 channels: the generic loop, with this segment's taps
+            lines += ["            {",
+                      f"                const int32_t rows = {s.i1 - s.i0}, cols = {s.j1 - s.j0}, i0 = {s.i0}, j0 = {s.j0};",
+                      *("    " + ln for ln in scalar_tail.rstrip("\n").split("\n")),
+                      "            }"]
+        lines.append("        }")
+    lines += ["    }", "}"]
+    return "\n".join(" " * 8 + ln for ln in lines)
 
 
 # ----------------------------------------------------------------------------- from graph nodes
