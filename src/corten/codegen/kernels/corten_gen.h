@@ -306,20 +306,11 @@ CG_INLINE void cg_dot_2x2_dsp(const int8_t *x, int32_t xs, const int8_t *w, int3
         x += 4;
         w += 4;
     }
-    {
-        int32_t k;
-        for (k = 0; k < (n & 3); k++) {
-            const int32_t x0 = x[k], x1 = x[xs + k], w0 = w[k], w1 = w[ws + k];
-            a0 += x0 * w0;
-            a1 += x0 * w1;
-            a2 += x1 * w0;
-            a3 += x1 * w1;
-        }
-    }
     acc[0] = a0;
     acc[1] = a1;
     acc[2] = a2;
     acc[3] = a3;
+    cg_dot_2x2_plain(x, xs, w, ws, n & 3, acc); /* the last n % 4 values */
 }
 
 /**
