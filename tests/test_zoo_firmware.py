@@ -135,6 +135,27 @@ def test_arena_is_planned_for_the_kernel_flavour(name):
             assert len(given) == len([1 for k in plan.scratch if "lstm" not in k])
 
 
+def test_planned_flash_is_the_librarys_constant_arrays_for_each_flavour(tmp_path):
+    """A plan's constant_bytes is the flash its deployment's library defines: the generated kernels
+    store their own weight layouts (pre-widened DSP words, Helium chunks, border copies), so their
+    flash is counted as written, and a max_flash between the int8 weights and that refuses them."""
+    from corten.errors import BudgetError
+
+    prog, _ = compiled("ds-cnn")
+    flash = {}
+    for kernels, target in (("portable", "cortex-m4"), ("generated", "cortex-m4"), ("generated", "cortex-m55")):
+        d = prog.deployment(kernels, target)
+        lib = prog.emit_c(tmp_path / f"{kernels}-{target}", deployment=d)
+        flash[kernels, target] = prog.memory_for(deployment=d).constant_bytes
+        assert flash[kernels, target] == lib.constant_bytes
+    assert flash["portable", "cortex-m4"] == prog.memory_for("cmsis-nn", "cortex-m4").constant_bytes
+    assert flash["generated", "cortex-m4"] > flash["portable", "cortex-m4"]
+    limit = flash["portable", "cortex-m4"]
+    assert prog.fit_budget(max_flash=limit, deployment=prog.deployment("portable", "cortex-m4")) is prog
+    with pytest.raises(BudgetError, match="flash"):
+        prog.fit_budget(max_flash=limit, deployment=prog.deployment("generated", "cortex-m4"))
+
+
 def test_ds_cnn_portable_arena_has_no_cmsis_scratch():
     """The issue's example: ds-cnn for M55 declared 19,824 B with portable kernels."""
     prog, _ = compiled("ds-cnn")

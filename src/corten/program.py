@@ -288,7 +288,9 @@ class Program(ProgramReports, ProgramC):
 
     def memory_for(self, kernels=None, target: str | None = None, *, deployment=None):
         """The memory plan of the C library for a deployment (:meth:`deployment`: ``kernels`` -
-        "portable" has no CMSIS-NN scratch - and the program's target, or ``target``)."""
+        "portable" has no CMSIS-NN scratch - and the program's target, or ``target``); its
+        ``constant_bytes`` are the bytes of the constant arrays that library defines."""
+        from corten.codegen.emitter import library_constant_bytes
         from corten.memory import plan_memory
 
         self._require_lowered("plan memory")
@@ -298,8 +300,11 @@ class Program(ProgramReports, ProgramC):
         if d.key not in self._memory:
             schedule = self.schedule
             banded = schedule is not None and bool(schedule.segments)
-            self._memory[d.key] = plan_memory(self.ep, d, in_place_cats=banded)
-            self._memory[d.key].schedule = schedule
+            plan = plan_memory(self.ep, d, in_place_cats=banded)
+            plan.schedule = schedule
+            # the flash is what the deployment's library stores: a provider's own weight layouts count
+            plan.constant_bytes = library_constant_bytes(self.ep, plan, d)
+            self._memory[d.key] = plan
         return self._memory[d.key]
 
     @property

@@ -1290,6 +1290,17 @@ def kernel_steps(ep: torch.export.ExportedProgram, plan: Any, name: str, deploym
     return tuple(g.step_info)
 
 
+def library_constant_bytes(ep: torch.export.ExportedProgram, plan: Any, deployment: Any) -> int:
+    """The flash bytes of the constant arrays :func:`emit_c` would write for ``deployment``, without
+    writing anything: a provider that lays weights out for its kernels (the generated kernels'
+    pre-widened DSP or Helium-chunk layouts, their border segments' copies) counts what it stores."""
+    d = _deployment(deployment, None)
+    g = _Generator(ep, plan, "model", d.target, d.providers, weights_sections=d.weights_sections)
+    g.io_nodes()
+    g.statements()
+    return sum(a.nbytes for a in g.arrays.values())
+
+
 def fallback_report(steps: Sequence[StepInfo], title: str = "CMSIS-NN") -> str:
     """The steps of a build its leading provider (``title``: CMSIS-NN) does not run, one line each
     with the reason (report.txt, CLI)."""

@@ -22,7 +22,11 @@ def check_budget(plan: MemoryPlan, max_arena: int | None, max_flash: int | None)
     if max_flash is not None and plan.constant_bytes > max_flash:
         problems.append(f"constant data (weights, biases, multipliers, shifts, kernel sums) needs "
                         f"{plan.constant_bytes:,} B of flash but max_flash is {max_flash:,} B "
-                        f"(over by {plan.constant_bytes - max_flash:,} B)")
+                        f"(over by {plan.constant_bytes - max_flash:,} B"
+                        + ("; Corten's generated kernels store their own weight layouts beside the int8 ones: "
+                           "the portable or CMSIS-NN kernels need the int8 weights only"
+                           if "generated" in str(plan.kernels or "") else "")
+                        + "; weights='int4' or 'auto' stores weights in 4 bits)")
     if problems:
         raise BudgetError(
             f"model does not fit {plan.target or 'the target'}: " + "; ".join(problems) + ". "
