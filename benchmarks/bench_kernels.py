@@ -2,7 +2,7 @@
 
     python benchmarks/bench_kernels.py [--models ds-cnn resnet8 mv1-0.25-96 deep-ae mv2-0.35-96] [--mv2]
         [--targets cortex-m4 cortex-m55] [--flavours portable cmsis-nn generated] [--write-readme README.md]
-        [--save rows.json] [--load rows_of_an_earlier_run.json ...]
+        [--save rows.json] [--load rows_of_an_earlier_run.json ...] [--layers]
 
 For every model and target it compiles the zoo model once, runs each kernel flavour's C library
 on QEMU in this one process - ``portable``, ``cmsis-nn`` (only when ``CMSIS_NN_PATH`` points at a
@@ -14,7 +14,9 @@ that every run's output bytes equal the Python reference, and prints the instruc
 with the core's timing table, ``corten.runners.cycles``) and the ratios of both to the CMSIS-NN
 build.  ``--mv2`` adds MobileNetV2-1.0 at 224x224 (slow: minutes per run).  The published
 MLPerf Tiny cycles (X-CUBE-AI 10.2 on a NUCLEO-L4R5ZI Cortex-M4 at 120 MHz) are printed next to
-the M4 rows of the four MLPerf Tiny models.
+the M4 rows of the four MLPerf Tiny models.  ``--layers`` also prints, for every run, the per-layer
+profile (``Program.profile`` with ``cycles=True``, as ``corten profile --mhz 120``: instructions,
+estimated cycles and milliseconds per step, and the kernel each step used) from one more QEMU run.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def _num(v) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def run_model(name: str, targets, flavours, cmsis: str | None) -> list[dict]:
+def run_model(name: str, targets, flavours, cmsis: str | None, layers: bool = False) -> list[dict]:
     import torch
 
     import corten
@@ -71,6 +73,10 @@ def run_model(name: str, targets, flavours, cmsis: str | None) -> list[dict]:
             print(f"  {name:<12} {target:<11} {run.kernels:<28} {run.instructions:>13,} instr "
                   f"{(run.cycles_estimate or 0):>13,.0f} cycles  bytes {'equal' if equal else 'DIFFER'} "
                   f"({row['wall']:.0f} s)", flush=True)
+            if layers:
+                prof = prog.profile(*example, on="qemu", target=target, kernels=kernels, cmsis_nn_path=cmsis,
+                                    cycles=True, baseline=False)
+                print(prof.table(mhz=120), flush=True)
         for row in rows:
             if row["target"] == target and base is not None:
                 row["instr_ratio"] = row["instructions"] / base["instructions"]
@@ -106,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", nargs="*", default=[], metavar="ROWS.json",
                     help="rows measured by earlier runs (--save), put before this run's in the table; with "
                          "--models (nothing) only those (e.g. M4 and M55 measured in two processes)")
+    ap.add_argument("--layers", action="store_true",
+                    help="also print each run's per-layer profile (instructions, estimated cycles, kernels)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     cmsis = os.environ.get("CMSIS_NN_PATH")
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     models = list(args.models) + (["mv2"] if args.mv2 else [])
     rows = [r for path in args.load for r in json.loads(Path(path).read_text())]
     for name in models:
-        rows += run_model(name, args.targets, args.flavours, cmsis)
+        rows += run_model(name, args.targets, args.flavours, cmsis, args.layers)
     if args.save:
         Path(args.save).write_text(json.dumps(rows, indent=1))
     order = {m: i for i, m in enumerate(MODELS + ["mv2"])}
