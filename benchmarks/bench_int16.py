@@ -1,12 +1,17 @@
 """int8 vs int16 activations (TFLite's 16x8 scheme, ``corten.compile(precision="int16")``): accuracy of
 autoencoders and instruction counts on QEMU (the README's 16x8 tables).
 
-    .venv/bin/python benchmarks/bench_int16.py [--inputs 20] [--no-qemu] [--markdown] [--write-readme README.md]
+    .venv/bin/python benchmarks/bench_int16.py [--inputs 20] [--calibration 512] [--no-qemu] [--markdown]
+        [--write-readme README.md]
 
 Accuracy: the relative reconstruction error ||program - float|| / ||float|| of each autoencoder
 (mean / max over ``--inputs`` random N(0, 1) inputs, as benchmarks/agreement.py measures it), the
 default calibration (8 random samples), and the same error with the int8 weights alone (float
-activations: the floor A16W8 cannot go below).  Autoencoders: ``deep-ae`` (the zoo's MLPerf Tiny
+activations: the floor round-to-nearest int8 weights leave).  int16 with output-aware weight
+rounding (``rounding="adaptive"``): on the default calibration and on ``--calibration`` random
+N(0, 1) samples (drawn from their own seed, none of them an evaluation input), next to
+round-to-nearest on the same samples: adaptive rounding fits each layer on its calibration rows, and
+8 samples are far fewer than a 640-input layer's weights per channel.  Autoencoders: ``deep-ae`` (the zoo's MLPerf Tiny
 model), ``ae-small`` (the same architecture, 128 inputs, hidden 64, 3 layers each side) and
 ``conv-ae`` (a conv/depthwise/pool encoder, linear decoder).
 
@@ -105,20 +110,31 @@ def rel_errors(model, prog_or_fn, example, n: int) -> list[float]:
     return out
 
 
-def accuracy_rows(n: int) -> list[dict]:
+def calibration_samples(example, n: int) -> list[tuple]:
+    """``n`` random N(0, 1) inputs from their own seed (the evaluation inputs use 10_000)."""
+    g = torch.Generator().manual_seed(20_000)
+    return [(torch.randn(example[0].shape, generator=g),) for _ in range(n)]
+
+
+def accuracy_rows(n: int, calibration: int) -> list[dict]:
     import corten
 
     rows = []
     for name in ("deep-ae", "ae-small", "conv-ae"):
         model, example = autoencoder(name)
         row = {"model": name}
-        for prec in ("int8", "int16"):
+        many = calibration_samples(example, calibration)
+        for key, prec, rounding, calib in (("int8", "int8", "nearest", None), ("int16", "int16", "nearest", None),
+                                           ("int16_adaptive", "int16", "adaptive", None),
+                                           ("int16_many", "int16", "nearest", many),
+                                           ("int16_many_adaptive", "int16", "adaptive", many)):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                prog = corten.compile(model, example, name=name.replace("-", "_"), precision=prec)
+                prog = corten.compile(model, example, name=name.replace("-", "_"), precision=prec,
+                                      rounding=rounding, calibration=calib)
             e = rel_errors(model, prog.run, example, n)
-            row[prec] = (sum(e) / len(e), max(e))
-            row[prec + "_arena"] = prog.memory.arena_bytes
+            row[key] = (sum(e) / len(e), max(e))
+            row[key + "_arena"] = prog.memory.arena_bytes
         wo = weight_only(model)
         e = rel_errors(model, wo, example, n)
         row["weights"] = (sum(e) / len(e), max(e))
@@ -191,6 +207,8 @@ def tabular_rows() -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--inputs", type=int, default=20)
+    ap.add_argument("--calibration", type=int, default=512,
+                    help="random calibration samples of the int16 nearest / adaptive rounding columns (512)")
     ap.add_argument("--no-qemu", action="store_true")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--write-readme", metavar="README", help="put the tables between the README's bench_int16 markers")
@@ -205,10 +223,10 @@ def main(argv=None) -> int:
             if r.get("report"):
                 print("\n" + r["report"])
         return 0
-    acc = accuracy_rows(args.inputs)
+    acc = accuracy_rows(args.inputs, args.calibration)
     ins = [] if args.no_qemu else instruction_rows()
     if args.markdown or args.write_readme:
-        acc_table, ins_table = markdown_tables(acc, ins)
+        acc_table, ins_table = markdown_tables(acc, ins, args.calibration)
         print("\n" + acc_table + ("\n\n" + ins_table if ins_table else ""))
         if args.write_readme:
             replace_block(args.write_readme, "<!-- bench_int16: begin -->", "<!-- bench_int16: end -->", acc_table,
@@ -219,13 +237,18 @@ def main(argv=None) -> int:
     return 0
 
 
-def markdown_tables(acc, ins) -> tuple[str, str]:
+def markdown_tables(acc, ins, calibration: int) -> tuple[str, str]:
     """The README's two tables: relative errors and arenas, QEMU instructions ('' without QEMU rows)."""
-    lines = ["| autoencoder | int8 rel. error (mean / max) | int16 (mean / max) | int8 weights alone | arena int8 / int16 |",
-             "|---|---|---|---|---|"]
+    def pair(e):
+        return f"{e[0]:.3f} / {e[1]:.3f}"
+
+    lines = ["| autoencoder | int8 rel. error (mean / max) | int16 (mean / max) | int16 adaptive rounding | "
+             f"int16, {calibration} calibration samples: nearest | int16, {calibration} samples: adaptive rounding | "
+             "int8 weights alone | arena int8 / int16 |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in acc:
-        lines.append(f"| {r['model']} | {r['int8'][0]:.3f} / {r['int8'][1]:.3f} | {r['int16'][0]:.3f} / "
-                     f"{r['int16'][1]:.3f} | {r['weights'][0]:.3f} / {r['weights'][1]:.3f} | "
+        lines.append(f"| {r['model']} | {pair(r['int8'])} | {pair(r['int16'])} | {pair(r['int16_adaptive'])} | "
+                     f"{pair(r['int16_many'])} | {pair(r['int16_many_adaptive'])} | {pair(r['weights'])} | "
                      f"{r['int8_arena']:,} / {r['int16_arena']:,} B |")
     if not ins:
         return "\n".join(lines), ""
