@@ -1,7 +1,7 @@
 """int8 vs int16 activations (TFLite's 16x8 scheme, ``corten.compile(precision="int16")``): accuracy of
 autoencoders and instruction counts on QEMU (the README's 16x8 tables).
 
-    .venv/bin/python benchmarks/bench_int16.py [--inputs 20] [--calibration 512] [--no-qemu] [--markdown]
+    .venv/bin/python benchmarks/bench_int16.py [--inputs 20] [--calibration 1024] [--no-qemu] [--markdown]
         [--write-readme README.md]
 
 Accuracy: the relative reconstruction error ||program - float|| / ||float|| of each autoencoder
@@ -207,8 +207,8 @@ def tabular_rows() -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--inputs", type=int, default=20)
-    ap.add_argument("--calibration", type=int, default=512,
-                    help="random calibration samples of the int16 nearest / adaptive rounding columns (512)")
+    ap.add_argument("--calibration", type=int, default=1024,
+                    help="random calibration samples of the int16 nearest / adaptive rounding columns (1024)")
     ap.add_argument("--no-qemu", action="store_true")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--write-readme", metavar="README", help="put the tables between the README's bench_int16 markers")

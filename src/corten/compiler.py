@@ -1015,7 +1015,9 @@ def compile(
     ``rounding``: ``"nearest"`` (default) or ``"adaptive"``: each conv/linear's int8 or int4 weights rounded
     up or down to minimise the error of its output on the calibration samples (AdaRound,
     :mod:`corten.quantizer.rounding`; kept per output channel only where it wins on held-out samples;
-    ``prog.info["rounding"]`` says where).
+    ``prog.info["rounding"]`` says where).  It fits each layer on the samples: give it real samples, and
+    for a linear layer about as many as it has inputs or more (a conv reads a row per output position);
+    on the default 8 random samples it can be worse than nearest.
     """
     from corten.deployment import parse_memory, parse_weights_section
 
