@@ -383,6 +383,47 @@ def matvec_specs() -> list[gen.LayerSpec]:
     return specs
 
 
+def pointwise_specs() -> list[gen.LayerSpec]:
+    """1x1 stride-1 unpadded convolutions of the DSP pointwise assembly loop (generated.is_pointwise):
+    one and many pairs of filters, C_in from one group of four to 32 groups, odd and even pixel counts
+    (the lone last pixel), batches, output offsets at the int8 ends, a right shift of one, extreme
+    weights and inputs (the last one: the largest accumulators)."""
+    rng = random.Random(41)
+    out = []
+    for n, h, w, ci, co, off, shift in [(1, 3, 3, 4, 2, -128, None), (1, 2, 5, 8, 16, 127, None),
+                                         (2, 3, 1, 16, 6, 0, -1), (1, 1, 3, 128, 4, -7, None),
+                                         (1, 4, 4, 12, 8, 5, None)]:
+        weight = torch.randint(-128, 128, (co, 1, 1, ci), dtype=torch.int8)
+        bias = torch.randint(-5000, 5000, (co,), dtype=torch.int64)
+        spec = _finish(rng, "conv", n, h, w, ci, h, w, co, 1, 1, (1, 1), (0, 0), weight, bias, rng.randint(-127, 128))
+        spec.act_min, spec.act_max, spec.output_offset = -128, 127, off
+        spec.shift = spec.shift.clamp(max=-1)
+        if shift is not None:
+            spec.shift[0] = shift
+        out.append(spec)
+    out[-1].weight.fill_(-128)
+    out[-1].input_offset = 128
+    return out
+
+
+def pointwise_inputs(specs) -> list[torch.Tensor]:
+    xs = layer_inputs(specs, seed=6)
+    xs[-1].fill_(-128)
+    return xs
+
+
+@needs_gcc
+def test_pointwise_layers_equal_reference(tmp_path):
+    specs = pointwise_specs()
+    for spec in specs:
+        segs, boxes = gen.segments(spec)
+        bound = gen.accumulator_bound(spec, gen.folded_biases(spec, boxes))
+        assert gen.is_pointwise(spec, "dsp", gen.short_epilogue_ok(bound, spec.multiplier, spec.shift))
+        assert not gen.is_pointwise(spec, "plain", True) and not gen.is_pointwise(spec, "mve", True)
+    xs = pointwise_inputs(specs)
+    assert np.array_equal(run_layers_host(specs, "dsp", xs, tmp_path), expected_bytes(specs, xs))
+
+
 def matvec_inputs(specs) -> list[torch.Tensor]:
     xs = layer_inputs(specs, seed=5)
     xs[-1].fill_(-128)

@@ -677,9 +677,102 @@ def _windows_mve(spec, fname, array, segs, biases, x_expr, y_expr) -> GeneratedL
                           {"gen_weight_mve": wi, "gen_bias": b_name, "gen_q": q_name})
 
 
+def is_pointwise(spec: LayerSpec, isa: str, short: bool) -> bool:
+    """A DSP 1x1 convolution with stride 1 and no padding (its pixels one contiguous matrix), C_in % 4 ==
+    0, an even C_out, whose scalar short epilogue takes the SMMLAR form with the output offset folded and
+    clamps to the int8 range only: the shape of the per-layer assembly loop (:func:`_pointwise`)."""
+    return (isa == "dsp" and spec.kind == "conv" and spec.kh == spec.kw == 1 and tuple(spec.stride) == (1, 1)
+            and tuple(spec.padding) == (0, 0) and spec.ho == spec.h and spec.wo == spec.w
+            and spec.c_in % 4 == 0 and spec.c_out % 2 == 0 and spec.c_in < 4096 and spec.c_out < 4096
+            and sign_from_acc(short, spec.shift) and offset_folds(short, spec.shift, spec.output_offset)
+            and (spec.act_min, spec.act_max) == (-128, 127))
+
+
+def pointwise_stream(spec: LayerSpec, biases: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """int16 stream of a pointwise layer (``cg_pointwise_c``): per pair of filters the two doubled int32
+    biases, the doubled paired widened weights, ``{multiplier, right, K}`` of each filter (int32 as two
+    int16 halves, little-endian); and cg_output's arguments after ``q``."""
+    co, k = spec.c_out, spec.c_in
+    table, ep = scalar_epilogue(spec.multiplier, spec.shift, True, spec.output_offset, -128, 127, True, True)
+    wide = (2 * paired_weights(spec.weight.to(torch.int8))).reshape(co // 2, 2 * k)
+    bias = (2 * biases[0].to(torch.int32)).reshape(co // 2, 2).contiguous().view(torch.int16)
+    q = table[:, :3].reshape(co // 2, 6).contiguous().view(torch.int16)
+    return torch.cat([bias, wide, q], dim=1).reshape(-1).contiguous(), ep
+
+
+def _pointwise_asm(groups: int, xs: int, ys: int) -> str:
+    """The assembly loop over a pointwise stream for one pixel pair (xs, ys: the second pixel's input
+    and output offsets; 0, 0 for a lone pixel): per pair of filters LDRD of the biases, ``groups``
+    CG_PAIR_GROUPs, two LDMs of the epilogue constants and the SMMLAR epilogue of four outputs."""
+    lines = ['"1:\\n\\t"', '"ldrd %[a0], %[a1], [%[w]], #8\\n\\t"', '"mov %[a2], %[a0]\\n\\t"',
+             '"mov %[a3], %[a1]\\n\\t"']
+    lines += [f"CG_PAIR_GROUP({xs})"] * groups
+    lines += [f'"sub %[x], %[x], #{4 * groups}\\n\\t"',
+              '"ldmia %[w]!, {%[wa0], %[wb0], %[wa1], %[wb1]}\\n\\t"',  # m0, right0, K0, m1
+              '"ldmia %[w]!, {%[t1], %[t2]}\\n\\t"']  # right1, K1
+    for a, b, m, r, kk, off in (("a0", "a2", "wa0", "wb0", "wa1", 0), ("a1", "a3", "wb1", "t1", "t2", 1)):
+        lines += [f'"add %[t3], %[{kk}], %[{a}], asr #31\\n\\t"', f'"smmlar %[{a}], %[{a}], %[{m}], %[t3]\\n\\t"',
+                  f'"add %[t3], %[{kk}], %[{b}], asr #31\\n\\t"', f'"smmlar %[{b}], %[{b}], %[{m}], %[t3]\\n\\t"',
+                  f'"asr %[{a}], %[{a}], %[{r}]\\n\\t"', f'"asr %[{b}], %[{b}], %[{r}]\\n\\t"',
+                  f'"ssat %[{a}], #8, %[{a}]\\n\\t"', f'"ssat %[{b}], #8, %[{b}]\\n\\t"',
+                  f'"strb %[{a}], [%[y], #{off}]\\n\\t"', f'"strb %[{b}], [%[y], #{ys + off}]\\n\\t"']
+    lines += ['"adds %[y], %[y], #2\\n\\t"', '"ldr %[t3], %[end]\\n\\t"', '"cmp %[w], %[t3]\\n\\t"', '"bne 1b"']
+    return "\n                ".join(lines)
+
+
+def _pointwise(spec, fname, array, biases, x_expr, y_expr) -> GeneratedLayer:
+    """A pointwise DSP layer (:func:`is_pointwise`): its pixels in pairs, each pair one call of a
+    per-layer function whose single assembly loop walks the layer's stream (biases, weights and
+    epilogue constants of each pair of filters in the order it reads them) - no loop state outside the
+    registers but the stream's end; the last pixel of an odd count alone (second pixel = first)."""
+    k, co = spec.c_in, spec.c_out
+    stream, ep = pointwise_stream(spec, biases)
+    name = array("gen_pw", stream)
+    mode, out_off = ep.split(", ")[:2]
+    npx = spec.n * spec.h * spec.w
+    fns = []
+    for suffix, xs, ys in (("pw2", k, co), ("pw1", 0, 0)):
+        fns.append(f"""static __attribute__((noinline)) void {fname}_{suffix}(const int8_t *x, int8_t *y)
+{{
+#ifdef CG_HAVE_DSP
+    register int32_t cg_a0 __asm__("r0"), cg_a1 __asm__("r1"), cg_a2 __asm__("r2"), cg_a3 __asm__("r3");
+    register int32_t cg_t1 __asm__("r4"), cg_t2 __asm__("r5"), cg_t3 __asm__("r6");
+    register int32_t cg_wa0 __asm__("r8"), cg_wb0 __asm__("r9"), cg_wa1 __asm__("r10"), cg_wb1 __asm__("r11");
+    const int16_t *cg_w = {name};
+    const int16_t *const end = {name} + {stream.numel()};
+    const int8_t *cg_x = x;
+    __asm__ volatile({_pointwise_asm(k // 4, xs, ys)}
+                : [x] "+r"(cg_x), [y] "+r"(y), [w] "+r"(cg_w), [a0] "=&r"(cg_a0), [a1] "=&r"(cg_a1), [a2] "=&r"(cg_a2),
+                  [a3] "=&r"(cg_a3), [wa0] "=&r"(cg_wa0), [wb0] "=&r"(cg_wb0), [wa1] "=&r"(cg_wa1), [wb1] "=&r"(cg_wb1),
+                  [t1] "=&r"(cg_t1), [t2] "=&r"(cg_t2), [t3] "=&r"(cg_t3)
+                : [end] "m"(end)
+                : "memory", "cc");
+#else
+    cg_pointwise_c(x, {xs}, y, {ys}, {name}, {co // 2}, {k}, {mode}, {out_off});
+#endif
+}}
+""")
+    fns.append(f"""void {fname}(const int8_t *in, int8_t *out)
+{{
+    int32_t p;
+    for (p = 0; p + 1 < {npx}; p += 2) {{
+        {fname}_pw2(in + p * {k}, out + p * {co});
+    }}
+    if (p < {npx}) {{
+        {fname}_pw1(in + p * {k}, out + p * {co});
+    }}
+}}
+""")
+    what = (f"generated dsp 1x1 pointwise conv: 2 px x 2 ch tiles in one assembly loop per layer over an "
+            f"interleaved bias/weight/epilogue stream, short epilogue")
+    return GeneratedLayer("\n".join(fns), f"{fname}({x_expr}, {y_expr});", what, True, {"gen_pw": name})
+
+
 def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> GeneratedLayer:
     if isa == "dsp" and is_matvec(spec):
         return _matvec(spec, fname, array, biases, short, x_expr, y_expr)
+    if is_pointwise(spec, isa, short):
+        return _pointwise(spec, fname, array, biases, x_expr, y_expr)
     if mve_gathers_windows(spec, isa, short):
         return _windows_mve(spec, fname, array, segs, biases, x_expr, y_expr)
     c, co, kw, k = spec.c_in, spec.c_out, spec.kw, spec.kh * spec.kw * spec.c_in

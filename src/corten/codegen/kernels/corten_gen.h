@@ -459,6 +459,37 @@ CG_INLINE void cg_dot_2x2_pair_c(const int8_t *x, int32_t xs, const int16_t *w, 
 }
 
 /*
+ * cg_pointwise_c: a pointwise (1x1, stride 1, unpadded) layer's pixel pair (x, x + xs) -> (y, y + ys)
+ * over its stream ``s`` (int16 words of generated.pointwise_stream: per pair of filters their two
+ * int32 biases, their paired widened weights - CG_DOT_2X2_PAIR's layout, ``k`` inputs -, then
+ * {multiplier, right, K} of each filter as int32), ``pairs`` pairs; ``epilogue``: cg_output's flags.
+ * The generator writes the same walk as one assembly loop per layer on DSP cores (its ``_pw``
+ * functions: the biases, the groups, the epilogue and the stores of a pair of filters in registers);
+ * this is its C (hosts).
+ */
+CG_INLINE void cg_pointwise_c(const int8_t *x, int32_t xs, int8_t *y, int32_t ys, const int16_t *s, int32_t pairs,
+                              int32_t k, int epilogue, int32_t out_offset)
+{
+    int32_t p, f;
+    for (p = 0; p < pairs; p++) {
+        int32_t acc[4], q[6];
+        memcpy(acc, s, 8);
+        acc[2] = acc[0];
+        acc[3] = acc[1];
+        cg_dot_2x2_pair_c(x, xs, s + 4, k, acc);
+        memcpy(q, s + 4 + 2 * k, sizeof q);
+        s += 4 + 2 * k + 12;
+        for (f = 0; f < 2; f++) {
+            const int32_t qc[4] = {q[3 * f], q[3 * f + 1], q[3 * f + 2], 0};
+            const int8_t v0 = cg_output(acc[f], qc, epilogue, out_offset, -128, 127);
+            const int8_t v1 = cg_output(acc[f + 2], qc, epilogue, out_offset, -128, 127);
+            y[2 * p + f] = v0;
+            y[ys + 2 * p + f] = v1;
+        }
+    }
+}
+
+/*
  * CG_MATVEC4(X_, W_, N_, ACC_): one input row x (N_ int8 values, N_ a multiple of 4) times four
  * filters (a matrix-vector product: a linear layer over one row), acc[f] += x . w_f.  The weights
  * are pre-widened and interleaved per four inputs - (w0, w2), (w1, w3) of filter 0, then of filters
