@@ -683,7 +683,7 @@ def is_pointwise(spec: LayerSpec, isa: str, short: bool) -> bool:
     clamps to the int8 range only: the shape of the per-layer assembly loop (:func:`_pointwise`)."""
     return (isa == "dsp" and spec.kind == "conv" and spec.kh == spec.kw == 1 and tuple(spec.stride) == (1, 1)
             and tuple(spec.padding) == (0, 0) and spec.ho == spec.h and spec.wo == spec.w
-            and spec.c_in % 4 == 0 and spec.c_out % 2 == 0 and spec.c_in < 4096 and spec.c_out < 4096
+            and spec.c_in % 4 == 0 and spec.c_out % 2 == 0 and 8 * spec.c_in + 32 < 4096 and spec.c_out < 4096
             and sign_from_acc(short, spec.shift) and offset_folds(short, spec.shift, spec.output_offset)
             and (spec.act_min, spec.act_max) == (-128, 127))
 
@@ -702,21 +702,34 @@ def pointwise_stream(spec: LayerSpec, biases: torch.Tensor) -> tuple[torch.Tenso
 
 def _pointwise_asm(groups: int, xs: int, ys: int) -> str:
     """The assembly loop over a pointwise stream for one pixel pair (xs, ys: the second pixel's input
-    and output offsets; 0, 0 for a lone pixel): per pair of filters LDRD of the biases, ``groups``
-    CG_PAIR_GROUPs, two LDMs of the epilogue constants and the SMMLAR epilogue of four outputs."""
-    lines = ['"1:\\n\\t"', '"ldrd %[a0], %[a1], [%[w]], #8\\n\\t"', '"mov %[a2], %[a0]\\n\\t"',
-             '"mov %[a3], %[a1]\\n\\t"']
-    lines += [f"CG_PAIR_GROUP({xs})"] * groups
-    lines += [f'"sub %[x], %[x], #{4 * groups}\\n\\t"',
-              '"ldmia %[w]!, {%[wa0], %[wb0], %[wa1], %[wb1]}\\n\\t"',  # m0, right0, K0, m1
-              '"ldmia %[w]!, {%[t1], %[t2]}\\n\\t"']  # right1, K1
+    and output offsets; 0, 0 for a lone pixel): per pair of filters LDRD of the biases, ``groups`` groups
+    of four inputs (6 LDRs at literal offsets - the two pixels' words, then the four weight words: one
+    cycle each after the first on a Cortex-M4, where an LDM does not pipeline -, 4 SXTB16, 8 SMLAD),
+    the six epilogue constants by LDRs, the SMMLAR epilogue of four outputs and their stores, one
+    pointer step over the pair's part of the stream."""
+    q = "\\n\\t"
+    lines = ['"1:' + q + '"', f'"ldrd %[a0], %[a1], [%[w]]{q}"', f'"mov %[a2], %[a0]{q}"', f'"mov %[a3], %[a1]{q}"']
+    for g in range(groups):
+        o = 8 + 16 * g
+        lines += [f'"ldr %[t1], [%[x], #{xs + 4 * g}]{q}"', f'"ldr %[t3], [%[x], #{4 * g}]{q}"',
+                  *(f'"ldr %[{r}], [%[w], #{o + 4 * i}]{q}"' for i, r in enumerate(("wa0", "wb0", "wa1", "wb1"))),
+                  f'"sxtb16 %[t2], %[t1]{q}"', f'"sxtb16 %[t1], %[t1], ror #8{q}"',
+                  f'"smlad %[a2], %[t2], %[wa0], %[a2]{q}"', f'"smlad %[a2], %[t1], %[wb0], %[a2]{q}"',
+                  f'"smlad %[a3], %[t2], %[wa1], %[a3]{q}"', f'"smlad %[a3], %[t1], %[wb1], %[a3]{q}"',
+                  f'"sxtb16 %[t2], %[t3]{q}"', f'"sxtb16 %[t3], %[t3], ror #8{q}"',
+                  f'"smlad %[a0], %[t2], %[wa0], %[a0]{q}"', f'"smlad %[a0], %[t3], %[wb0], %[a0]{q}"',
+                  f'"smlad %[a1], %[t2], %[wa1], %[a1]{q}"', f'"smlad %[a1], %[t3], %[wb1], %[a1]{q}"']
+    o = 8 + 16 * groups  # m0, right0, K0, m1, right1, K1
+    lines += [f'"ldr %[{r}], [%[w], #{o + 4 * i}]{q}"'
+              for i, r in enumerate(("wa0", "wb0", "wa1", "wb1", "t1", "t2"))]
+    lines.append(f'"add %[w], %[w], #{o + 24}{q}"')
     for a, b, m, r, kk, off in (("a0", "a2", "wa0", "wb0", "wa1", 0), ("a1", "a3", "wb1", "t1", "t2", 1)):
-        lines += [f'"add %[t3], %[{kk}], %[{a}], asr #31\\n\\t"', f'"smmlar %[{a}], %[{a}], %[{m}], %[t3]\\n\\t"',
-                  f'"add %[t3], %[{kk}], %[{b}], asr #31\\n\\t"', f'"smmlar %[{b}], %[{b}], %[{m}], %[t3]\\n\\t"',
-                  f'"asr %[{a}], %[{a}], %[{r}]\\n\\t"', f'"asr %[{b}], %[{b}], %[{r}]\\n\\t"',
-                  f'"ssat %[{a}], #8, %[{a}]\\n\\t"', f'"ssat %[{b}], #8, %[{b}]\\n\\t"',
-                  f'"strb %[{a}], [%[y], #{off}]\\n\\t"', f'"strb %[{b}], [%[y], #{ys + off}]\\n\\t"']
-    lines += ['"adds %[y], %[y], #2\\n\\t"', '"ldr %[t3], %[end]\\n\\t"', '"cmp %[w], %[t3]\\n\\t"', '"bne 1b"']
+        lines += [f'"add %[t3], %[{kk}], %[{a}], asr #31{q}"', f'"smmlar %[{a}], %[{a}], %[{m}], %[t3]{q}"',
+                  f'"add %[t3], %[{kk}], %[{b}], asr #31{q}"', f'"smmlar %[{b}], %[{b}], %[{m}], %[t3]{q}"',
+                  f'"asr %[{a}], %[{a}], %[{r}]{q}"', f'"asr %[{b}], %[{b}], %[{r}]{q}"',
+                  f'"ssat %[{a}], #8, %[{a}]{q}"', f'"ssat %[{b}], #8, %[{b}]{q}"',
+                  f'"strb %[{a}], [%[y], #{off}]{q}"', f'"strb %[{b}], [%[y], #{ys + off}]{q}"']
+    lines += [f'"adds %[y], %[y], #2{q}"', f'"ldr %[t3], %[end]{q}"', f'"cmp %[w], %[t3]{q}"', '"bne 1b"']
     return "\n                ".join(lines)
 
 

@@ -350,20 +350,23 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
 /*
  * CG_DOT_2X2_PAIR(x, XS, w, n, acc, WIDE): the same product for a pair of filters whose pre-widened
  * weights are interleaved per four inputs - (w0, w2), (w1, w3) of the first filter, then of the
- * second, four words, 8-byte aligned - so that one LDM fetches both filters' weights.  ``XS`` is an
+ * second, four words, 8-byte aligned - so that one pointer walks both filters' weights.  ``XS`` is an
  * integer literal (the byte offset of the second pixel, < 4096).  On DSP cores the body is one
- * block of 15 instructions per 4 inputs (1 LDM, 2 LDR, 4 SXTB16, 8 SMLAD: 16 MACs), written in
+ * block of 18 instructions per 4 inputs (6 LDR, 4 SXTB16, 8 SMLAD: 16 MACs), written in
  * assembly because gcc spills accumulators in this loop; elsewhere the same sums in C.  ``WIDE``: the
  * loop unrolling of CG_DSP_GROUPS (0 or 1, a constant).
  */
 #ifdef CG_HAVE_DSP
-/* one group of four inputs: 1 LDM (the four weight words into r8-r11, CG_DSP_GROUPS' registers:
- * 5 cycles on a Cortex-M4 against 6 for two LDRDs), then both pixels' words by two LDRs right behind
- * it (pipelined: one cycle each), 4 SXTB16, 8 SMLAD */
+/* one group of four inputs: both pixels' words, then the four weight words, by six LDRs in a row
+ * (pipelined: 2 + 5 cycles on a Cortex-M4, where an LDM of four takes 5 and does not pipeline with the
+ * loads after it), 4 SXTB16, 8 SMLAD */
 #define CG_PAIR_GROUP(XS)                                                                            \
-    "ldmia %[w]!, {%[wa0], %[wb0], %[wa1], %[wb1]}\n\t"                                              \
     "ldr %[t1], [%[x], #" #XS "]\n\t"                                                                \
     "ldr %[t3], [%[x]], #4\n\t"                                                                      \
+    "ldr %[wa0], [%[w]], #4\n\t"                                                                     \
+    "ldr %[wb0], [%[w]], #4\n\t"                                                                     \
+    "ldr %[wa1], [%[w]], #4\n\t"                                                                     \
+    "ldr %[wb1], [%[w]], #4\n\t"                                                                     \
     "sxtb16 %[t2], %[t1]\n\t"                                                                        \
     "sxtb16 %[t1], %[t1], ror #8\n\t"                                                                \
     "smlad %[a2], %[t2], %[wa0], %[a2]\n\t"                                                          \
@@ -493,24 +496,29 @@ CG_INLINE void cg_pointwise_c(const int8_t *x, int32_t xs, int8_t *y, int32_t ys
  * CG_MATVEC4(X_, W_, N_, ACC_): one input row x (N_ int8 values, N_ a multiple of 4) times four
  * filters (a matrix-vector product: a linear layer over one row), acc[f] += x . w_f.  The weights
  * are pre-widened and interleaved per four inputs - (w0, w2), (w1, w3) of filter 0, then of filters
- * 1, 2, 3: eight words - so one LDRD per filter fetches them, and each input word is widened once
- * for four filters.  DSP cores: per four inputs 1 LDR, 2 SXTB16, 4 LDRD, 8 SMLAD (16 MACs in 15
- * instructions; CMSIS-NN's two-row arm_nn_vec_mat_mult_t_s8 needs 13 for 8 MACs), the loop in the
+ * 1, 2, 3: eight words - read by runs of pipelined LDRs (one cycle each after the first on a
+ * Cortex-M4, against 3 per LDRD), and each input word is widened once for four filters.  DSP cores:
+ * per four inputs 9 LDR, 2 SXTB16, 8 SMLAD (16 MACs; CMSIS-NN's two-row arm_nn_vec_mat_mult_t_s8
+ * needs 13 instructions for 8 MACs), the loop in the
  * assembly (sixteen groups per iteration: CG_DSP_GROUPS' wide form); elsewhere the same sums in C.
  */
 #ifdef CG_HAVE_DSP
 #define CG_MATVEC_GROUP                                                                              \
     "ldr %[t1], [%[x]], #4\n\t"                                                                      \
-    "ldrd %[wa0], %[wb0], [%[w]], #8\n\t"                                                            \
+    "ldr %[wa0], [%[w]], #4\n\t"                                                                     \
+    "ldr %[wb0], [%[w]], #4\n\t"                                                                     \
+    "ldr %[wa1], [%[w]], #4\n\t"                                                                     \
+    "ldr %[wb1], [%[w]], #4\n\t"                                                                     \
     "sxtb16 %[t2], %[t1]\n\t"                                                                        \
     "sxtb16 %[t1], %[t1], ror #8\n\t"                                                                \
-    "ldrd %[wa1], %[wb1], [%[w]], #8\n\t"                                                            \
     "smlad %[a0], %[t2], %[wa0], %[a0]\n\t"                                                          \
     "smlad %[a0], %[t1], %[wb0], %[a0]\n\t"                                                          \
-    "ldrd %[wa0], %[wb0], [%[w]], #8\n\t"                                                            \
     "smlad %[a1], %[t2], %[wa1], %[a1]\n\t"                                                          \
     "smlad %[a1], %[t1], %[wb1], %[a1]\n\t"                                                          \
-    "ldrd %[wa1], %[wb1], [%[w]], #8\n\t"                                                            \
+    "ldr %[wa0], [%[w]], #4\n\t"                                                                     \
+    "ldr %[wb0], [%[w]], #4\n\t"                                                                     \
+    "ldr %[wa1], [%[w]], #4\n\t"                                                                     \
+    "ldr %[wb1], [%[w]], #4\n\t"                                                                     \
     "smlad %[a2], %[t2], %[wa0], %[a2]\n\t"                                                          \
     "smlad %[a2], %[t1], %[wb0], %[a2]\n\t"                                                          \
     "smlad %[a3], %[t2], %[wa1], %[a3]\n\t"                                                          \
