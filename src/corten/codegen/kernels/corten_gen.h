@@ -400,7 +400,7 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
         int32_t cg_n = (N_) >> 2;                                                                    \
         int32_t *const cg_acc = (ACC_);                                                              \
         int32_t cg_a0 = cg_acc[0], cg_a1 = cg_acc[1], cg_a2 = cg_acc[2], cg_a3 = cg_acc[3];          \
-        /* (ascending registers in memory order: CG_PAIR_GROUP loads them with one LDM) */          \
+        /* (the weight words in r8-r11: the allocation that measured best; no LDM needs them now) */  \
         register int32_t cg_wa0 __asm__("r8"), cg_wb0 __asm__("r9");                                 \
         register int32_t cg_wa1 __asm__("r10"), cg_wb1 __asm__("r11");                               \
         int32_t cg_t1, cg_t2, cg_t3;                                                                 \
