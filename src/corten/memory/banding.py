@@ -5,23 +5,29 @@ Layer by layer, the arena cannot go below the live-set lower bound (a layer's in
 scratch).  A *segment* is a run of consecutive steps (convolutions, depthwise convolutions,
 same-shape adds and LUT activations on ``N == 1`` NHWC tensors) whose intermediate tensors are
 read only inside it.  It runs as ``B`` *bands*: band ``b`` computes output rows ``[r_b, r_b+1)`` of
-the segment's last op, and every op of the segment only the rows that band needs (the halo rows
-of stacked 3x3 windows are recomputed by the neighbouring bands).  Only the segment's inputs and
-its output exist as whole tensors; the band intermediates are a few rows each.
+the segment's last op, and every op of the segment only the rows that band needs.  The halo rows
+of stacked 3x3 windows are computed once: a band takes the ones the previous band computed (copied,
+:func:`band_rows`) and computes only its new rows.  Only the segment's inputs and its output exist
+as whole tensors; the band intermediates are a few rows each.
 
 **Graph rewrite.**  :func:`apply_schedule` rewrites the lowered program itself: each segment is
 replaced by its bands (H slices of the inputs, which are contiguous bytes in NHWC with N == 1 and
 so free views; each op with the band's own top/bottom padding, ``[top, left, bottom, right]``)
 and one ``quantized_cat`` along H of the band outputs, which the memory planner places in place
 (each band writes its rows of the segment output; no copy, see ``in_place_cats`` in
-:mod:`corten.memory.tensors`).  So ``prog.run``, ``run_int8``, the planner and the C generator all
+:mod:`corten.memory.tensors`).  A band tensor with a halo is an in-place ``quantized_cat`` of a
+copy of the halo rows and the op's new rows; the copy comes from a one-input ``quantized_cat``
+made after the previous band's last reader of that tensor, so only the halo rows stay live between
+the bands.  So ``prog.run``, ``run_int8``, the planner and the C generator all
 execute the same schedule, and since every output element is computed by the same arithmetic on
 the same inputs, the output is byte-identical to the unbanded program.
 
 **Search.**  :func:`search` is a dynamic program over the cut points between steps: a step runs
 unbanded (its live bytes must fit) or is the last step of a segment ``[i, j]`` run in bands of
 ``R`` output rows (its estimated peak: the whole tensors live across the segment + the band
-tensors live at each band step + that step's scratch, must fit), minimising the recomputed MACs.
+tensors and carried halos live at each band step + that step's scratch, must fit), minimising the
+estimated cost: extra MACs (none: rows are computed once) + :data:`CALL_COST` per extra kernel
+call + the halo bytes copied.
 When nothing fits, a min-max variant gives the smallest peak reachable and the step that sets it.
 """
 from __future__ import annotations
@@ -39,7 +45,9 @@ from corten.memory.tensors import ProgramTensors, analyse
 from corten.ops.registry import Window, op_cost, op_window
 
 MAX_SEGMENT_STEPS = 40
-BAND_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+BAND_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)
+CALL_COST = 256  # MACs a kernel call's fixed set-up is worth (QEMU M55 CMSIS-NN: ~200-300 instructions a call)
+COPY_BYTES_PER_MAC = 4  # bytes of a halo copy that cost about one MAC
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,37 @@ def input_rows(node, lo: int, hi: int, in_h: int) -> tuple[int, int, int, int]:
     return max(a, 0), min(b, in_h), max(0, -a), max(0, b - in_h)
 
 
+def band_rows(nodes, r0: int, r1: int, prev: dict | None = None) -> dict[str, tuple[int, int, int]]:
+    """The rows of each tensor of a segment (``nodes``, in step order) that the band computing output
+    rows ``[r0, r1)`` of its last op works with: ``{name: (lo, new, hi)}``, the band holds rows
+    ``[lo, hi)`` of the tensor, computes ``[new, hi)`` and takes ``[lo, new)`` (its halo) from the
+    previous band's rows of it (``prev``: that band's ``band_rows``; None: the first band), which
+    computed them: no row is computed twice.  Each op reads only the input rows its computed rows
+    need, so the halo rows are carried, not recomputed.  The last op computes its own rows."""
+    inside = {n.name for n in nodes}
+    need: dict[str, tuple[int, int]] = {nodes[-1].name: (r0, r1)}
+    out: dict[str, tuple[int, int, int]] = {}
+    for k in range(len(nodes) - 1, -1, -1):
+        node = nodes[k]
+        if node.name not in need:
+            continue  # no later op of this band reads it
+        lo, hi = need[node.name]
+        new = lo
+        if k != len(nodes) - 1 and prev is not None and node.name in prev:
+            p_lo, _, p_hi = prev[node.name]
+            if p_lo <= lo < p_hi:
+                new = max(lo, min(p_hi, hi))
+        out[node.name] = (lo, new, hi)
+        if new >= hi:
+            continue  # every row it holds comes from the previous band: it reads nothing
+        for a in node.args:
+            if isinstance(a, torch.fx.Node) and a.name in inside:
+                x0, x1, _, _ = input_rows(node, new, hi, _shape_c(a)[2])
+                old = need.get(a.name)
+                need[a.name] = (x0, x1) if old is None else (min(old[0], x0), max(old[1], x1))
+    return out
+
+
 def _macs(node, rows: int) -> int:
     """MACs of ``rows`` output rows of a bandable (N == 1, NHWC) step: its ``Hook.COST`` share."""
     return _cost_macs(node) * rows // _shape_c(node)[2]
@@ -205,21 +244,6 @@ class _Model:
                 return False
         return True
 
-    def band_need(self, i: int, j: int, lo: int, hi: int) -> dict[str, tuple[int, int]]:
-        """Rows of each segment tensor one band computes (``[lo, hi)`` of the segment output)."""
-        need = {self.steps[j].name: (lo, hi)}
-        for k in range(j, i - 1, -1):
-            node = self.steps[k]
-            if node.name not in need:
-                continue
-            a_lo, a_hi = need[node.name]
-            for arg in self.act_args[k]:
-                r0, r1, _, _ = input_rows(node, a_lo, a_hi, _shape_c(arg)[2])
-                if arg.name in self.index and i <= self.index[arg.name] <= j:
-                    old = need.get(arg.name)
-                    need[arg.name] = (r0, r1) if old is None else (min(old[0], r0), max(old[1], r1))
-        return need
-
     def whole_bytes(self, i: int, j: int) -> int:
         """Arena bytes of the whole tensors live through segment ``i..j``: everything live across its
         start (its inputs, tensors passing over it) and its output."""
@@ -231,55 +255,73 @@ class _Model:
                 total += cls.nbytes
         return total
 
-    def estimate(self, i: int, j: int, rows: int, exact: bool = False) -> tuple[int, int, int]:
-        """(estimated peak bytes, extra MACs, halo rows) of segment ``i..j`` in bands of ``rows``.
-        The search probes the first two, the middle and the last band and counts every other band's
-        MACs as the middle one's (``exact``: every band, for the chosen segments)."""
+    def bands(self, i: int, j: int, rows: int, exact: bool) -> tuple[list[int], dict[int, dict], set[int]]:
+        """(band start rows, ``{band: band_rows}``, the bands the estimate measures) of segment
+        ``i..j`` in bands of ``rows``: every band (``exact``), or the first two, the middle and the
+        last band (each from its predecessor's rows) and the band after each (for its carried rows)."""
+        nodes = self.steps[i:j + 1]
+        h = _shape_c(self.steps[j])[2]
+        starts = list(range(0, h, rows))
+        span = lambda b: (starts[b], min(starts[b] + rows, h))  # noqa: E731
+        out: dict[int, dict] = {}
+        if exact:
+            prev = None
+            for b in range(len(starts)):
+                prev = out[b] = band_rows(nodes, *span(b), prev)
+            return starts, out, set(out)
+        probe = {0, 1, len(starts) // 2, len(starts) - 1} & set(range(len(starts)))
+        for b in sorted(probe | {p + 1 for p in probe if p + 1 < len(starts)}):
+            out[b] = band_rows(nodes, *span(b), band_rows(nodes, *span(b - 1)) if b else None)
+        return starts, out, probe
+
+    def estimate(self, i: int, j: int, rows: int, exact: bool = False) -> tuple[int, int, int, int]:
+        """(estimated peak bytes, extra MACs, halo rows, cost) of segment ``i..j`` in bands of
+        ``rows``.  The cost (what the search minimises, in MACs) is the extra MACs plus
+        :data:`CALL_COST` per kernel call beyond the unbanded program's one per op (every band calls
+        its ops again, and each carried halo is copied twice) plus the halo bytes copied
+        (:data:`COPY_BYTES_PER_MAC`).  The search measures the bands :meth:`bands` probes and counts
+        every other band as the middle one (``exact``: every band, for the chosen segments)."""
         key = (i, j, rows, exact)
         if key in self._cache:
             return self._cache[key]
-        h = _shape_c(self.steps[j])[2]
-        starts = list(range(0, h, rows))
+        starts, bands, visit = self.bands(i, j, rows, exact)
         base = self.whole_bytes(i, j)
-        macs = 0
-        peak = 0
-        halo = 0
-        probe = {0, 1, len(starts) // 2, len(starts) - 1}
-        visit = range(len(starts)) if exact else sorted(probe)
-        mid_macs = 0
-        needs = {}
-        for bi in visit:
-            r0 = starts[bi]
-            need = needs[bi] = self.band_need(i, j, r0, min(r0 + rows, h))
-            band_macs = 0
+        macs = calls = copied = peak = halo = 0
+        mid = len(starts) // 2
+        for b in sorted(visit):
+            cur = bands[b]
+            b_macs = b_calls = b_copied = 0
             for k in range(i, j + 1):
-                nm = self.steps[k].name
-                if nm in need:
-                    band_macs += _macs(self.steps[k], need[nm][1] - need[nm][0])
-            macs += band_macs
-            if bi == len(starts) // 2:
-                mid_macs = band_macs
-            if bi in probe:
-                peak = max(peak, base + self._band_peak(i, j, need))
-                if bi == len(starts) // 2:
-                    first = self.steps[i]
-                    a = self.act_args[i][0]
-                    lo, hi = need[first.name]
-                    r_lo, r_hi, _, _ = input_rows(first, lo, hi, _shape_c(a)[2])
-                    share = (r_hi - r_lo)
-                    halo = max(0, share - rows * _shape_c(a)[2] // h)
-        if not exact:
-            macs += mid_macs * (len(starts) - len(probe & set(range(len(starts)))))
-        peak -= self.trailing_saving(i, j, rows, needs)
+                node = self.steps[k]
+                if node.name not in cur:
+                    continue
+                lo, new, hi = cur[node.name]
+                if new < hi:
+                    b_macs += _macs(node, hi - new)
+                    b_calls += 1
+                if new > lo:
+                    _, c, _, w = _shape_c(node)
+                    b_calls += 2
+                    b_copied += 2 * (new - lo) * w * c
+                    halo = max(halo, new - lo)
+            weight = 1 if exact or b != mid else len(starts) - len(visit) + 1
+            macs, calls, copied = macs + weight * b_macs, calls + weight * b_calls, copied + weight * b_copied
+            peak = max(peak, base + self._band_peak(i, j, cur, bands.get(b + 1)))
+        computed = {b: {nm: (new, hi) for nm, (_, new, hi) in r.items() if new < hi} for b, r in bands.items()
+                    if b in visit}
+        peak -= self.trailing_saving(i, j, rows, computed)
         unbanded = sum(_macs(self.steps[k], _shape_c(self.steps[k])[2]) for k in range(i, j + 1))
-        out = (peak, macs - unbanded, halo)
+        extra = max(0, macs - unbanded)  # (each op's MACs per row rounded down)
+        cost = extra + CALL_COST * (calls - (j - i + 1)) + copied // COPY_BYTES_PER_MAC
+        out = (peak, extra, halo, cost)
         self._cache[key] = out
         return out
 
     def trailing_saving(self, i: int, j: int, rows: int, needs: dict[int, dict]) -> int:
         """Bytes the segment output saves by trailing an input that dies inside the segment (the
         planner's ``cats_over_inputs``: band ``b``'s rows written over input rows no later band
-        reads); checked at the bands ``needs`` has (every band, or the probes)."""
+        reads); checked at the bands ``needs`` has (every band, or the probes: the rows each op
+        computes there)."""
         h = _shape_c(self.steps[j])[2]
         out = next((c for c in self.prog.classes.values() if c.root == self.steps[j].name), None)
         if out is None or out.region != "arena":
@@ -304,33 +346,49 @@ class _Model:
             best = max(best, cls.nbytes + out.nbytes - (max(cls.nbytes, shift + out.nbytes) - shift))
         return best
 
-    def _band_peak(self, i: int, j: int, need: dict) -> int:
-        """Max over the band's steps of the band tensors live there + the step's scratch (the band's
-        last output is in the whole segment output, counted by :meth:`whole_bytes`)."""
-        size, last_use = {}, {}
+    def _band_peak(self, i: int, j: int, cur: dict, nxt: dict | None) -> int:
+        """Max over the band's steps of the band tensors live there + the step's scratch: each tensor's
+        rows from its producer to its last reader, the halo carried in from the previous band until
+        its producer runs, the halo carried on to the next band (``nxt``) after its last reader (the
+        band's last output is in the whole segment output, counted by :meth:`whole_bytes`)."""
+        size, carry_in, carry_out, last_use = {}, {}, {}, {}
         for k in range(i, j + 1):
             node = self.steps[k]
+            if node.name not in cur:
+                continue
             n, c, _, w = _shape_c(node)
-            lo, hi = need.get(node.name, (0, 0))
-            size[node.name] = -(-(hi - lo) * w * c // 16) * 16 if k != j else 0
-            for a in self.act_args[k]:
-                if a.name in size:
-                    last_use[a.name] = k
+            lo, new, hi = cur[node.name]
+            row = w * c
+            size[node.name] = -(-(hi - lo) * row // 16) * 16 if k != j else 0
+            carry_in[node.name] = -(-(new - lo) * row // 16) * 16
+            if nxt is not None and node.name in nxt and k != j:
+                n_lo, n_new, _ = nxt[node.name]
+                carry_out[node.name] = -(-(n_new - n_lo) * row // 16) * 16
+            if new < hi:
+                for a in self.act_args[k]:
+                    if a.name in size:
+                        last_use[a.name] = k
         peak = 0
         for k in range(i, j + 1):
-            live = sum(sz for nm, sz in size.items()
-                       if self.index[nm] <= k <= last_use.get(nm, self.index[nm]))
-            peak = max(peak, live + self.scratch[k])
+            live = 0
+            for nm, sz in size.items():
+                p, last = self.index[nm], last_use.get(nm, self.index[nm])
+                live += (sz if p <= k <= last else 0) + (carry_in[nm] if k <= p else 0) + \
+                    (carry_out.get(nm, 0) if k > last else 0)
+            runs = self.steps[k].name in cur and cur[self.steps[k].name][1] < cur[self.steps[k].name][2]
+            peak = max(peak, live + (self.scratch[k] if runs else 0))
         return peak
 
 
 # ----------------------------------------------------------------------------- search
-def search(ep, scratch: list[int], live: list[int], budget: int) -> tuple[Schedule, int, int]:
-    """The cheapest schedule (fewest extra MACs) whose estimated peak is at most ``budget``; if none,
-    the schedule with the smallest estimated peak.  Returns (schedule, its estimated peak, the step
-    that sets the peak)."""
-    prog = analyse(ep)
-    model = _Model(prog, live, scratch)
+def search(ep, scratch: list[int], live: list[int], budget: int, model: "_Model | None" = None
+           ) -> tuple[Schedule, int, int]:
+    """The cheapest schedule (lowest estimated cost) whose estimated peak is at most ``budget``; if
+    none, the schedule with the smallest estimated peak.  Returns (schedule, its estimated peak, the
+    step that sets the peak).  ``model``: the program as a previous search of the same ``ep`` saw it
+    (its estimates are kept)."""
+    prog = analyse(ep) if model is None else model.prog
+    model = _Model(prog, live, scratch) if model is None else model
     n = len(prog.steps)
     fit = _dp(model, n, budget)
     if fit is None:
@@ -338,11 +396,10 @@ def search(ep, scratch: list[int], live: list[int], budget: int) -> tuple[Schedu
     choices, peak, peak_step = fit
     segs = []
     for (i, j, rows) in choices:
-        p, extra, halo = model.estimate(i, j, rows, exact=True)
+        p, extra, halo, _ = model.estimate(i, j, rows, exact=True)
         h = _shape(prog.steps[j])[2]
         segs.append(Segment(i, j, rows, -(-h // rows), tuple(x.name for x in prog.steps[i:j + 1]),
                             _shape(prog.steps[j]), halo, extra, p))
-    _clear_caches()
     return Schedule(segs, total_macs(prog), budget), peak, peak_step
 
 
@@ -387,7 +444,7 @@ def _dp(model: _Model, n: int, budget: int | None):
                 for rows in (BAND_ROWS if budget is None else BAND_ROWS[::-1]):
                     if rows >= h:
                         continue
-                    p, extra, _ = model.estimate(i, j, rows)
+                    p, _, _, extra = model.estimate(i, j, rows)
                     if budget is not None and p > budget:
                         continue
                     prev = best[i]
@@ -420,42 +477,71 @@ def apply_schedule(gm: torch.fx.GraphModule, schedule: Schedule) -> torch.fx.Gra
         inside = {n.name for n in seg_nodes}
         last = seg_nodes[-1]
         h = seg.out_shape[2]
+        starts = list(range(0, h, seg.rows))
+        rows = []
+        for r0 in starts:  # every band's rows (band_rows: held, computed, carried)
+            rows.append(band_rows(seg_nodes, r0, min(r0 + seg.rows, h), rows[-1] if rows else None))
+
+        def rows_of(src, s0, s1, x0, x1, a):
+            """Rows [x0, x1) of ``src`` (rows [s0, s1) of tensor ``a``): itself or a view of them."""
+            if (x0, x1) == (s0, s1):
+                return src
+            n_, c_, _, w_ = _shape(a)
+            return graph.call_function(strided, (src, [n_, c_, x1 - x0, w_], [(x1 - x0) * w_ * c_], [1],
+                                                 (x0 - s0) * w_ * c_))
+
         outs = []
+        carried: dict[str, torch.fx.Node] = {}  # tensor -> copy of its halo rows for the next band
         with graph.inserting_before(seg_nodes[0]):
-            for r0 in range(0, h, seg.rows):
-                r1 = min(r0 + seg.rows, h)
-                need = {last.name: (r0, r1)}
-                for node in reversed(seg_nodes):
-                    lo, hi = need[node.name]
-                    for a in node.args:
-                        if isinstance(a, torch.fx.Node) and a.name in inside:
-                            x0, x1, _, _ = input_rows(node, lo, hi, _shape(a)[2])
-                            old = need.get(a.name)
-                            need[a.name] = (x0, x1) if old is None else (min(old[0], x0), max(old[1], x1))
-                env: dict[str, tuple[torch.fx.Node, int]] = {}
-                for node in seg_nodes:
-                    lo, hi = need[node.name]
-                    args = list(node.args)
-                    act = _activation_positions(node)
-                    for pos in act:
-                        a = node.args[pos]
-                        a_h = _shape(a)[2]
-                        x0, x1, top, bottom = input_rows(node, lo, hi, a_h)
-                        src, s0 = env.get(a.name, (a, 0))
-                        s1 = s0 + (_shape(a)[2] if a.name not in env else need[a.name][1] - need[a.name][0])
-                        if (x0, x1) != (s0, s1):
-                            n_, c_, _, w_ = _shape(a)
-                            src = graph.call_function(strided, (src, [n_, c_, x1 - x0, w_], [(x1 - x0) * w_ * c_],
-                                                                [1], (x0 - s0) * w_ * c_))
-                        args[pos] = src
-                        if _spatial(node):
-                            name = _window(node).padding_arg
-                            k = arg_position(node, name)
-                            _, left, _, right = _window(node).pads
-                            args[k] = [top, left] if (top, left) == (bottom, right) else [top, left, bottom, right]
-                    new = graph.call_function(node.target, tuple(args), dict(node.kwargs))
-                    origin[new.name] = node.name
-                    env[node.name] = (new, lo)
+            for b, cur in enumerate(rows):
+                nxt = rows[b + 1] if b + 1 < len(rows) else {}
+                env: dict[str, tuple[torch.fx.Node, int, int]] = {}  # tensor -> (node, its first row, end row)
+                readers: dict[str, int] = {}  # tensor -> its last reader in this band
+                for k, node in enumerate(seg_nodes):
+                    if node.name in cur and cur[node.name][1] < cur[node.name][2]:
+                        for a in node.args:
+                            if isinstance(a, torch.fx.Node) and a.name in inside:
+                                readers[a.name] = k
+
+                def carry_on(name):  # copy the rows the next band takes from this band's tensor
+                    if name in nxt and nxt[name][0] < nxt[name][1]:
+                        src, s0, s1 = env[name]
+                        view = rows_of(src, s0, s1, nxt[name][0], nxt[name][1], nodes[name])
+                        carried[name] = graph.call_function(cat_op, ([view], 2))
+                        origin[carried[name].name] = name
+
+                for k, node in enumerate(seg_nodes):
+                    if node.name not in cur:
+                        continue
+                    lo, new_lo, hi = cur[node.name]
+                    parts = []
+                    if new_lo > lo:  # the halo rows the previous band computed, copied next to the new rows
+                        halo = carried.pop(node.name)
+                        parts.append(graph.call_function(cat_op, ([halo], 2)) if new_lo < hi else halo)
+                        origin[parts[-1].name] = node.name
+                    if new_lo < hi:
+                        args = list(node.args)
+                        for pos in _activation_positions(node):
+                            a = node.args[pos]
+                            x0, x1, top, bottom = input_rows(node, new_lo, hi, _shape(a)[2])
+                            src, s0, s1 = env.get(a.name, (a, 0, _shape(a)[2]))
+                            args[pos] = rows_of(src, s0, s1, x0, x1, a)
+                            if _spatial(node):
+                                name = _window(node).padding_arg
+                                _, left, _, right = _window(node).pads
+                                args[arg_position(node, name)] = [top, left] if (top, left) == (bottom, right) \
+                                    else [top, left, bottom, right]
+                        parts.append(graph.call_function(node.target, tuple(args), dict(node.kwargs)))
+                        origin[parts[-1].name] = node.name
+                    if len(parts) > 1:
+                        parts = [graph.call_function(cat_op, (parts, 2))]  # in place: no copy
+                        origin[parts[0].name] = node.name
+                    env[node.name] = (parts[0], lo, hi)
+                    if node.name != last.name and readers.get(node.name) is None:
+                        carry_on(node.name)
+                    for a in dict.fromkeys(a.name for a in node.args if isinstance(a, torch.fx.Node) and a.name in env):
+                        if readers.get(a) == k:
+                            carry_on(a)
                 outs.append(env[last.name][0])
             cat = graph.call_function(cat_op, (outs, 2))
             cat.meta["val"] = last.meta["val"]  # later segments slice it like the tensor it replaces
@@ -570,8 +656,9 @@ def fit(ep, budget: int, plan_fn, target_name: str = "", plan0=None):
     best = (plan0.arena_bytes, ep, Schedule([], 0, budget, arena_in_program_order, plan0.arena_bytes,
                                             reordered=reordered), plan0)
     peak_step = -1
+    model = _Model(analyse(ep), live, scratch)
     for _ in range(6):
-        schedule, est_peak, peak_step = search(ep, scratch, live, goal)
+        schedule, est_peak, peak_step = search(ep, scratch, live, goal, model)
         schedule.arena_before, schedule.budget, schedule.reordered = arena_in_program_order, budget, reordered
         if not schedule.segments:
             break
@@ -585,7 +672,9 @@ def fit(ep, budget: int, plan_fn, target_name: str = "", plan0=None):
             return new_ep, schedule, plan
         if est_peak > goal:  # even the estimate does not fit: this is the smallest reachable
             break
-        goal -= (plan.arena_bytes - budget) // 2 // 16 * 16 + 16
+        # below the estimate (a new schedule), by half the overshoot
+        goal = min(goal, est_peak) - (plan.arena_bytes - budget) // 2 // 16 * 16 - 16
+    _clear_caches()
     arena, _, schedule, plan = best
     steps = analyse(ep).steps
     node = steps[peak_step] if 0 <= peak_step < len(steps) else None

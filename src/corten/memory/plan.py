@@ -57,7 +57,7 @@ import torch
 from torch.export import ExportedProgram
 
 from corten.memory.placement import Buffer, align_up, assign_regions, pack
-from corten.memory.tensors import MemoryPlanError, ProgramTensors, analyse
+from corten.memory.tensors import CAT, MemoryPlanError, ProgramTensors, analyse
 from corten.errors import UsageError
 from corten.deployment import Deployment
 from corten.providers import choose_provider
@@ -369,7 +369,10 @@ def cat_over_input_candidates(prog: ProgramTensors, merges: dict[str, str], alig
     dies while the bands run, when no band writes bytes of that tensor which a later step (or the
     writing step itself) still reads: ``shift`` is the largest multiple of ``alignment``, at most 0,
     with every band's bytes ``[shift + o, shift + o + n)`` below every read of the input from that
-    band's step on.  Only tensors written before the first band, not the target of another merge."""
+    band's step on.  Only tensors written before the first band, not the target of another merge; of
+    those, the one live longest while the bands write, then the largest saving.  Cats spanning the
+    most steps (segment outputs) choose first; a band's own cat of its carried halo copy and new rows
+    is not offered one (the halo copy's source dies a step before it)."""
     step_of = {n.name: i for i, n in enumerate(prog.steps)}
     reads: dict[str, list[tuple[int, int, int]]] = {}  # root -> (step, first byte, end byte) of each read
     for s, node in enumerate(prog.steps):
@@ -380,10 +383,14 @@ def cat_over_input_candidates(prog: ProgramTensors, merges: dict[str, str], alig
                 reads.setdefault(root, []).append((s, lo, lo + prog.nbytes[a.name]))
     taken = set(merges.values())  # (bytes another op writes over in place)
     found: dict[str, tuple[str, int]] = {}
-    for cat, roots in prog.placed_cats.items():
+    def span(cat):  # the steps its parts are written over (a segment's output: all its bands)
+        w = [step_of[r] for r in prog.placed_cats[cat]]
+        return max(w) - min(w)
+
+    for cat, roots in sorted(prog.placed_cats.items(), key=lambda kv: (-span(kv[0]), -prog.classes[kv[0]].nbytes)):
         out = prog.classes[cat]
-        if out.region != "arena":
-            continue
+        if out.region != "arena" or any(prog.op_names[step_of[r]] == CAT for r in roots):
+            continue  # (a band's halo copy + its new rows: the halo's source dies a step before)
         writes = [(step_of[r], prog.view_offset.get(r, 0), prog.view_offset.get(r, 0) + prog.nbytes[r]) for r in roots]
         first_w, last_w = min(w for w, _, _ in writes), max(w for w, _, _ in writes)
         best = None
@@ -394,8 +401,9 @@ def cat_over_input_candidates(prog: ProgramTensors, merges: dict[str, str], alig
             shift = min([0] + [lo - end for w, _, end in writes for s, lo, _ in reads.get(root, ()) if s >= w])
             shift = shift // alignment * alignment  # (rounded down)
             saved = cls.nbytes + out.nbytes - (max(cls.nbytes, shift + out.nbytes) - shift)
-            if saved > 0 and (best is None or saved > best[2]):
-                best = (root, shift, saved)
+            along = min(cls.last, last_w) - first_w  # steps it stays live while the bands write
+            if saved > 0 and (best is None or (along, saved) > best[2]):
+                best = (root, shift, (along, saved))
         if best is not None:
             found[cat] = (best[0], best[1])
             taken.add(best[0])
@@ -518,9 +526,14 @@ def plan_memory(ep: ExportedProgram, deployment: "Deployment | Target | str", *,
     shifts: dict[str, int] = {}
     cats_over: dict[str, tuple[str, int]] = {}
     if in_place and prog.placed_cats:  # banded segment outputs over the input rows they consumed
-        for cat, (in_root, shift) in cat_over_input_candidates(prog, merges, alignment).items():
-            if in_root in merges.values():
-                continue
+        candidates = {cat: c for cat, c in cat_over_input_candidates(prog, merges, alignment).items()
+                      if c[0] not in merges.values()}
+        all_merges = {**merges, **{cat: root for cat, (root, _) in candidates.items()}}
+        all_shifts = {cat: shift for cat, (_, shift) in candidates.items()}
+        trial = _pack_layout(prog, all_merges, scratch_sizes, deployment, alignment, all_shifts) if candidates else None
+        if trial is not None and trial.cost <= layout.cost:  # all of them at once (one packing), else one by one
+            merges, shifts, layout, cats_over, candidates = all_merges, all_shifts, trial, dict(candidates), {}
+        for cat, (in_root, shift) in candidates.items():
             trial_merges, trial_shifts = {**merges, cat: in_root}, {**shifts, cat: shift}
             trial = _pack_layout(prog, trial_merges, scratch_sizes, deployment, alignment, trial_shifts)
             if trial.cost <= layout.cost:  # (not worse: several segments may share the peak)
