@@ -744,7 +744,8 @@ def _pointwise(spec, fname, array, biases, x_expr, y_expr) -> GeneratedLayer:
     mode, out_off = ep.split(", ")[:2]
     npx = spec.n * spec.h * spec.w
     fns = []
-    for suffix, xs, ys in (("pw2", k, co), ("pw1", 0, 0)):
+    variants = [("pw2", k, co)] * (npx > 1) + [("pw1", 0, 0)] * (npx % 2)  # (only what the pixel count calls)
+    for suffix, xs, ys in variants:
         fns.append(f"""static __attribute__((noinline)) void {fname}_{suffix}(const int8_t *x, int8_t *y)
 {{
 #ifdef CG_HAVE_DSP
@@ -765,17 +766,10 @@ def _pointwise(spec, fname, array, biases, x_expr, y_expr) -> GeneratedLayer:
 #endif
 }}
 """)
-    fns.append(f"""void {fname}(const int8_t *in, int8_t *out)
-{{
-    int32_t p;
-    for (p = 0; p + 1 < {npx}; p += 2) {{
-        {fname}_pw2(in + p * {k}, out + p * {co});
-    }}
-    if (p < {npx}) {{
-        {fname}_pw1(in + p * {k}, out + p * {co});
-    }}
-}}
-""")
+    pairs = (f"    for (p = 0; p + 1 < {npx}; p += 2) {{\n        {fname}_pw2(in + p * {k}, out + p * {co});\n    }}\n"
+             if npx > 1 else "    p = 0;\n")
+    last = f"    {fname}_pw1(in + p * {k}, out + p * {co});\n" if npx % 2 else ""
+    fns.append(f"void {fname}(const int8_t *in, int8_t *out)\n{{\n    int32_t p;\n{pairs}{last}}}\n")
     what = (f"generated dsp 1x1 pointwise conv: 2 px x 2 ch tiles in one assembly loop per layer over an "
             f"interleaved bias/weight/epilogue stream, short epilogue")
     return GeneratedLayer("\n".join(fns), f"{fname}({x_expr}, {y_expr});", what, True, {"gen_pw": name})
