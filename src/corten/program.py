@@ -289,7 +289,8 @@ class Program(ProgramReports, ProgramC):
     def memory_for(self, kernels=None, target: str | None = None, *, deployment=None):
         """The memory plan of the C library for a deployment (:meth:`deployment`: ``kernels`` -
         "portable" has no CMSIS-NN scratch - and the program's target, or ``target``); its
-        ``constant_bytes`` are the bytes of the constant arrays that library defines."""
+        ``constant_bytes`` are the bytes of the constant arrays that library defines (the program's
+        constant tensors, or with a provider of ``own_constant_layouts`` the arrays it writes)."""
         from corten.codegen.emitter import library_constant_bytes
         from corten.memory import plan_memory
 
@@ -303,7 +304,8 @@ class Program(ProgramReports, ProgramC):
             plan = plan_memory(self.ep, d, in_place_cats=banded)
             plan.schedule = schedule
             # the flash is what the deployment's library stores: a provider's own weight layouts count
-            plan.constant_bytes = library_constant_bytes(self.ep, plan, d)
+            if any(p.own_constant_layouts for p in d.providers):
+                plan.constant_bytes = library_constant_bytes(self.ep, plan, d)
             self._memory[d.key] = plan
         return self._memory[d.key]
 

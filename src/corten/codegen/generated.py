@@ -1473,6 +1473,7 @@ class GeneratedProvider(Provider):
 
     name = "generated"
     title = "Corten's generated kernels"
+    own_constant_layouts = True  # pre-widened DSP weights, Helium chunks, border crops' copies
 
     def supports(self, node, target) -> str | None:
         from corten.providers import NodeView

@@ -184,6 +184,9 @@ class Provider:
     name: str = ""
     title: str = ""  # how reports name it ("CMSIS-NN")
     links_cmsis_nn: bool = False  # the library's build links CMSIS-NN (CMSIS_NN_PATH)
+    # the provider stores constants in layouts of its own (not only the program's int8 tensors): a
+    # plan's flash (Program.memory_for) then counts the arrays its library defines
+    own_constant_layouts: bool = False
 
     def supports(self, node: torch.fx.Node, target: Any) -> str | None:
         """None when this provider computes ``node`` on ``target`` (a :class:`corten.targets.Target`
