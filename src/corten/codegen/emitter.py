@@ -49,7 +49,7 @@ RESHAPE = torch.ops.aten.reshape.default
 QUANTIZE, DEQUANTIZE = "quantize_per_tensor", "dequantize_per_tensor"
 CONST_ALIGN = 16
 HASH_CHARS = 16
-# int8 arrays of at least this many bytes are written as string literals of their bytes ("\\x..", 16 per
+# int8 arrays of at least this many bytes are written as string literals of their bytes ("\x..", 16 per
 # line) rather than lists of numbers: the same bytes in the object file, compiled ~10x faster (gcc builds
 # one tree node per list element: MobileNetV2's 7.6 MB of Helium-layout weights took 14 s and 390 MB
 # as lists, 1.3 s as strings); smaller arrays (what a reader checks by eye) stay decimal lists.

@@ -23,8 +23,8 @@ def check_budget(plan: MemoryPlan, max_arena: int | None, max_flash: int | None)
         problems.append(f"constant data (weights, biases, multipliers, shifts, kernel sums) needs "
                         f"{plan.constant_bytes:,} B of flash but max_flash is {max_flash:,} B "
                         f"(over by {plan.constant_bytes - max_flash:,} B"
-                        + ("; Corten's generated kernels store their own weight layouts beside the int8 ones: "
-                           "the portable or CMSIS-NN kernels need the int8 weights only"
+                        + ("; Corten's generated kernels store the weights in layouts of their own, about twice "
+                           "the int8 bytes: the portable or CMSIS-NN kernels need the int8 weights only"
                            if "generated" in str(plan.kernels or "") else "")
                         + "; weights='int4' or 'auto' stores weights in 4 bits)")
     if problems:
