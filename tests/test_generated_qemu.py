@@ -10,8 +10,8 @@ from conftest import needs_qemu
 from corten.codegen.emitter import KERNELS_DIR
 from corten.runners.common import harness_defines
 from corten.runners.qemu import run_on_qemu
-from test_generated_kernels import (expected_bytes, helium_specs, layer_inputs, layers_source, matvec_inputs,
-                                    matvec_specs, narrow_specs, pointwise_inputs, pointwise_specs, random_specs)
+from test_generated_kernels import (expected_bytes, helium_specs, layer_inputs, layers_source,
+                                    matvec_specs, narrow_specs, pointwise_specs, random_specs)
 
 
 @needs_qemu
@@ -22,9 +22,9 @@ def test_generated_layers_on_qemu(target, isa, tmp_path):
     helium, pointwise = helium_specs(), pointwise_specs()
     specs = random_specs(11, 24) + matvec_specs() + narrow_specs() + helium + pointwise
     narrow, tail = len(narrow_specs()), len(helium) + len(pointwise)
-    xs = (layer_inputs(specs[:24], seed=5) + matvec_inputs(specs[24:-narrow - tail])
+    xs = (layer_inputs(specs[:24], seed=5) + layer_inputs(specs[24:-narrow - tail], seed=5, last_at_minimum=True)
           + layer_inputs(specs[-narrow - tail:-tail], seed=9) + layer_inputs(helium, seed=3)
-          + pointwise_inputs(pointwise))
+          + layer_inputs(pointwise, seed=6, last_at_minimum=True))
     (tmp_path / "layers.c").write_text(layers_source(specs, isa))
     (tmp_path / "layers.h").write_text("#include <stdint.h>\nint layers_run(const int8_t *in, int8_t *out, uint8_t *arena);\n")
     in_bytes = b"".join(x.numpy().tobytes() for x in xs)
