@@ -390,14 +390,16 @@ def matvec_specs() -> list[gen.LayerSpec]:
 
 def pointwise_specs() -> list[gen.LayerSpec]:
     """1x1 stride-1 unpadded convolutions of the DSP pointwise assembly loop (generated.is_pointwise):
-    one and many pairs of filters, C_in from one group of four to 32 groups, odd and even pixel counts
-    (the lone last pixel), batches, output offsets at the int8 ends, a right shift of one, extreme
-    weights and inputs (the last one: the largest accumulators)."""
+    one and many pairs of filters, C_in from one group of four to 32 groups, pixel counts of every
+    remainder modulo the tile of three (the overlapping last tile) and below it (one or two pixels: the
+    stack copy), batches, output offsets at the int8 ends, a right shift of one, extreme weights and
+    inputs (the last one: the largest accumulators)."""
     rng = random.Random(41)
     out = []
     for n, h, w, ci, co, off, shift in [(1, 3, 3, 4, 2, -128, None), (1, 2, 5, 8, 16, 127, None),
                                          (2, 3, 1, 16, 6, 0, -1), (1, 1, 3, 128, 4, -7, None),
-                                         (1, 4, 4, 12, 8, 5, None)]:
+                                         (1, 1, 2, 8, 4, 3, None), (1, 2, 1, 4, 2, -100, None),
+                                         (1, 1, 5, 20, 34, 90, -1), (1, 4, 4, 12, 8, 5, None)]:
         weight = torch.randint(-128, 128, (co, 1, 1, ci), dtype=torch.int8)
         bias = torch.randint(-5000, 5000, (co,), dtype=torch.int64)
         spec = _finish(rng, "conv", n, h, w, ci, h, w, co, 1, 1, (1, 1), (0, 0), weight, bias, rng.randint(-127, 128))

@@ -683,7 +683,7 @@ def is_pointwise(spec: LayerSpec, isa: str, short: bool) -> bool:
     clamps to the int8 range only: the shape of the per-layer assembly loop (:func:`_pointwise`)."""
     return (isa == "dsp" and spec.kind == "conv" and spec.kh == spec.kw == 1 and tuple(spec.stride) == (1, 1)
             and tuple(spec.padding) == (0, 0) and spec.ho == spec.h and spec.wo == spec.w
-            and spec.c_in % 4 == 0 and spec.c_out % 2 == 0 and 8 * spec.c_in + 32 < 4096 and spec.c_out < 4096
+            and spec.c_in % 4 == 0 and spec.c_out % 2 == 0 and 8 * spec.c_in + 32 < 4096 and 2 * spec.c_out < 4095
             and sign_from_acc(short, spec.shift) and offset_folds(short, spec.shift, spec.output_offset)
             and (spec.act_min, spec.act_max) == (-128, 127))
 
@@ -700,79 +700,98 @@ def pointwise_stream(spec: LayerSpec, biases: torch.Tensor) -> tuple[torch.Tenso
     return torch.cat([bias, wide, q], dim=1).reshape(-1).contiguous(), ep
 
 
-def _pointwise_asm(groups: int, xs: int, ys: int) -> str:
-    """The assembly loop over a pointwise stream for one pixel pair (xs, ys: the second pixel's input
-    and output offsets; 0, 0 for a lone pixel): per pair of filters LDRD of the biases, ``groups`` groups
-    of four inputs (6 LDRs at literal offsets - the two pixels' words, then the four weight words: one
-    cycle each after the first on a Cortex-M4, where an LDM does not pipeline -, 4 SXTB16, 8 SMLAD),
-    the six epilogue constants by LDRs, the SMMLAR epilogue of four outputs and their stores, one
-    pointer step over the pair's part of the stream."""
+PW_PIXELS = 3  # pixels per pointwise tile (corten_gen.h's CG_PW_PIXELS)
+PW_ACC = ("r0", "r1", "r2", "r3", "r4", "r5")  # accumulator of pixel p, filter f: PW_ACC[2 * p + f]
+PW_DATA = ("r9", "r10", "r11", "r12", "lr")  # (r7 is left alone: the frame pointer of unoptimised builds)
+
+
+def _pointwise_asm(k: int, co: int) -> str:
+    """The assembly loop over a pointwise stream for one tile of :data:`PW_PIXELS` pixels whose inputs
+    are widened (``cg_widen_words``: pixel p's ``k`` inputs at ``%[x] + 2 k p`` bytes; outputs at
+    ``y + co p``): per pair of filters, per two inputs five LDRs at literal offsets (the three pixels'
+    words and the two filters' weight words: one cycle each after the first on a Cortex-M4, where LDM
+    and LDRD do not pipeline) and six SMLADs into the 3 x 2 accumulators (the first two inputs add the
+    biases, loaded into the last pixel's accumulators); the epilogue constants of each filter by three
+    LDRs, the SMMLAR epilogue of its three outputs and their stores; the output pointer and the stream's
+    end in the two words after the widened inputs (13 registers, r0-r6, r8-r12 and lr, no memory operand:
+    an unoptimised build has no register left to address one)."""
     q = "\\n\\t"
-    lines = ['"1:' + q + '"', f'"ldrd %[a0], %[a1], [%[w]]{q}"', f'"mov %[a2], %[a0]{q}"', f'"mov %[a3], %[a1]{q}"']
-    for g in range(groups):
-        o = 8 + 16 * g
-        lines += [f'"ldr %[t1], [%[x], #{xs + 4 * g}]{q}"', f'"ldr %[t3], [%[x], #{4 * g}]{q}"',
-                  *(f'"ldr %[{r}], [%[w], #{o + 4 * i}]{q}"' for i, r in enumerate(("wa0", "wb0", "wa1", "wb1"))),
-                  f'"sxtb16 %[t2], %[t1]{q}"', f'"sxtb16 %[t1], %[t1], ror #8{q}"',
-                  f'"smlad %[a2], %[t2], %[wa0], %[a2]{q}"', f'"smlad %[a2], %[t1], %[wb0], %[a2]{q}"',
-                  f'"smlad %[a3], %[t2], %[wa1], %[a3]{q}"', f'"smlad %[a3], %[t1], %[wb1], %[a3]{q}"',
-                  f'"sxtb16 %[t2], %[t3]{q}"', f'"sxtb16 %[t3], %[t3], ror #8{q}"',
-                  f'"smlad %[a0], %[t2], %[wa0], %[a0]{q}"', f'"smlad %[a0], %[t3], %[wb0], %[a0]{q}"',
-                  f'"smlad %[a1], %[t2], %[wa1], %[a1]{q}"', f'"smlad %[a1], %[t3], %[wb1], %[a1]{q}"']
-    o = 8 + 16 * groups  # m0, right0, K0, m1, right1, K1
-    lines += [f'"ldr %[{r}], [%[w], #{o + 4 * i}]{q}"'
-              for i, r in enumerate(("wa0", "wb0", "wa1", "wb1", "t1", "t2"))]
-    lines.append(f'"add %[w], %[w], #{o + 24}{q}"')
-    for a, b, m, r, kk, off in (("a0", "a2", "wa0", "wb0", "wa1", 0), ("a1", "a3", "wb1", "t1", "t2", 1)):
-        lines += [f'"add %[t3], %[{kk}], %[{a}], asr #31{q}"', f'"smmlar %[{a}], %[{a}], %[{m}], %[t3]{q}"',
-                  f'"add %[t3], %[{kk}], %[{b}], asr #31{q}"', f'"smmlar %[{b}], %[{b}], %[{m}], %[t3]{q}"',
-                  f'"asr %[{a}], %[{a}], %[{r}]{q}"', f'"asr %[{b}], %[{b}], %[{r}]{q}"',
-                  f'"ssat %[{a}], #8, %[{a}]{q}"', f'"ssat %[{b}], #8, %[{b}]{q}"',
-                  f'"strb %[{a}], [%[y], #{off}]{q}"', f'"strb %[{b}], [%[y], #{ys + off}]{q}"']
-    lines += [f'"adds %[y], %[y], #2{q}"', f'"ldr %[t3], %[end]{q}"', f'"cmp %[w], %[t3]{q}"', '"bne 1b"']
+    a, (x0, x1, x2, w0, w1) = PW_ACC, PW_DATA
+    xs = (x0, x1, x2)
+    n = PW_PIXELS
+    lines = ['"1:' + q + '"', f'"ldr {a[2 * n - 2]}, [%[w]]{q}"', f'"ldr {a[2 * n - 1]}, [%[w], #4]{q}"']
+    for c in range(k // 2):
+        wo = 8 + 16 * (c // 2) + 4 * (c % 2)
+        lines += [f'"ldr {w0}, [%[w], #{wo}]{q}"', f'"ldr {w1}, [%[w], #{wo + 8}]{q}"',
+                  *(f'"ldr {xs[p]}, [%[x], #{2 * k * p + 4 * c}]{q}"' for p in range(n))]
+        for p in range(n):
+            for f, wr in enumerate((w0, w1)):
+                acc = a[2 * n - 2 + f] if c == 0 else a[2 * p + f]  # (the biases, first two inputs)
+                lines.append(f'"smlad {a[2 * p + f]}, {xs[p]}, {wr}, {acc}{q}"')
+    o = 8 + 4 * k  # m0, right0, K0, m1, right1, K1
+    y, m, r, kk, t = PW_DATA
+    lines.append(f'"ldr {y}, [%[x], #{2 * k * n}]{q}"')
+    for f in range(2):
+        lines += [f'"ldr {reg}, [%[w], #{o + 12 * f + 4 * i}]{q}"' for i, reg in enumerate((m, r, kk))]
+        for p in range(n):
+            v = a[2 * p + f]
+            lines += [f'"add {t}, {kk}, {v}, asr #31{q}"', f'"smmlar {v}, {v}, {m}, {t}{q}"',
+                      f'"asr {v}, {v}, {r}{q}"', f'"ssat {v}, #8, {v}{q}"', f'"strb {v}, [{y}, #{co * p + f}]{q}"']
+    lines += [f'"adds {y}, {y}, #2{q}"', f'"str {y}, [%[x], #{2 * k * n}]{q}"', f'"ldr {t}, [%[x], #{2 * k * n + 4}]{q}"',
+              f'"add %[w], %[w], #{o + 24}{q}"', f'"cmp %[w], {t}{q}"', '"bne 1b"']
     return "\n                ".join(lines)
 
 
 def _pointwise(spec, fname, array, biases, x_expr, y_expr) -> GeneratedLayer:
-    """A pointwise DSP layer (:func:`is_pointwise`): its pixels in pairs, each pair one call of a
-    per-layer function whose single assembly loop walks the layer's stream (biases, weights and
-    epilogue constants of each pair of filters in the order it reads them) - no loop state outside the
-    registers but the stream's end; the last pixel of an odd count alone (second pixel = first)."""
-    k, co = spec.c_in, spec.c_out
+    """A pointwise DSP layer (:func:`is_pointwise`): its pixels in tiles of :data:`PW_PIXELS`, each tile's
+    inputs widened once into a stack buffer (``cg_widen_words``), then one assembly loop per tile over the
+    layer's stream (biases, weights and epilogue constants of each pair of filters in the order it reads
+    them); the last tile overlaps the one before it when the pixel count is not a multiple of the tile
+    (its outputs written twice, the same bytes; the output never aliases the input of a convolution), a
+    layer of fewer pixels than a tile runs one tile through a stack copy of its outputs."""
+    k, co, n = spec.c_in, spec.c_out, PW_PIXELS
     stream, ep = pointwise_stream(spec, biases)
     name = array("gen_pw", stream)
     mode, out_off = ep.split(", ")[:2]
     npx = spec.n * spec.h * spec.w
-    fns = []
-    variants = [("pw2", k, co)] * (npx > 1) + [("pw1", 0, 0)] * (npx % 2)  # (only what the pixel count calls)
-    for suffix, xs, ys in variants:
-        fns.append(f"""static __attribute__((noinline)) void {fname}_{suffix}(const int8_t *x, int8_t *y)
-{{
-#ifdef CG_HAVE_DSP
-    register int32_t cg_a0 __asm__("r0"), cg_a1 __asm__("r1"), cg_a2 __asm__("r2"), cg_a3 __asm__("r3");
-    register int32_t cg_t1 __asm__("r4"), cg_t2 __asm__("r5"), cg_t3 __asm__("r6");
-    register int32_t cg_wa0 __asm__("r8"), cg_wb0 __asm__("r9"), cg_wa1 __asm__("r10"), cg_wb1 __asm__("r11");
-    const int16_t *cg_w = {name};
-    const int16_t *const end = {name} + {stream.numel()};
-    const int8_t *cg_x = x;
-    __asm__ volatile({_pointwise_asm(k // 4, xs, ys)}
-                : [x] "+r"(cg_x), [y] "+r"(y), [w] "+r"(cg_w), [a0] "=&r"(cg_a0), [a1] "=&r"(cg_a1), [a2] "=&r"(cg_a2),
-                  [a3] "=&r"(cg_a3), [wa0] "=&r"(cg_wa0), [wb0] "=&r"(cg_wb0), [wa1] "=&r"(cg_wa1), [wb1] "=&r"(cg_wb1),
-                  [t1] "=&r"(cg_t1), [t2] "=&r"(cg_t2), [t3] "=&r"(cg_t3)
-                : [end] "m"(end)
-                : "memory", "cc");
+    words = n * k // 2
+    body = f"""#ifdef CG_HAVE_DSP
+        {{
+            register int32_t *cg_x __asm__("r8") = cg_s;
+            register const int16_t *cg_w __asm__("r6") = {name};
+            cg_s[{words}] = (int32_t)(uintptr_t)cg_y;
+            cg_s[{words + 1}] = (int32_t)(uintptr_t)({name} + {stream.numel()});
+            __asm__ volatile({_pointwise_asm(k, co)}
+                : [x] "+r"(cg_x), [w] "+r"(cg_w)
+                :
+                : "r0", "r1", "r2", "r3", "r4", "r5", "r9", "r10", "r11", "r12", "lr", "memory", "cc");
+        }}
 #else
-    cg_pointwise_c(x, {xs}, y, {ys}, {name}, {co // 2}, {k}, {mode}, {out_off});
-#endif
-}}
-""")
-    pairs = (f"    for (p = 0; p + 1 < {npx}; p += 2) {{\n        {fname}_pw2(in + p * {k}, out + p * {co});\n    }}\n"
-             if npx > 1 else "    p = 0;\n")
-    last = f"    {fname}_pw1(in + p * {k}, out + p * {co});\n" if npx % 2 else ""
-    fns.append(f"void {fname}(const int8_t *in, int8_t *out)\n{{\n    int32_t p;\n{pairs}{last}}}\n")
-    what = (f"generated dsp 1x1 pointwise conv: 2 px x 2 ch tiles in one assembly loop per layer over an "
-            f"interleaved bias/weight/epilogue stream, short epilogue")
-    return GeneratedLayer("\n".join(fns), f"{fname}({x_expr}, {y_expr});", what, True, {"gen_pw": name})
+        cg_pointwise_c(cg_s, cg_y, {co}, {name}, {co // 2}, {k}, {mode}, {out_off});
+#endif"""
+    if npx >= n:
+        loop = f"""    int32_t p;
+    for (p = 0; p < {npx}; p += {n}) {{
+        const int32_t t = p + {n} <= {npx} ? p : {npx - n};
+        int8_t *cg_y = out + t * {co};
+        cg_widen_words(in + t * {k}, cg_s, {n * k // 4});
+{body}
+    }}
+"""
+    else:  # (fewer pixels than a tile: the tile's other rows zero, its outputs through a stack copy)
+        loop = f"""    int8_t cg_out[{n * co}];
+    int8_t *cg_y = cg_out;
+    memset(cg_s, 0, sizeof cg_s);
+    cg_widen_words(in, cg_s, {npx * k // 4});
+    {{
+{body}
+    }}
+    memcpy(out, cg_out, {npx * co});
+"""
+    fns = f"void {fname}(const int8_t *in, int8_t *out)\n{{\n    int32_t cg_s[{words + 2}];\n{loop}}}\n"
+    what = (f"generated dsp 1x1 pointwise conv: {n} px x 2 ch tiles over widened inputs, one assembly loop "
+            f"per tile over an interleaved bias/weight/epilogue stream, short epilogue")
+    return GeneratedLayer(fns, f"{fname}({x_expr}, {y_expr});", what, True, {"gen_pw": name})
 
 
 def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> GeneratedLayer:

@@ -462,33 +462,59 @@ CG_INLINE void cg_dot_2x2_pair_c(const int8_t *x, int32_t xs, const int16_t *w, 
 }
 
 /*
- * cg_pointwise_c: a pointwise (1x1, stride 1, unpadded) layer's pixel pair (x, x + xs) -> (y, y + ys)
- * over its stream ``s`` (int16 words of generated.pointwise_stream: per pair of filters their two
- * int32 biases, their paired widened weights - CG_DOT_2X2_PAIR's layout, ``k`` inputs -, then
- * {multiplier, right, K} of each filter as int32), ``pairs`` pairs; ``epilogue``: cg_output's flags.
- * The generator writes the same walk as one assembly loop per layer on DSP cores (its ``_pw``
- * functions: the biases, the groups, the epilogue and the stores of a pair of filters in registers);
- * this is its C (hosts).
+ * cg_widen_words: the 4n int8 inputs at x -> 2n words of int16 pairs
+ * in SXTB16 order, (x0, x2) then (x1, x3) per input word: the order of the pre-widened weights
+ * (generated.widened_weights), so that one SMLAD multiplies a word of each.
  */
-CG_INLINE void cg_pointwise_c(const int8_t *x, int32_t xs, int8_t *y, int32_t ys, const int16_t *s, int32_t pairs,
-                              int32_t k, int epilogue, int32_t out_offset)
+CG_INLINE void cg_widen_words(const int8_t *x, int32_t *s, int32_t n)
 {
-    int32_t p, f;
-    for (p = 0; p < pairs; p++) {
-        int32_t acc[4], q[6];
-        memcpy(acc, s, 8);
-        acc[2] = acc[0];
-        acc[3] = acc[1];
-        cg_dot_2x2_pair_c(x, xs, s + 4, k, acc);
-        memcpy(q, s + 4 + 2 * k, sizeof q);
-        s += 4 + 2 * k + 12;
-        for (f = 0; f < 2; f++) {
-            const int32_t qc[4] = {q[3 * f], q[3 * f + 1], q[3 * f + 2], 0};
-            const int8_t v0 = cg_output(acc[f], qc, epilogue, out_offset, -128, 127);
-            const int8_t v1 = cg_output(acc[f + 2], qc, epilogue, out_offset, -128, 127);
-            y[2 * p + f] = v0;
-            y[ys + 2 * p + f] = v1;
+    int32_t i;
+    for (i = 0; i + 2 <= n; i += 2) {
+        const int32_t v0 = cg_read32(x + 4 * i), v1 = cg_read32(x + 4 * i + 4);
+        s[2 * i] = cg_sxtb16(v0);
+        s[2 * i + 1] = cg_sxtb16_ror8(v0);
+        s[2 * i + 2] = cg_sxtb16(v1);
+        s[2 * i + 3] = cg_sxtb16_ror8(v1);
+    }
+    if (i < n) {
+        const int32_t v = cg_read32(x + 4 * i);
+        s[2 * i] = cg_sxtb16(v);
+        s[2 * i + 1] = cg_sxtb16_ror8(v);
+    }
+}
+
+#define CG_PW_PIXELS 3 /* pixels per pointwise tile (cg_pointwise_c, generated._pointwise_asm) */
+
+/*
+ * cg_pointwise_c: a pointwise (1x1, stride 1, unpadded) layer's tile of CG_PW_PIXELS pixels, their
+ * inputs widened (cg_widen_words: pixel p's k inputs at s + p * k / 2) -> y + p * ys, over the layer's
+ * stream ``st`` (int16 words of generated.pointwise_stream: per pair of filters their two int32 biases,
+ * their paired widened weights - CG_DOT_2X2_PAIR's layout, ``k`` inputs -, then {multiplier, right, K}
+ * of each filter as int32), ``pairs`` pairs; ``epilogue``: cg_output's flags.  The generator writes
+ * the same walk as one assembly loop per layer on DSP cores (generated._pointwise_asm: per pair of
+ * filters the 3 x 2 tile in registers, per two inputs five LDRs and six SMLADs); this is its C (hosts).
+ */
+CG_INLINE void cg_pointwise_c(const int32_t *s, int8_t *y, int32_t ys, const int16_t *st, int32_t pairs, int32_t k,
+                              int epilogue, int32_t out_offset)
+{
+    int32_t j, p, f, c;
+    for (j = 0; j < pairs; j++) {
+        int32_t b[2], q[6];
+        memcpy(b, st, sizeof b);
+        memcpy(q, st + 4 + 2 * k, sizeof q);
+        for (p = 0; p < CG_PW_PIXELS; p++) {
+            for (f = 0; f < 2; f++) {
+                const int32_t qc[4] = {q[3 * f], q[3 * f + 1], q[3 * f + 2], 0};
+                int32_t acc = b[f];
+                for (c = 0; c < k / 2; c++) {
+                    int32_t w;
+                    memcpy(&w, st + 4 + 8 * (c / 2) + 4 * f + 2 * (c % 2), 4);
+                    acc = cg_smlad(s[p * (k / 2) + c], w, acc);
+                }
+                y[p * ys + 2 * j + f] = cg_output(acc, qc, epilogue, out_offset, -128, 127);
+            }
         }
+        st += 4 + 2 * k + 12;
     }
 }
 
