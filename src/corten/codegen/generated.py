@@ -25,7 +25,8 @@ immediate offsets.  What is done ahead of time:
   products all read widened weights store them and the biases doubled (:func:`doubles`), so the
   short epilogue's ``SMMULR(2a, m)`` needs no shift.
 * **Register tiles**: 2 pixels x 2 output channels per dense dot product (4 accumulators: 13 live
-  registers on a Cortex-M4, no spill), four channels per depthwise step (DSP) or per vector (MVE);
+  registers on a Cortex-M4, no spill), 3 pixels x 2 output channels over inputs widened once per tile
+  for the DSP pointwise layers (:func:`_pointwise_asm`), four channels per depthwise step (DSP) or per vector (MVE);
   on Helium 2 pixels x 4 filters per VMLADAVA tile (a per-layer assembly loop over the filter groups,
   ``mve_tile_asm``) and 16 depthwise channels per step (a per-layer assembly row function,
   ``dw16_function``), both requantizing whole vectors after the sums.
