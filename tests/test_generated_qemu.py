@@ -11,7 +11,7 @@ from corten.codegen.emitter import KERNELS_DIR
 from corten.runners.common import harness_defines
 from corten.runners.qemu import run_on_qemu
 from test_generated_kernels import (expected_bytes, helium_specs, layer_inputs, layers_source,
-                                    matvec_specs, narrow_specs, pointwise_specs, random_specs)
+                                    matvec_specs, narrow_specs, planar_specs, pointwise_specs, random_specs)
 
 
 @needs_qemu
@@ -31,5 +31,22 @@ def test_generated_layers_on_qemu(target, isa, tmp_path):
     want = expected_bytes(specs, xs)
     defines = harness_defines("layers.h", "layers_run", len(in_bytes), want.size, 16)
     res = run_on_qemu([tmp_path / "layers.c"], [tmp_path, KERNELS_DIR], defines, in_bytes, want.size, target,
+                      tmp_path / "run", progress=None)
+    assert np.array_equal(np.frombuffer(res.output, dtype=np.int8), want)
+
+
+@needs_qemu
+def test_planar_depthwise_on_qemu_m4(tmp_path):
+    """The channel-planar 3x3 depthwise layers (assembly rows, C gathers) on the Cortex-M4."""
+    specs = planar_specs()
+    xs = layer_inputs(specs, seed=12) + layer_inputs(specs, seed=13, last_at_minimum=True)
+    specs = specs + specs
+    (tmp_path / "layers.c").write_text(layers_source(specs, "dsp"))
+    assert "smlatb r9" in (tmp_path / "layers.c").read_text()
+    (tmp_path / "layers.h").write_text("#include <stdint.h>\nint layers_run(const int8_t *in, int8_t *out, uint8_t *arena);\n")
+    in_bytes = b"".join(x.numpy().tobytes() for x in xs)
+    want = expected_bytes(specs, xs)
+    defines = harness_defines("layers.h", "layers_run", len(in_bytes), want.size, 16)
+    res = run_on_qemu([tmp_path / "layers.c"], [tmp_path, KERNELS_DIR], defines, in_bytes, want.size, "cortex-m4",
                       tmp_path / "run", progress=None)
     assert np.array_equal(np.frombuffer(res.output, dtype=np.int8), want)

@@ -998,7 +998,221 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
     return GeneratedLayer(fns, f"{fname}({x_expr}, {y_expr});", what, short, arrays)
 
 
+DW_PLANAR_BYTES = 1024  # largest stack buffer of a planar depthwise layer's gathered rows
+PLANAR_MIN_WIDTH = 4  # narrower output rows: the channels-last path (measured: 3 outputs a row ran slower planar)
+
+
+def planar_group(spec: LayerSpec, isa: str) -> int:
+    """Channels per group of the channel-planar depthwise path (:func:`_dw_planar`; 0: not taken): DSP
+    cores, 3x3 at stride 1, leading padding <= 2, C even, output rows of 4 or more, three gathered rows of G channels within
+    DW_PLANAR_BYTES (G the largest of 16, 8, 4, 2 dividing C that fits), every accumulator below 2**31."""
+    if (isa != "dsp" or spec.kind != "depthwise" or (spec.kh, spec.kw) != (3, 3) or tuple(spec.stride) != (1, 1)
+            or max(spec.padding) > 2 or spec.c_in % 2 or spec.wo < PLANAR_MIN_WIDTH):
+        return 0
+    if planar_bound(spec) >= INT32_LIMIT:
+        return 0
+    rw = planar_row_elements(spec)
+    for g in (16, 8, 4, 2):
+        if spec.c_in % g == 0 and 3 * g * rw * 2 <= DW_PLANAR_BYTES:
+            return g
+    return 0
+
+
+def planar_row_elements(spec: LayerSpec) -> int:
+    """int16 elements of a gathered row: the outputs rounded up to a step of four, plus two."""
+    return -(-spec.wo // 4) * 4 + 2
+
+
+def planar_bias(spec: LayerSpec) -> torch.Tensor:
+    """The interior folded bias (the planar path's padding holds the input zero point: every window is full)."""
+    return folded_biases(spec, [(0, spec.kh, 0, spec.kw)])[0]
+
+
+def planar_bound(spec: LayerSpec) -> int:
+    """Largest |partial sum| of the planar path: its bias plus 128 * sum |w| (padding values are int8 too)."""
+    w = spec.weight.to(torch.int64).abs().sum(dim=(0, 1))
+    return int((planar_bias(spec).abs() + 128 * w).max())
+
+
+PLANAR_WORDS = 11  # int32 words per channel of the planar table: 6 weight pairs, bias, 4 epilogue constants
+
+
+def planar_table(spec: LayerSpec, f: int, q: torch.Tensor) -> torch.Tensor:
+    """int32 ``[C, 11]``: per channel the int16 pairs (w0, w1), (w1, w2) of kernel rows 0, 1, 2 (w0 / w1
+    in the low half), its bias, then its row of ``q`` (cg_output's constants); weights and bias times
+    ``f`` (:func:`doubles`)."""
+    w = f * spec.weight.to(torch.int64)  # [3, 3, C]
+
+    def pair(lo, hi):
+        return (lo & 0xFFFF) | ((hi & 0xFFFF) << 16)
+
+    cols = []
+    for r in range(3):
+        cols += [pair(w[r, 0], w[r, 1]), pair(w[r, 1], w[r, 2])]
+    cols.append(f * planar_bias(spec))
+    t = torch.stack(cols, dim=1)
+    t = torch.where(t >= 2**31, t - 2**32, t)
+    return torch.cat([t, q.to(torch.int64)], dim=1).to(torch.int32).contiguous()
+
+
+def _imm_mov(cond: str, reg: str, v: int) -> str:
+    return f"mov{cond} {reg}, #{v}" if v >= 0 else f"mvn{cond} {reg}, #{~v}"
+
+
+def _add_const(reg: str, v: int, tmp: str) -> list[str]:
+    """``reg += v`` (any int32 ``v``; ``tmp`` may be clobbered)."""
+    if v == 0:
+        return []
+    op, a = ("add", v) if v > 0 else ("sub", -v)
+    if a <= THUMB_IMM12:
+        return [f"{op} {reg}, {reg}, #{a}"]
+    return [f"movw {tmp}, #{a & 0xFFFF}", *([f"movt {tmp}, #{a >> 16}"] if a >> 16 else []), f"{op} {reg}, {reg}, {tmp}"]
+
+
+def planar_asm_ok(spec: LayerSpec, mode: int) -> bool:
+    """Whether the planar rows run as assembly (:func:`planar_row_function`): the SMMLAR epilogue
+    (CG_SIGN_FROM_ACC) and the three outputs' store offsets within STRB's immediate."""
+    return bool(mode & SIGN_FROM_ACC) and 3 * spec.c_in <= THUMB_IMM12
+
+
+def planar_row_function(fn: str, spec: LayerSpec, g: int, mode: int) -> str:
+    """Assembly ``fn(r0, r1, r2, y, t)``: one output row of ``g`` channels, channel k from int16 rows
+    ``r0..r2 + k * rw`` (kernel rows 0..2), its table ``t + 11 k`` (:func:`planar_table`), its outputs at
+    ``y + k``, ``C`` bytes apart; four outputs per step (corten_gen.h: CG_DWP_KROW), accumulators
+    r8-r11, the kernel row's weight pairs r6, r7, the input words r12, lr."""
+    c, wo = spec.c_in, spec.wo
+    n4, tail = divmod(wo, 4)
+    acc = ["r8", "r9", "r10", "r11"]
+
+    def step(stores: int) -> list[str]:
+        """Four outputs (two where at most two are stored: out0, out1 read (x0, x1), (x2, x3) only)."""
+        four = stores > 2
+        a = [f"ldr {'r11' if four else 'r9'}, [r4, #24]"]
+        for r, p in enumerate(("r0", "r1", "r2")):
+            first = r == 0
+            b = "r11" if four else "r9"
+            a += [f"ldr r6, [r4, #{8 * r}]", f"ldr r7, [r4, #{8 * r + 4}]", f"ldr r12, [{p}], #8",
+                  f"ldr lr, [{p}, #-4]",
+                  f"smlad r8, r12, r6, {b if first else 'r8'}", f"smlatb r9, r12, r6, {b if first else 'r9'}"]
+            if four:
+                a += [f"smlad r10, lr, r6, {'r11' if first else 'r10'}", "smlatb r11, lr, r6, r11"]
+            a += ["smlabt r8, lr, r7, r8", "smlad r9, lr, r7, r9"]
+            if four:
+                a += [f"ldr r12, [{p}]", "smlabt r10, r12, r7, r10", "smlad r11, r12, r7, r11"]
+        a += ["ldr r6, [r4, #28]", "ldr r12, [r4, #32]", "ldr r7, [r4, #36]"]
+        for k in range(stores):
+            v = acc[k]
+            a += [f"add lr, r7, {v}, asr #31", f"smmlar {v}, {v}, r6, lr", f"asr {v}, {v}, r12"]
+            if not mode & OFFSET_IN_ROUNDING and spec.output_offset:
+                off = spec.output_offset
+                a.append(f"add {v}, {v}, #{off}" if off > 0 else f"sub {v}, {v}, #{-off}")
+            a.append(f"ssat {v}, #8, {v}")
+            if spec.act_min > -128:
+                a += [f"cmp {v}, #{spec.act_min}", "it lt", _imm_mov("lt", v, spec.act_min)]
+            if spec.act_max < 127:
+                a += [f"cmp {v}, #{spec.act_max}", "it gt", _imm_mov("gt", v, spec.act_max)]
+            a.append(f"strb {v}, [r3, #{k * c}]")
+        return a
+
+    a = ["push {r4-r11, lr}", "ldr r4, [sp, #36]", "sub sp, sp, #4", f"movs r5, #{g}", "str r5, [sp]", "1:"]
+    if n4:
+        a += [f"movs r5, #{n4}", "2:", *step(4), *_add_const("r3", 4 * c, "r12"), "subs r5, r5, #1", "bne 2b"]
+    if tail:
+        a += step(tail)
+    a += ["add r0, r0, #4", "add r1, r1, #4", "add r2, r2, #4",  # (the next plane: 2 rw = 8 steps + 4 bytes)
+          *_add_const("r3", 1 - 4 * c * n4, "r12"), f"add r4, r4, #{4 * PLANAR_WORDS}",
+          "ldr r5, [sp]", "subs r5, r5, #1", "str r5, [sp]", "bne 1b", "add sp, sp, #4", "pop {r4-r11, pc}"]
+    body = "\n".join(f'    "{ln}\\n"' for ln in a)
+    return (f'__asm__(".pushsection .text.{fn}, \\"ax\\", %progbits\\n"\n'
+            '    ".balign 4\\n"\n    ".thumb_func\\n"\n'
+            f'    ".global {fn}\\n"\n    ".type {fn}, %function\\n"\n    "{fn}:\\n"\n'
+            f"{body}\n"
+            f'    ".size {fn}, .-{fn}\\n"\n    ".popsection\\n");\n')
+
+
+def _dw_planar(spec: LayerSpec, g: int, fname: str, array, x_expr: str, y_expr: str) -> GeneratedLayer:
+    """A 3x3 stride-1 depthwise layer on DSP cores, channel-planar (corten_gen.h, cg_dwp_*): per group of
+    ``g`` channels each input row gathered once, widened, into a ring of three row slots on the stack,
+    then per output row the row function (assembly where :func:`planar_asm_ok`) over the group's channels."""
+    c, h, w = spec.c_in, spec.h, spec.w
+    ph, pw = spec.padding
+    bound = planar_bound(spec)
+    short = short_epilogue_ok(bound, spec.multiplier, spec.shift)
+    f = doubles(short, True)
+    q, ep = scalar_epilogue(spec.multiplier, spec.shift, short, spec.output_offset, spec.act_min, spec.act_max,
+                            f == 2, True)
+    mode = int(ep.split(",")[0])
+    tbl = array("gen_wdwp", planar_table(spec, f, q))
+    arrays = {"gen_wdwp": tbl}
+    rw = planar_row_elements(spec)
+    cols = min(w, spec.wo + 2 - pw)  # (input columns some output reads)
+    zp = -spec.input_offset
+    slot = g * rw
+    row_fn = f"{fname}_row"
+    proto = (f"void {row_fn}(const int16_t *r0, const int16_t *r1, const int16_t *r2, int8_t *y, "
+             "const int32_t *t)")
+    c_row = (f"{proto}\n{{\n    int32_t k;\n    for (k = 0; k < {g}; k++) {{\n"
+             f"        cg_dwp_row(r0 + k * {rw}, r1 + k * {rw}, r2 + k * {rw}, t + {PLANAR_WORDS} * k, "
+             f"t + {PLANAR_WORDS} * k + 7, y + k, {c}, {spec.wo}, {ep});\n    }}\n}}\n")
+    asm = planar_asm_ok(spec, mode)
+    if asm:
+        row_text = (f"{proto};\n#ifdef CG_HAVE_DSP\n/* {g} channels x {spec.wo} outputs, 4 per step */\n"
+                    f"{planar_row_function(row_fn, spec, g, mode)}#else\n{c_row}#endif\n\n")
+    else:
+        row_text = f"{proto};\n{c_row}\n"
+
+    def row(iy: str, dst: str, ind: str, known: int | None = None) -> list[str]:
+        gather = [f"cg_dwp_gather(x + ({iy}) * {w * c} + g + {4 * j}, {c}, {dst} + {4 * j * rw}, {rw}, {pw}, "
+                  f"{cols}, {min(g, 4)});" for j in range(max(1, g // 4))]
+        pad = [f"cg_dwp_pad_row({dst}, {rw}, {pw}, {cols}, {g}, {zp});"]
+        if known is not None:
+            return [ind + t for t in (gather if 0 <= known < h else pad)]
+        return ([ind + f"if ({iy} < {h}) {{"] + [ind + "    " + t for t in gather] + [ind + "} else {"]
+                + [ind + "    " + t for t in pad] + [ind + "}"])
+
+    lines = [
+        f"void {fname}(const int8_t *in, int8_t *out)",
+        "{",
+        f"    int16_t buf[{3 * slot}] __attribute__((aligned(4)));",
+        "    int32_t b, g, oy;",
+        f"    cg_dwp_fill(buf, {3 * slot // 2}, {_c(corten_pair(zp))});",
+        f"    for (b = 0; b < {spec.n}; b++) {{",
+        f"        const int8_t *x = in + b * {h * w * c};",
+        f"        int8_t *y = out + b * {spec.ho * spec.wo * c};",
+        f"        for (g = 0; g < {c}; g += {g}) {{",
+        f"            int16_t *s0 = buf, *s1 = buf + {slot}, *s2 = buf + {2 * slot};",
+        *row(str(-ph), "s0", " " * 12, -ph),
+        *row(str(1 - ph), "s1", " " * 12, 1 - ph),
+        f"            for (oy = 0; oy < {spec.ho}; oy++) {{",
+        "                int16_t *t;",
+        *row(f"oy + {2 - ph}", "s2", " " * 16),
+        f"                {row_fn}(s0, s1, s2, y + oy * {spec.wo * c} + g, {tbl} + g * {PLANAR_WORDS});",
+        "                t = s0;",
+        "                s0 = s1;",
+        "                s1 = s2;",
+        "                s2 = t;",
+        "            }",
+        "        }",
+        "    }",
+        "}",
+    ]
+    what = (f"generated dsp 3x3 depthwise, channel-planar: rows of {g} channels gathered widened once "
+            f"({3 * slot * 2} stack bytes), 4 outputs per step from register weights, "
+            f"{'assembly rows, ' if asm else ''}{'short' if short else 'general'} epilogue")
+    return GeneratedLayer(row_text + "\n".join(lines) + "\n", f"{fname}({x_expr}, {y_expr});", what, short,
+                          arrays)
+
+
+def corten_pair(v: int) -> int:
+    """Two int16 ``v`` as one int32 word (a fill value)."""
+    u = (v & 0xFFFF) * 0x10001
+    return u - 2**32 if u >= 2**31 else u
+
+
 def _depthwise(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> GeneratedLayer:
+    g = planar_group(spec, isa)
+    if g:
+        return _dw_planar(spec, g, fname, array, x_expr, y_expr)
     c, kw = spec.c_out, spec.kw
     sh, sw = spec.stride
     ph, pw = spec.padding

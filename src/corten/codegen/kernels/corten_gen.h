@@ -87,6 +87,14 @@ CG_INLINE int32_t cg_smlatt(int32_t a, int32_t b, int32_t acc)
 {
     return __smlatt(a, b, acc);
 }
+CG_INLINE int32_t cg_smlabt(int32_t a, int32_t b, int32_t acc)
+{
+    return __smlabt(a, b, acc);
+}
+CG_INLINE int32_t cg_smlatb(int32_t a, int32_t b, int32_t acc)
+{
+    return __smlatb(a, b, acc);
+}
 /** acc + (x.b0, x.b2) sign-extended, in two int16 lanes (SXTAB16; each lane wraps modulo 2**16). */
 CG_INLINE int32_t cg_sxtab16(int32_t acc, int32_t x)
 {
@@ -150,6 +158,14 @@ CG_INLINE int32_t cg_smlabb(int32_t a, int32_t b, int32_t acc)
 CG_INLINE int32_t cg_smlatt(int32_t a, int32_t b, int32_t acc)
 {
     return acc + cg_hi16(a) * cg_hi16(b);
+}
+CG_INLINE int32_t cg_smlabt(int32_t a, int32_t b, int32_t acc)
+{
+    return acc + cg_lo16(a) * cg_hi16(b);
+}
+CG_INLINE int32_t cg_smlatb(int32_t a, int32_t b, int32_t acc)
+{
+    return acc + cg_hi16(a) * cg_lo16(b);
 }
 CG_INLINE int32_t cg_ssat8(int32_t v)
 {
@@ -1086,6 +1102,140 @@ CG_INLINE void cg_dw4_dsp(const int8_t *x, const int16_t *w, int32_t *acc)
         CG_DW4_TAP((XR), WG, XOFF, WOFF, A0, A1, A2, A3);                                            \
         CG_DW4_TAP((XR) + (XS), WG, XOFF, WOFF, B0, B1, B2, B3);                                     \
     } while (0)
+
+/*
+ * Channel-planar 3x3 depthwise convolution at stride 1 (generated.py, _dw_planar; DSP cores): per group
+ * of G = 2 or 4 channels the layer gathers each input row once, widened to int16, into one of three
+ * row slots of a stack buffer (G planes of ``rs`` elements; the padding columns and rows hold the input
+ * zero point, so every output takes the interior folded bias), then slides each channel's three rows
+ * along the output row, four outputs per step: a kernel row's weights are two int16 pairs (w0, w1) and
+ * (w1, w2) in registers, its input words (x0, x1), (x2, x3), (x4, x5) loaded once for the four outputs,
+ * two SMLAxy per output and kernel row:
+ *   out0 += (x0, x1).(w0, w1) + x2 w2       SMLAD, SMLABT      out1 += x1 w0 + (x2, x3).(w1, w2)  SMLATB, SMLAD
+ *   out2 += (x2, x3).(w0, w1) + x4 w2       SMLAD, SMLABT      out3 += x3 w0 + (x4, x5).(w1, w2)  SMLATB, SMLAD
+ */
+/** ``n`` words ``v`` at ``d`` (the buffer's zero-point fill). */
+CG_INLINE void cg_dwp_fill(int16_t *d, int32_t n, int32_t v)
+{
+    int32_t i;
+    for (i = 0; i < n; i++) {
+        memcpy(d + 2 * i, &v, 4);
+    }
+}
+
+/** Elements [e0, e0 + n) of ``g`` int16 rows ``rs`` apart at ``d`` set to ``v`` (a padding row). */
+CG_INLINE void cg_dwp_pad_row(int16_t *d, int32_t rs, int32_t e0, int32_t n, int g, int32_t v)
+{
+    int32_t i, k;
+    for (k = 0; k < g; k++) {
+        for (i = 0; i < n; i++) {
+            d[k * rs + e0 + i] = (int16_t)v;
+        }
+    }
+}
+
+/** ``n`` pixels of ``g`` (2 or 4) channels (``x``: the first pixel's first channel, pixels ``c`` bytes
+ *  apart) widened into ``g`` int16 rows ``rs`` apart at ``d``, elements [e0, e0 + n) (``d``, ``rs`` even:
+ *  the pixel pairs at even elements are stored as words, two pixels' words repacked by PKHBT/PKHTB). */
+CG_INLINE void cg_dwp_gather(const int8_t *x, int32_t c, int16_t *d, int32_t rs, int32_t e0, int32_t n, int g)
+{
+    int32_t i = 0, k;
+    if (e0 & 1) { /* an odd first element: its pixel alone */
+        for (k = 0; k < g; k++) {
+            d[k * rs + e0] = x[k];
+        }
+        i = 1;
+    }
+    for (; i + 1 < n; i += 2) {
+        const int8_t *p = x + i * c;
+        int16_t *o = d + e0 + i;
+        uint32_t v0, v1;
+        int32_t lo, w;
+        if (g == 4) {
+            memcpy(&v0, p, 4);
+            memcpy(&v1, p + c, 4);
+        } else {
+            uint16_t h0, h1;
+            memcpy(&h0, p, 2);
+            memcpy(&h1, p + c, 2);
+            v0 = h0;
+            v1 = h1;
+        }
+        lo = corten_u32_to_i32((v0 & 0xFFFFu) | (v1 << 16)); /* (a0, a1, b0, b1): PKHBT */
+        w = cg_sxtb16(lo);
+        memcpy(o, &w, 4);
+        w = cg_sxtb16_ror8(lo);
+        memcpy(o + rs, &w, 4);
+        if (g == 4) {
+            const int32_t hi = corten_u32_to_i32((v1 & 0xFFFF0000u) | (v0 >> 16)); /* (a2, a3, b2, b3): PKHTB */
+            w = cg_sxtb16(hi);
+            memcpy(o + 2 * rs, &w, 4);
+            w = cg_sxtb16_ror8(hi);
+            memcpy(o + 3 * rs, &w, 4);
+        }
+    }
+    if (i < n) { /* an odd last pixel alone */
+        for (k = 0; k < g; k++) {
+            d[k * rs + e0 + i] = x[i * c + k];
+        }
+    }
+}
+
+/** One kernel row of four outputs (see above): ``r`` the row at the first output's first tap. */
+#define CG_DWP_KROW(R, WA, WB, A0, A1, A2, A3)                                                       \
+    do {                                                                                             \
+        int32_t cg_x0, cg_x1, cg_x2;                                                                 \
+        memcpy(&cg_x0, (R), 4);                                                                      \
+        memcpy(&cg_x1, (R) + 2, 4);                                                                  \
+        memcpy(&cg_x2, (R) + 4, 4);                                                                  \
+        (A0) = cg_smlad(cg_x0, (WA), (A0));                                                          \
+        (A1) = cg_smlatb(cg_x0, (WA), (A1));                                                         \
+        (A0) = cg_smlabt(cg_x1, (WB), (A0));                                                         \
+        (A1) = cg_smlad(cg_x1, (WB), (A1));                                                          \
+        (A2) = cg_smlad(cg_x1, (WA), (A2));                                                          \
+        (A3) = cg_smlatb(cg_x1, (WA), (A3));                                                         \
+        (A2) = cg_smlabt(cg_x2, (WB), (A2));                                                         \
+        (A3) = cg_smlad(cg_x2, (WB), (A3));                                                          \
+    } while (0)
+
+/** One output row of one channel: ``n`` outputs (``y``, ``ys`` bytes apart) from its three input rows
+ *  ``r0..r2`` (int16, 4-byte aligned, element 0 under the first output's first tap, roundup(n, 4) + 2
+ *  elements); ``wb``: the channel's pairs (w0, w1), (w1, w2) of kernel rows 0, 1, 2, then its bias;
+ *  ``q`` its epilogue constants, the rest cg_output's arguments. */
+CG_INLINE void cg_dwp_row(const int16_t *r0, const int16_t *r1, const int16_t *r2, const int32_t *wb,
+                          const int32_t *q, int8_t *y, int32_t ys, int32_t n, int epilogue, int32_t out_offset,
+                          int32_t act_min, int32_t act_max)
+{
+    const int32_t wa0 = wb[0], wb0 = wb[1], wa1 = wb[2], wb1 = wb[3], wa2 = wb[4], wb2 = wb[5], bias = wb[6];
+    const int32_t qv[4] = {q[0], q[1], q[2], q[3]};
+    int32_t i;
+    for (i = 0; i < n; i += 4, r0 += 4, r1 += 4, r2 += 4, y += 4 * ys) {
+        int32_t a0 = bias, a1 = bias, a2 = bias, a3 = bias;
+        CG_DWP_KROW(r0, wa0, wb0, a0, a1, a2, a3);
+        CG_DWP_KROW(r1, wa1, wb1, a0, a1, a2, a3);
+        CG_DWP_KROW(r2, wa2, wb2, a0, a1, a2, a3);
+        {
+            const int8_t v0 = cg_output(a0, qv, epilogue, out_offset, act_min, act_max);
+            const int8_t v1 = cg_output(a1, qv, epilogue, out_offset, act_min, act_max);
+            const int8_t v2 = cg_output(a2, qv, epilogue, out_offset, act_min, act_max);
+            const int8_t v3 = cg_output(a3, qv, epilogue, out_offset, act_min, act_max);
+            if (i + 4 <= n) {
+                y[0] = v0;
+                y[ys] = v1;
+                y[2 * ys] = v2;
+                y[3 * ys] = v3;
+            } else {
+                y[0] = v0;
+                if (i + 1 < n) {
+                    y[ys] = v1;
+                }
+                if (i + 2 < n) {
+                    y[2 * ys] = v2;
+                }
+            }
+        }
+    }
+}
 
 #ifdef CG_HAVE_MVE
 /**
