@@ -714,16 +714,16 @@ def _pointwise_asm(k: int, co: int) -> str:
     and LDRD do not pipeline) and six SMLADs into the 3 x 2 accumulators (the first two inputs add the
     biases, loaded into the last pixel's accumulators); the epilogue constants of each filter by three
     LDRs, the SMMLAR epilogue of its three outputs and their stores; the output pointer and the stream's
-    end in the two words after the widened inputs (13 registers, r0-r6, r8-r12 and lr, no memory operand:
-    an unoptimised build has no register left to address one)."""
+    end and its start in the three words after the widened inputs (13 registers, r0-r6, r8-r12 and lr, no
+    memory operand: an unoptimised build has no register left to address one)."""
     q = "\\n\\t"
     a, (x0, x1, x2, w0, w1) = PW_ACC, PW_DATA
     xs = (x0, x1, x2)
     n = PW_PIXELS
-    lines = ['"1:' + q + '"', f'"ldr {a[2 * n - 2]}, [%[w]]{q}"', f'"ldr {a[2 * n - 1]}, [%[w], #4]{q}"']
+    lines = [f'"ldr r6, [%[x], #{2 * k * n + 8}]{q}"', '"1:' + q + '"', f'"ldr {a[2 * n - 2]}, [r6]{q}"', f'"ldr {a[2 * n - 1]}, [r6, #4]{q}"']
     for c in range(k // 2):
         wo = 8 + 16 * (c // 2) + 4 * (c % 2)
-        lines += [f'"ldr {w0}, [%[w], #{wo}]{q}"', f'"ldr {w1}, [%[w], #{wo + 8}]{q}"',
+        lines += [f'"ldr {w0}, [r6, #{wo}]{q}"', f'"ldr {w1}, [r6, #{wo + 8}]{q}"',
                   *(f'"ldr {xs[p]}, [%[x], #{2 * k * p + 4 * c}]{q}"' for p in range(n))]
         for p in range(n):
             for f, wr in enumerate((w0, w1)):
@@ -733,13 +733,13 @@ def _pointwise_asm(k: int, co: int) -> str:
     y, m, r, kk, t = PW_DATA
     lines.append(f'"ldr {y}, [%[x], #{2 * k * n}]{q}"')
     for f in range(2):
-        lines += [f'"ldr {reg}, [%[w], #{o + 12 * f + 4 * i}]{q}"' for i, reg in enumerate((m, r, kk))]
+        lines += [f'"ldr {reg}, [r6, #{o + 12 * f + 4 * i}]{q}"' for i, reg in enumerate((m, r, kk))]
         for p in range(n):
             v = a[2 * p + f]
             lines += [f'"add {t}, {kk}, {v}, asr #31{q}"', f'"smmlar {v}, {v}, {m}, {t}{q}"',
                       f'"asr {v}, {v}, {r}{q}"', f'"ssat {v}, #8, {v}{q}"', f'"strb {v}, [{y}, #{co * p + f}]{q}"']
     lines += [f'"adds {y}, {y}, #2{q}"', f'"str {y}, [%[x], #{2 * k * n}]{q}"', f'"ldr {t}, [%[x], #{2 * k * n + 4}]{q}"',
-              f'"add %[w], %[w], #{o + 24}{q}"', f'"cmp %[w], {t}{q}"', '"bne 1b"']
+              f'"add r6, r6, #{o + 24}{q}"', f'"cmp r6, {t}{q}"', '"bne 1b"']
     return "\n                ".join(lines)
 
 
@@ -759,20 +759,23 @@ def _pointwise(spec, fname, array, biases, x_expr, y_expr) -> GeneratedLayer:
     body = f"""#ifdef CG_HAVE_DSP
         {{
             register int32_t *cg_x __asm__("r8") = cg_s;
-            register const int16_t *cg_w __asm__("r6") = {name};
             cg_s[{words}] = (int32_t)(uintptr_t)cg_y;
-            cg_s[{words + 1}] = (int32_t)(uintptr_t)({name} + {stream.numel()});
             __asm__ volatile({_pointwise_asm(k, co)}
-                : [x] "+r"(cg_x), [w] "+r"(cg_w)
+                : [x] "+r"(cg_x)
                 :
-                : "r0", "r1", "r2", "r3", "r4", "r5", "r9", "r10", "r11", "r12", "lr", "memory", "cc");
+                : "r0", "r1", "r2", "r3", "r4", "r5", "r6", "r9", "r10", "r11", "r12", "lr", "memory", "cc");
         }}
 #else
         cg_pointwise_c(cg_s, cg_y, {co}, {name}, {co // 2}, {k}, {mode}, {out_off});
 #endif"""
+    stream_words = f"""#ifdef CG_HAVE_DSP
+    cg_s[{words + 1}] = (int32_t)(uintptr_t)({name} + {stream.numel()});
+    cg_s[{words + 2}] = (int32_t)(uintptr_t){name};
+#endif
+"""
     if npx >= n:
         loop = f"""    int32_t p;
-    for (p = 0; p < {npx}; p += {n}) {{
+{stream_words}    for (p = 0; p < {npx}; p += {n}) {{
         const int32_t t = p + {n} <= {npx} ? p : {npx - n};
         int8_t *cg_y = out + t * {co};
         cg_widen_words(in + t * {k}, cg_s, {n * k // 4});
@@ -783,13 +786,13 @@ def _pointwise(spec, fname, array, biases, x_expr, y_expr) -> GeneratedLayer:
         loop = f"""    int8_t cg_out[{n * co}];
     int8_t *cg_y = cg_out;
     memset(cg_s, 0, sizeof cg_s);
-    cg_widen_words(in, cg_s, {npx * k // 4});
+{stream_words}    cg_widen_words(in, cg_s, {npx * k // 4});
     {{
 {body}
     }}
     memcpy(out, cg_out, {npx * co});
 """
-    fns = f"void {fname}(const int8_t *in, int8_t *out)\n{{\n    int32_t cg_s[{words + 2}];\n{loop}}}\n"
+    fns = f"void {fname}(const int8_t *in, int8_t *out)\n{{\n    int32_t cg_s[{words + 3}];\n{loop}}}\n"
     what = (f"generated dsp 1x1 pointwise conv: {n} px x 2 ch tiles over widened inputs, one assembly loop "
             f"per tile over an interleaved bias/weight/epilogue stream, short epilogue")
     return GeneratedLayer(fns, f"{fname}({x_expr}, {y_expr});", what, True, {"gen_pw": name})
