@@ -535,9 +535,9 @@ def test_dw16_rows_only_within_their_immediates():
 
 
 def planar_specs() -> list[gen.LayerSpec]:
-    """3x3 stride-1 depthwise layers for the channel-planar DSP path: groups of 16, 4 and 2 channels,
-    leading paddings 0..2, odd and even widths (odd first gathered elements, output rows ending in a
-    step of 1..3 outputs), bands (fewer output rows than the padding gives), several batches, large
+    """3x3 stride-1 depthwise layers for the channel-planar DSP path: groups of 16, 4 and 2 channels
+    (128 channels: pixels more than 255 bytes apart), leading paddings 0..2, odd and even widths (odd
+    first or last gathered columns, output rows ending in a step of 1..3 outputs), bands (fewer output rows than the padding gives), several batches, large
     biases, left shifts and the general epilogue, clamps; the last two stay channels-last (rows too
     wide for the buffer, too narrow)."""
     rng = random.Random(41)
@@ -545,6 +545,7 @@ def planar_specs() -> list[gen.LayerSpec]:
     for h, w, c, (ph, pw), n, big in [(6, 7, 8, (1, 1), 1, False), (5, 9, 6, (1, 1), 2, False), (4, 8, 4, (0, 0), 1, False),
                                       (3, 9, 12, (2, 1), 1, True), (7, 5, 2, (1, 2), 1, False),
                                       (1, 5, 4, (1, 1), 1, False), (2, 10, 16, (1, 0), 1, True),
+                                      (3, 6, 128, (1, 1), 1, False),
                                       (9, 120, 8, (1, 1), 1, False), (5, 3, 4, (1, 1), 1, False)]:
         ho, wo = h + 2 * ph - 2, w + 2 * pw - 2
         if rng.random() < 0.3:

@@ -1145,12 +1145,60 @@ def planar_row_function(fn: str, spec: LayerSpec, g: int, mode: int) -> str:
     a += ["add r0, r0, #4", "add r1, r1, #4", "add r2, r2, #4",  # (the next plane: 2 rw = 8 steps + 4 bytes)
           *_add_const("r3", 1 - 4 * c * n4, "r12"), f"add r4, r4, #{4 * PLANAR_WORDS}",
           "ldr r5, [sp]", "subs r5, r5, #1", "str r5, [sp]", "bne 1b", "add sp, sp, #4", "pop {r4-r11, pc}"]
-    body = "\n".join(f'    "{ln}\\n"' for ln in a)
+    return _asm_function(fn, a)
+
+
+def _asm_function(fn: str, lines: list[str]) -> str:
+    """A global Thumb function written as a top-level ``__asm__`` statement."""
+    body = "\n".join(f'    "{ln}\\n"' for ln in lines)
     return (f'__asm__(".pushsection .text.{fn}, \\"ax\\", %progbits\\n"\n'
             '    ".balign 4\\n"\n    ".thumb_func\\n"\n'
             f'    ".global {fn}\\n"\n    ".type {fn}, %function\\n"\n    "{fn}:\\n"\n'
             f"{body}\n"
             f'    ".size {fn}, .-{fn}\\n"\n    ".popsection\\n");\n')
+
+
+def planar_gather_asm(spec: LayerSpec, g: int, rw: int, cols: int) -> list[str]:
+    """Assembly lines of ``gather(x, d)``: one input row (``x``: column 0 of the group's first channel) of
+    ``g`` channels widened into the group's planes at ``d`` (``rw`` int16 elements each), two pixels per
+    step (two LDR / LDRH, PKHBT / PKHTB, SXTB16: each channel's pair of pixels one word); a padding column
+    beside an odd first or last column is a virtual pixel of zero-point bytes (r2)."""
+    c, pw = spec.c_in, spec.padding[1]
+    lead = pw & 1
+    total = lead + cols
+    pairs = -(-total // 2)
+    trail = total % 2
+    mid = pairs - lead - trail
+    four = g >= 4
+    zp = -spec.input_offset & 0xFF
+    ld = "ldr" if four else "ldrh"
+
+    def pair() -> list[str]:  # v0 r5, v1 r4 -> the planes at r1 (post-incremented by 4)
+        a = ["pkhbt r6, r5, r4, lsl #16"]
+        if four:
+            a.append("pkhtb r7, r4, r5, asr #16")
+        a += ["sxtb16 r4, r6", "sxtb16 r6, r6, ror #8"]
+        if four:
+            a += ["sxtb16 r5, r7", "sxtb16 r7, r7, ror #8", f"str r5, [r1, #{4 * rw}]", f"str r7, [r1, #{6 * rw}]"]
+        return a + [f"str r6, [r1, #{2 * rw}]", "str r4, [r1], #4"]
+
+    a = ["push {r4-r7, lr}", f"mov r2, #{zp * 0x01010101}", *_add_const("r1", 2 * (pw - lead), "r12")]
+    for j in range(max(1, g // 4)):
+        x_adv = 0
+        if lead:
+            a += ["mov r5, r2", f"{ld} r4, [r0]", *pair()]
+            a += _add_const("r0", c, "r12")
+            x_adv += c
+        if mid:
+            a += [f"movs r3, #{mid}", "1:", f"{ld} r4, [r0, #{c}]"]
+            a += [f"{ld} r5, [r0], #{2 * c}"] if 2 * c <= 255 else [f"{ld} r5, [r0]", *_add_const("r0", 2 * c, "r12")]
+            a += [*pair(), "subs r3, r3, #1", "bne 1b"]
+            x_adv += 2 * c * mid
+        if trail:
+            a += [f"{ld} r5, [r0]", "mov r4, r2", *pair()]
+        if j + 1 < g // 4:  # the next four channels: column 0, their first plane
+            a += _add_const("r0", 4 - x_adv, "r12") + _add_const("r1", 4 * 2 * rw - 4 * pairs, "r12")
+    return a + ["pop {r4-r7, pc}"]
 
 
 def _dw_planar(spec: LayerSpec, g: int, fname: str, array, x_expr: str, y_expr: str) -> GeneratedLayer:
@@ -1184,9 +1232,16 @@ def _dw_planar(spec: LayerSpec, g: int, fname: str, array, x_expr: str, y_expr: 
     else:
         row_text = f"{proto};\n{c_row}\n"
 
+    gather_fn = f"{fname}_gather"
+    gproto = f"void {gather_fn}(const int8_t *x, int16_t *d)"
+    c_gather = (f"{gproto}\n{{\n"
+                + "".join(f"    cg_dwp_gather(x + {4 * j}, {c}, d + {4 * j * rw}, {rw}, {pw}, {cols}, {min(g, 4)});\n"
+                          for j in range(max(1, g // 4))) + "}\n")
+    row_text += (f"{gproto};\n#ifdef CG_HAVE_DSP\n{_asm_function(gather_fn, planar_gather_asm(spec, g, rw, cols))}"
+                 f"#else\n{c_gather}#endif\n\n")
+
     def row(iy: str, dst: str, ind: str, known: int | None = None) -> list[str]:
-        gather = [f"cg_dwp_gather(x + ({iy}) * {w * c} + g + {4 * j}, {c}, {dst} + {4 * j * rw}, {rw}, {pw}, "
-                  f"{cols}, {min(g, 4)});" for j in range(max(1, g // 4))]
+        gather = [f"{gather_fn}(x + ({iy}) * {w * c} + g, {dst});"]
         pad = [f"cg_dwp_pad_row({dst}, {rw}, {pw}, {cols}, {g}, {zp});"]
         if known is not None:
             return [ind + t for t in (gather if 0 <= known < h else pad)]
