@@ -1158,6 +1158,9 @@ def _asm_function(fn: str, lines: list[str]) -> str:
             f'    ".size {fn}, .-{fn}\\n"\n    ".popsection\\n");\n')
 
 
+GATHER_UNROLL = 4  # pixel pairs per loop step of a planar gather (rows of at most this many run straight)
+
+
 def planar_gather_asm(spec: LayerSpec, g: int, rw: int, cols: int) -> list[str]:
     """Assembly lines of ``gather(x, d)``: one input row (``x``: column 0 of the group's first channel) of
     ``g`` channels widened into the group's planes at ``d`` (``rw`` int16 elements each), two pixels per
@@ -1189,11 +1192,14 @@ def planar_gather_asm(spec: LayerSpec, g: int, rw: int, cols: int) -> list[str]:
             a += ["mov r5, r2", f"{ld} r4, [r0]", *pair()]
             a += _add_const("r0", c, "r12")
             x_adv += c
-        if mid:
-            a += [f"movs r3, #{mid}", "1:", f"{ld} r4, [r0, #{c}]"]
-            a += [f"{ld} r5, [r0], #{2 * c}"] if 2 * c <= 255 else [f"{ld} r5, [r0]", *_add_const("r0", 2 * c, "r12")]
-            a += [*pair(), "subs r3, r3, #1", "bne 1b"]
-            x_adv += 2 * c * mid
+        step = [f"{ld} r4, [r0, #{c}]"]
+        step += [f"{ld} r5, [r0], #{2 * c}"] if 2 * c <= 255 else [f"{ld} r5, [r0]", *_add_const("r0", 2 * c, "r12")]
+        step += pair()
+        loops, straight = divmod(mid, GATHER_UNROLL) if mid > GATHER_UNROLL else (0, mid)
+        a += step * straight
+        if loops:
+            a += [f"movs r3, #{loops}", "1:", *(step * GATHER_UNROLL), "subs r3, r3, #1", "bne 1b"]
+        x_adv += 2 * c * mid
         if trail:
             a += [f"{ld} r5, [r0]", "mov r4, r2", *pair()]
         if j + 1 < g // 4:  # the next four channels: column 0, their first plane
@@ -1237,8 +1243,11 @@ def _dw_planar(spec: LayerSpec, g: int, fname: str, array, x_expr: str, y_expr: 
     c_gather = (f"{gproto}\n{{\n"
                 + "".join(f"    cg_dwp_gather(x + {4 * j}, {c}, d + {4 * j * rw}, {rw}, {pw}, {cols}, {min(g, 4)});\n"
                           for j in range(max(1, g // 4))) + "}\n")
-    row_text += (f"{gproto};\n#ifdef CG_HAVE_DSP\n{_asm_function(gather_fn, planar_gather_asm(spec, g, rw, cols))}"
-                 f"#else\n{c_gather}#endif\n\n")
+    if (pw % 2 + cols) // 2 - 1 >= GATHER_UNROLL:  # (narrower rows: the inlined C gathers, no call, ran faster)
+        row_text += (f"{gproto};\n#ifdef CG_HAVE_DSP\n{_asm_function(gather_fn, planar_gather_asm(spec, g, rw, cols))}"
+                     f"#else\n{c_gather}#endif\n\n")
+    else:
+        row_text += "CG_INLINE " + c_gather.replace("void ", "void ", 1) + "\n"
 
     def row(iy: str, dst: str, ind: str, known: int | None = None) -> list[str]:
         gather = [f"{gather_fn}(x + ({iy}) * {w * c} + g, {dst});"]
