@@ -474,6 +474,46 @@ def test_narrow_row_windows_equal_reference(tmp_path):
     assert np.array_equal(run_layers_host(specs, "mve", xs, tmp_path), expected_bytes(specs, xs))
 
 
+def window_specs() -> list[gen.LayerSpec]:
+    """Small-window dense layers the DSP path gathers (``gen.dsp_gathers_windows``: first layers of image
+    and audio networks), with top/left/all-padding windows, odd widths, batches, row tails of 0..3
+    bytes (C_in 1, 2, 3, 5, 6) and every tap outside the input (the (3, 2) band)."""
+    rng = random.Random(31)
+    out = []
+    for ci, (kh, kw), (sh, sw), (ph, pw), co, h, w in [
+            (3, (3, 3), (2, 2), (1, 1), 8, 12, 12), (3, (3, 3), (2, 2), (1, 1), 8, 11, 13),
+            (1, (10, 4), (2, 2), (4, 1), 8, 15, 10), (3, (3, 3), (1, 1), (1, 1), 16, 7, 9),
+            (2, (5, 5), (1, 1), (2, 2), 12, 8, 9), (1, (3, 2), (1, 1), (3, 1), 4, 4, 5),
+            (5, (3, 3), (1, 2), (0, 1), 4, 6, 7), (6, (2, 3), (2, 1), (1, 0), 4, 5, 6)]:
+        ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+        weight = torch.randint(-128, 128, (co, kh, kw, ci), dtype=torch.int8)
+        bias = torch.randint(-5000, 5000, (co,), dtype=torch.int64)
+        spec = _finish(rng, "conv", rng.choice([1, 2]), h, w, ci, ho, wo, co, kh, kw, (sh, sw), (ph, pw), weight,
+                       bias, rng.randint(-127, 128))
+        spec.multiplier.clamp_(min=0)
+        spec.shift.clamp_(max=-1)
+        spec.act_min, spec.act_max = -128, 127
+        out.append(spec)
+    return out
+
+
+@needs_gcc
+def test_gathered_window_layers_equal_reference(tmp_path):
+    specs = window_specs()
+    for s in specs:
+        bound = gen.accumulator_bound(s, gen.folded_biases(s, gen.segments(s)[1]))
+        assert gen.dsp_gathers_windows(s, "dsp", gen.short_epilogue_ok(bound, s.multiplier, s.shift))
+    for last in (False, True):
+        xs = layer_inputs(specs, seed=13, last_at_minimum=last)
+        assert np.array_equal(run_layers_host(specs, "dsp", xs, tmp_path), expected_bytes(specs, xs))
+
+
+def test_window_pairs_cover_each_tap_once():
+    for s in window_specs():
+        taps = [t for it in gen.window_pairs(s) for t in gen._lanes(it) if t is not None]
+        assert sorted(taps) == [(r, j) for r in range(s.kh) for j in range(s.kw * s.c_in)]
+
+
 def helium_specs() -> list[gen.LayerSpec]:
     """Layers shaped for the Helium paths: depthwise rows of 16 channels (C % 16 == 0; windows of at
     most 9 taps, a 5x5 interior on the 4-lane path beside them; stride 2; a channel without a right

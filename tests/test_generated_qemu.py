@@ -11,15 +11,16 @@ from corten.codegen.emitter import KERNELS_DIR
 from corten.runners.common import harness_defines
 from corten.runners.qemu import run_on_qemu
 from test_generated_kernels import (expected_bytes, helium_specs, layer_inputs, layers_source,
-                                    matvec_specs, narrow_specs, planar_specs, pointwise_specs, random_specs)
+                                    matvec_specs, narrow_specs, planar_specs, pointwise_specs, random_specs,
+                                    window_specs)
 
 
 @needs_qemu
 @pytest.mark.parametrize("target, isa", [("cortex-m4", "dsp"), ("cortex-m55", "mve"), ("cortex-m3", "plain")])
 def test_generated_layers_on_qemu(target, isa, tmp_path):
     # (matrix-vector on M4; windows, depthwise rows of 16 channels and dense tile loops on M55)
-    # (and the pointwise assembly loops on M4)
-    helium, pointwise = helium_specs(), pointwise_specs()
+    # (and the pointwise and gathered-window assembly loops on M4)
+    helium, pointwise = helium_specs(), pointwise_specs() + window_specs()
     specs = random_specs(11, 24) + matvec_specs() + narrow_specs() + helium + pointwise
     narrow, tail = len(narrow_specs()), len(helium) + len(pointwise)
     xs = (layer_inputs(specs[:24], seed=5) + layer_inputs(specs[24:-narrow - tail], seed=5, last_at_minimum=True)

@@ -818,6 +818,382 @@ def _pointwise(spec, fname, array, biases, x_expr, y_expr) -> GeneratedLayer:
     return GeneratedLayer(fns, f"{fname}({x_expr}, {y_expr});", what, True, {"gen_pw": name})
 
 
+WINDOW_PAIRS_MAX = 64  # int16 pairs of one window the DSP path gathers (two windows: a 512-byte stack buffer)
+
+
+def window_pairs(spec: LayerSpec) -> list[tuple]:
+    """The int16 pairs of a gathered window (``dsp_gathers_windows``) in buffer order: per kernel row of
+    ``L = kW * C_in`` bytes, per whole word ``("w", r, off, rot)`` - ``SXTB16`` of the word at byte ``off``,
+    rotated by ``rot`` (0: bytes 0 and 2, 8: bytes 1 and 3) -, then the rows' last ``L % 4`` bytes as
+    ``("h", (r, j), (r', j') or None)``, two single bytes (the second lane of a lone one has weight 0)."""
+    length = spec.kw * spec.c_in
+    items: list[tuple] = []
+    halves = []
+    for r in range(spec.kh):
+        for q in range(length // 4):
+            items += [("w", r, 4 * q, 0), ("w", r, 4 * q, 8)]
+        halves += [(r, j) for j in range(length - length % 4, length)]
+    for i in range(0, len(halves), 2):
+        items.append(("h", halves[i], halves[i + 1] if i + 1 < len(halves) else None))
+    return items
+
+
+def _lanes(item: tuple) -> tuple:
+    """The two taps ``(row, byte)`` (or None) of a window pair."""
+    if item[0] == "w":
+        _, r, off, rot = item
+        return (r, off + rot // 8), (r, off + rot // 8 + 2)
+    return item[1], item[2]
+
+
+def full_window_bias(spec: LayerSpec) -> torch.Tensor:
+    """int64 ``[C_out]``: the bias with the input offset folded over every tap (a gathered window's
+    taps outside the input hold ``-input_offset``, whose products with the offset added are zero)."""
+    return folded_biases(spec, [(0, spec.kh, 0, spec.kw)])[0]
+
+
+def dsp_gathers_windows(spec: LayerSpec, isa: str, short: bool) -> bool:
+    """Whether a DSP dense layer gathers each window (small windows: the first layer of an image or
+    audio network) into an int16 stack buffer, filled with the input zero point outside the input,
+    and runs 2 px x 4 filters per step over the pairs (:func:`_windows_dsp`): C_out % 4 == 0, at most
+    WINDOW_PAIRS_MAX pairs, and the pointwise loop's epilogue (SMMLAR, output offset folded, no clamp
+    inside the int8 range), proven for the full-window bias too."""
+    if not (isa == "dsp" and spec.kind == "conv" and (spec.kh, spec.kw) != (1, 1) and spec.c_out % 4 == 0
+            and -128 <= -spec.input_offset <= 127 and len(window_pairs(spec)) <= WINDOW_PAIRS_MAX
+            and sign_from_acc(short, spec.shift) and offset_folds(short, spec.shift, spec.output_offset)
+            and (spec.act_min, spec.act_max) == (-128, 127)):
+        return False
+    w = spec.weight.to(torch.int64).abs().sum(dim=(1, 2, 3))
+    bound = int((full_window_bias(spec).abs() + 128 * w).max())
+    return short_epilogue_ok(bound, spec.multiplier, spec.shift)
+
+
+def _word(lo, hi) -> int:
+    """Two int16 values as one int32 word (``lo`` in the low half)."""
+    v = (int(lo) & 0xFFFF) | ((int(hi) & 0xFFFF) << 16)
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def window_stream(spec: LayerSpec, items: list[tuple]) -> tuple[torch.Tensor, str]:
+    """int32 stream of a gathered-window layer (``cg_windows_c``): per group of four filters their four
+    doubled full-window biases, per window pair the four filters' doubled weight pairs, then ``{multiplier,
+    right, K}`` of each filter; and cg_output's arguments after ``q``."""
+    co, length = spec.c_out, spec.kw * spec.c_in
+    table, ep = scalar_epilogue(spec.multiplier, spec.shift, True, spec.output_offset, -128, 127, True, True)
+    w = spec.weight.to(torch.int64).reshape(co, spec.kh, length)
+    bias = 2 * full_window_bias(spec)
+    out: list[int] = []
+    for g in range(0, co, 4):
+        out += [int(bias[g + f]) for f in range(4)]
+        for it in items:
+            a, b = _lanes(it)
+            for f in range(g, g + 4):
+                out.append(_word(2 * w[f, a[0], a[1]] if a else 0, 2 * w[f, b[0], b[1]] if b else 0))
+        for f in range(g, g + 4):
+            out += [int(v) for v in table[f, :3]]
+    return torch.tensor(out, dtype=torch.int32), ep
+
+
+def _ins(s: str) -> str:
+    return f'"{s}\\n\\t"'
+
+
+WIN_ACC = ("r0", "r1", "r2", "r3", "r4", "r5", "r6", "r8")  # pixel 0's filters 0..3, then pixel 1's
+WIN_TMP = ("r9", "r10", "r11", "lr")
+WIN_W = "r12"  # the stream pointer (the input pointer during a gather)
+# (r7 is left alone: the frame pointer of unoptimised builds; no memory operand: none left to address it)
+
+
+def _window_groups_asm(pairs: int, xs: int, ys: int, slot: dict) -> list[str]:
+    """The loop over a gathered-window stream's groups of four filters for the pixel pair whose windows
+    are at sp and sp + ``xs`` (``ys``: the second pixel's output offset; 0, 0 for a lone pixel): the
+    biases' LDRs pipelined with the first step's, per window pair two input words and four weight words
+    by LDRs (one cycle each after the first on a Cortex-M4), 8 SMLAD (the first step's start from the
+    biases: no copies), the SMMLAR epilogue of eight outputs and their stores, one pointer step over the
+    group's part of the stream; the output pointer and the stream's end in the frame's ``slot``."""
+    ins, a, (t0, t1, t2, t3), w = _ins, WIN_ACC, WIN_TMP, WIN_W
+    lines = ['"1:\\n\\t"'] + [ins(f"ldr {a[f]}, [{w}, #{4 * f}]") for f in range(4)]
+    for p in range(pairs):
+        o = 16 + 16 * p
+        lines += [ins(f"ldr {t0}, [sp, #{4 * p}]"), ins(f"ldr {t1}, [sp, #{xs + 4 * p}]")]
+        for half in (0, 1):
+            lines += [ins(f"ldr {t2}, [{w}, #{o + 8 * half}]"), ins(f"ldr {t3}, [{w}, #{o + 8 * half + 4}]")]
+            for f, t in ((2 * half, t2), (2 * half + 1, t3)):
+                src = a[f] if p == 0 else a[f + 4]  # (step 0: the second pixel starts from the bias too)
+                lines += [ins(f"smlad {a[f + 4]}, {t1}, {t}, {src}"), ins(f"smlad {a[f]}, {t0}, {t}, {a[f]}")]
+    o = 16 + 16 * pairs  # m, right, K of each filter
+    for f in range(4):
+        u, v = a[f], a[f + 4]
+        lines += [ins(f"ldr {t0}, [{w}, #{o + 12 * f}]"), ins(f"ldr {t1}, [{w}, #{o + 12 * f + 8}]"),
+                  ins(f"ldr {t3}, [{w}, #{o + 12 * f + 4}]"),
+                  ins(f"add {t2}, {t1}, {u}, asr #31"), ins(f"smmlar {u}, {u}, {t0}, {t2}"),
+                  ins(f"add {t2}, {t1}, {v}, asr #31"), ins(f"smmlar {v}, {v}, {t0}, {t2}"),
+                  ins(f"asr {u}, {u}, {t3}"), ins(f"asr {v}, {v}, {t3}"),
+                  ins(f"ssat {u}, #8, {u}"), ins(f"ssat {v}, #8, {v}")]
+        if f == 0:  # (the output pointer into a free register; the first accumulator's holds it after the stores)
+            lines += [ins(f"ldr {t0}, [sp, #{slot['y']}]"), ins(f"strb {u}, [{t0}]"), ins(f"strb {v}, [{t0}, #{ys}]"),
+                      ins(f"mov {a[0]}, {t0}")]
+        else:
+            lines += [ins(f"strb {u}, [{a[0]}, #{f}]"), ins(f"strb {v}, [{a[0]}, #{ys + f}]")]
+    lines += [ins(f"adds {a[0]}, {a[0]}, #4"), ins(f"str {a[0]}, [sp, #{slot['y']}]"), ins(f"add {w}, {w}, #{o + 48}"),
+              ins(f"ldr {t0}, [sp, #{slot['end']}]"), ins(f"cmp {w}, {t0}"), ins("bne 1b")]
+    return lines
+
+
+def _window_gather_asm(spec: LayerSpec, items: list[tuple], xs: int, pairs: int) -> list[str]:
+    """The gather of two interior windows (at WIN_W and WIN_W + ``xs``) into the frame's buffer (at sp;
+    the second window ``4 * pairs`` bytes on): whole words six at a time (six pipelined LDRs, 12 SXTB16,
+    12 STR), then the single bytes four pairs at a time (LDRSB, PKHBT, STR)."""
+    ins, row, x = _ins, spec.w * spec.c_in, WIN_W
+    words, halves = [], []
+    for d, base in ((0, 0), (xs, 4 * pairs)):
+        for p, it in enumerate(items):
+            if it[0] == "w" and it[3] == 0:
+                words.append((d + it[1] * row + it[2], base + 4 * p))
+            elif it[0] == "h":
+                a, b = it[1], it[2]
+                halves.append((d + a[0] * row + a[1], d + b[0] * row + b[1] if b else None, base + 4 * p))
+    lines = []
+    regs = WIN_ACC + WIN_TMP
+    for k in range(0, len(words), 6):
+        batch = words[k:k + 6]
+        lines += [ins(f"ldr {regs[i]}, [{x}, #{off}]") for i, (off, _) in enumerate(batch)]
+        for i in range(len(batch)):
+            lines += [ins(f"sxtb16 {regs[6 + i]}, {regs[i]}, ror #8"), ins(f"sxtb16 {regs[i]}, {regs[i]}")]
+        for i, (_, dst) in enumerate(batch):
+            lines += [ins(f"str {regs[i]}, [sp, #{dst}]"), ins(f"str {regs[6 + i]}, [sp, #{dst + 4}]")]
+    for k in range(0, len(halves), 4):
+        batch = halves[k:k + 4]
+        for i, (a, b, _) in enumerate(batch):
+            lines.append(ins(f"ldrsb {regs[2 * i]}, [{x}, #{a}]"))
+            if b is not None:
+                lines.append(ins(f"ldrsb {regs[2 * i + 1]}, [{x}, #{b}]"))
+        for i, (a, b, dst) in enumerate(batch):
+            if b is not None:
+                lines.append(ins(f"pkhbt {regs[2 * i]}, {regs[2 * i]}, {regs[2 * i + 1]}, lsl #16"))
+            lines.append(ins(f"str {regs[2 * i]}, [sp, #{dst}]"))
+    return lines
+
+
+def _window_copy_asm(words: int) -> list[str]:
+    """The copy of ``words`` gathered words from r3 into the frame's buffer (at sp), eight per LDM / STM."""
+    regs = ("r4", "r5", "r6", "r8", "r9", "r10", "r11", "lr")
+    lines = [_ins("mov r2, sp")]
+    for k in range(0, words, 8):
+        lst = "{" + ", ".join(regs[:min(8, words - k)]) + "}"
+        lines += [_ins(f"ldm r3!, {lst}"), _ins(f"stm r2!, {lst}")]
+    return lines
+
+
+def window_row_ok(spec: LayerSpec, pairs: int) -> bool:
+    """Whether a gathered-window layer's frame offsets, gather offsets and pointer steps are all
+    immediates of their instructions."""
+    span = (spec.kh - 1) * spec.w * spec.c_in + (spec.kw + spec.stride[1]) * spec.c_in
+    return span < 4096 and 8 * pairs + 24 < 4096 and 2 * spec.stride[1] * spec.c_in < 4096 and spec.c_out < 4096
+
+
+def _window_function(fname: str, suffix: str, args: str, lines: list[str], name: str, size: int,
+                     host: str) -> str:
+    """A gathered-window function: the assembly ``lines`` on DSP cores (inputs: r0 the output pointer,
+    r1 the count, r2 the stream's end, r3 the input, r12 the stream), ``host`` (C) elsewhere."""
+    text = "\n                ".join(lines)
+    return f"""static __attribute__((noinline)) void {fname}_{suffix}({args})
+{{
+#ifdef CG_HAVE_DSP
+    register int32_t cg_y __asm__("r0") = (int32_t)(uintptr_t)y;
+    register int32_t cg_n __asm__("r1") = n;
+    register int32_t cg_end __asm__("r2") = (int32_t)(uintptr_t)({name} + {size});
+    register int32_t cg_x __asm__("r3") = (int32_t)(uintptr_t)x;
+    register int32_t cg_w __asm__("r12") = (int32_t)(uintptr_t){name};
+    __asm__ volatile({text}
+                : "+r"(cg_y), "+r"(cg_n), "+r"(cg_end), "+r"(cg_x), "+r"(cg_w)
+                :
+                : "r4", "r5", "r6", "r8", "r9", "r10", "r11", "lr", "memory", "cc");
+#else
+{host}#endif
+}}
+"""
+
+
+def _window_functions(spec: LayerSpec, fname: str, items: list[tuple], name: str, size: int, mode: str,
+                      out_off: str) -> dict[str, Callable[[str], str]]:
+    """The per-layer gathered-window functions, by suffix (each written only where the layer calls it):
+    ``row(x, y, n)``: ``n`` pairs of interior pixels along a row (windows at ``x``, ``x + stride * C_in``,
+    ...) in one assembly loop - the two windows' gather into the frame's buffer, the loop over the
+    stream's groups, the pointer steps -, its state (input and output pointers, count, stream start and
+    end) in stack slots after the buffer; ``win2`` / ``win2v`` / ``win1`` ``(x, y, n)``: one pixel pair
+    whose windows the C gathered into ``x`` (copied into the frame), the second pixel the next in the row
+    / the one below / none (a lone pixel: the first window twice, its outputs stored twice)."""
+    c, co, sw = spec.c_in, spec.c_out, spec.stride[1]
+    pairs = len(items)
+    slot = {k: 8 * pairs + 4 * i for i, k in enumerate(("x", "y", "n", "w", "end"))}
+    frame = 8 * pairs + 24
+    ins, t0, w = _ins, WIN_TMP[0], WIN_W
+    enter = [ins(f"sub sp, sp, #{frame}"), ins(f"str r3, [sp, #{slot['x']}]"), ins(f"str r0, [sp, #{slot['y']}]"),
+             ins(f"str r1, [sp, #{slot['n']}]"), ins(f"str {w}, [sp, #{slot['w']}]"),
+             ins(f"str r2, [sp, #{slot['end']}]")]
+    leave = [ins(f"add sp, sp, #{frame}")]
+
+    def row(gather: str) -> str:
+        lines = enter + ['"2:\\n\\t"', ins(f"ldr {w}, [sp, #{slot['x']}]")]
+        lines += _window_gather_asm(spec, items, sw * c, pairs)
+        lines.append(ins(f"ldr {w}, [sp, #{slot['w']}]"))
+        lines += _window_groups_asm(pairs, 4 * pairs, co, slot)
+        lines += [ins(f"ldr {t0}, [sp, #{slot['y']}]"), ins(f"add {t0}, {t0}, #{co}"), ins(f"str {t0}, [sp, #{slot['y']}]"),
+                  ins(f"ldr {t0}, [sp, #{slot['x']}]"), ins(f"add {t0}, {t0}, #{2 * sw * c}"),
+                  ins(f"str {t0}, [sp, #{slot['x']}]"), ins(f"ldr {t0}, [sp, #{slot['n']}]"),
+                  ins(f"subs {t0}, {t0}, #1"), ins(f"str {t0}, [sp, #{slot['n']}]"), ins("bne 2b")] + leave
+        host = (f"    int32_t buf[{2 * pairs}];\n    int32_t i;\n"
+                f"    for (i = 0; i < n; i++, x += {2 * sw * c}, y += {2 * co}) {{\n"
+                f"        {gather}(x, 0, buf);\n        {gather}(x, {sw * c}, buf + {pairs});\n"
+                f"        cg_windows_c(buf, {pairs}, y, {co}, {name}, {co // 4}, {pairs}, {mode}, {out_off});\n    }}\n")
+        return _window_function(fname, "row", "const int8_t *x, int8_t *y, int32_t n", lines, name, size, host)
+
+    def pair(suffix: str, ys: int) -> str:
+        two = ys != 0
+        lines = enter + _window_copy_asm(2 * pairs if two else pairs)
+        lines += _window_groups_asm(pairs, 4 * pairs if two else 0, ys, slot) + leave
+        host = (f"    (void)n;\n    cg_windows_c(x, {pairs if two else 0}, y, {ys}, {name}, {co // 4}, {pairs}, {mode}, "
+                f"{out_off});\n")
+        return _window_function(fname, suffix, "const int32_t *x, int8_t *y, int32_t n", lines, name, size, host)
+
+    return {"row": row, "win2": lambda _: pair("win2", co), "win2v": lambda _: pair("win2v", spec.wo * co),
+            "win1": lambda _: pair("win1", 0)}
+
+
+def _gather(spec: LayerSpec, items: list[tuple], box: tuple[int, int, int, int], fn: str) -> str:
+    """The gather of one window whose taps inside the input are ``box`` (kernel rows ``[i0, i1)`` x
+    columns ``[j0, j1)``): ``in[o + ...]`` the window's bytes (``o`` the offset of its top-left tap, the
+    only ones read are inside), the input zero point elsewhere; whole words by one load and two SXTB16."""
+    i0, i1, j0, j1 = box
+    c, row = spec.c_in, spec.w * spec.c_in
+    zp = -spec.input_offset
+
+    def inside(t) -> bool:
+        return t is not None and i0 <= t[0] < i1 and j0 <= t[1] // c < j1
+
+    def lane(t) -> str:
+        return f"in[o + {t[0] * row + t[1]}]" if inside(t) else str(zp)
+
+    lines = []
+    for p, it in enumerate(items):
+        a, b = _lanes(it)
+        if it[0] == "w" and all(inside((it[1], it[2] + k)) for k in range(4)):
+            if it[3] == 0:  # (the word's rot-8 pair follows it)
+                lines += [f"    {{", f"        const int32_t v = cg_read32(in + o + {it[1] * row + it[2]});",
+                          f"        buf[{p}] = cg_sxtb16(v);", f"        buf[{p + 1}] = cg_sxtb16_ror8(v);", "    }"]
+        elif b is None:
+            lines.append(f"    buf[{p}] = {lane(a)};")
+        else:
+            lines.append(f"    buf[{p}] = cg_pair16({lane(a)}, {lane(b)});")
+    return (f"CG_INLINE void {fn}(const int8_t *in, int32_t o, int32_t *buf)\n{{\n"
+            + ("    (void)in;\n    (void)o;\n" if not any(inside(t) for it in items for t in _lanes(it)) else "")
+            + "\n".join(lines) + "\n}\n")
+
+
+def _windows_dsp(spec, fname, array, x_expr, y_expr) -> GeneratedLayer:
+    """A DSP dense layer with small windows (:func:`dsp_gathers_windows`): output pixels in pairs (along
+    a row, across segments: the windows' taps outside the input hold the input zero point, one
+    full-window bias serves every pixel; an odd width's last column in pairs of rows), both windows
+    gathered into an int16 buffer in the pair order of :func:`window_pairs` (whole words by SXTB16: the
+    weights are stored in that order), then per-layer assembly over the layer's stream (per group of
+    four filters: biases, weights, epilogue constants): 2 px x 4 filters, eight accumulators in
+    registers, each input word loaded once per group.  The interior pixel pairs of a row run in one
+    assembly loop that gathers too (``row``), the others gather in C (:func:`_window_functions`)."""
+    c, co = spec.c_in, spec.c_out
+    sh, sw = spec.stride
+    ph, pw = spec.padding
+    items = window_pairs(spec)
+    pairs = len(items)
+    stream, ep = window_stream(spec, items)
+    name = array("gen_win", stream)
+    mode, out_off = ep.split(", ")[:2]
+    rows = _runs(spec.ho, spec.kh, sh, ph, spec.h)
+    cols = _runs(spec.wo, spec.kw, sw, pw, spec.w)
+    col_run = [k for k, (o0, o1, _, _) in enumerate(cols) for _ in range(o0, o1)]
+    row_run = [k for k, (o0, o1, _, _) in enumerate(rows) for _ in range(o0, o1)]
+    makers = _window_functions(spec, fname, items, name, stream.numel(), mode, out_off)
+    boxes: dict[tuple, str] = {}
+    used: dict[str, str] = {}
+    fns = []
+
+    def gather(kr: int, kc: int) -> str:
+        box = (rows[kr][2], rows[kr][3], cols[kc][2], cols[kc][3])
+        if box not in boxes:
+            boxes[box] = f"{fname}_g{len(boxes)}"
+            fns.append(_gather(spec, items, box, boxes[box]))
+        return boxes[box]
+
+    def call(suffix: str, args: str, interior: str = "") -> str:
+        if suffix not in used:
+            used[suffix] = makers[suffix](interior)
+        return f"{fname}_{suffix}({args});"
+
+    def paired(runs: list[int], n: int) -> list[tuple[tuple[int, int], int, int]]:
+        """Pairs (k, k + 1) of ``0..n-1`` in loops: (the two runs, first k, end)."""
+        groups: list[list] = []
+        for k in range(0, n - 1, 2):
+            sig = (runs[k], runs[k + 1])
+            if groups and groups[-1][0] == sig:
+                groups[-1][2] = k + 2
+            else:
+                groups.append([sig, k, k + 2])
+        return [(g[0], g[1], g[2]) for g in groups]
+
+    full = (0, spec.kh, 0, spec.kw)
+    vertical = spec.wo % 2 == 1 and spec.ho > 1 and spec.wo * co + 4 < 4096  # (the last column in pairs of rows)
+    width = spec.wo - 1 if vertical else spec.wo
+    body = []
+    for kr, (oy0, oy1, i0, i1) in enumerate(rows):
+        loops = []
+        for (ka, kb), s, e in paired(col_run, width):
+            ga, gb = gather(kr, ka), gather(kr, kb)
+            if ka == kb and (i0, i1, cols[ka][2], cols[ka][3]) == full:
+                loops.append(f"            " + call("row", f"x + orow + {(s * sw - pw) * c}, yr + {s * co}, {(e - s) // 2}", ga))
+                continue
+            loops += [f"            for (ox = {s}; ox < {e}; ox += 2) {{",
+                      f"                {ga}(x, orow + (ox * {sw} - {pw}) * {c}, buf);",
+                      f"                {gb}(x, orow + (ox * {sw} + {sw - pw}) * {c}, buf + {pairs});",
+                      "                " + call("win2", f"buf, yr + ox * {co}, 1"),
+                      "            }"]
+        if width % 2:
+            ox = width - 1
+            loops += [f"            {gather(kr, col_run[ox])}(x, orow + {(ox * sw - pw) * c}, buf);",
+                      "            " + call("win1", f"buf, yr + {ox * co}, 1")]
+        if loops:
+            body += [f"        for (oy = {oy0}; oy < {oy1}; oy++) {{  /* kernel rows {i0}..{i1 - 1} inside */",
+                     f"            const int32_t orow = (oy * {sh} - {ph}) * {spec.w * c};",
+                     f"            int8_t *yr = y + oy * {spec.wo * co};",
+                     "            int32_t ox;",
+                     "            (void)ox;", *loops, "        }"]
+    if vertical:  # the last column: pixels (oy, oy + 1)
+        ox = spec.wo - 1
+        kc, xo = col_run[ox], (ox * sw - pw) * c
+        for (ka, kb), s, e in paired(row_run, spec.ho):
+            body += [f"        for (oy = {s}; oy < {e}; oy += 2) {{  /* the last column, two rows */",
+                     f"            {gather(ka, kc)}(x, (oy * {sh} - {ph}) * {spec.w * c} + {xo}, buf);",
+                     f"            {gather(kb, kc)}(x, (oy * {sh} + {sh - ph}) * {spec.w * c} + {xo}, buf + {pairs});",
+                     "            " + call("win2v", f"buf, y + (oy * {spec.wo} + {ox}) * {co}, 1"),
+                     "        }"]
+        if spec.ho % 2:
+            oy = spec.ho - 1
+            body += [f"        {gather(row_run[oy], kc)}(x, {(oy * sh - ph) * spec.w * c + xo}, buf);",
+                     "        " + call("win1", f"buf, y + {(oy * spec.wo + ox) * co}, 1")]
+    fns += list(used.values())
+    in_size, out_size = spec.h * spec.w * c, spec.ho * spec.wo * co
+    fns.append(f"void {fname}(const int8_t *in, int8_t *out)\n{{\n"
+               f"    int32_t buf[{2 * pairs}] __attribute__((aligned(8)));  /* two gathered windows */\n"
+               "    int32_t b, oy;\n"
+               "    (void)buf;\n"
+               f"    for (b = 0; b < {spec.n}; b++) {{\n"
+               f"        const int8_t *x = in + b * {in_size};\n"
+               f"        int8_t *y = out + b * {out_size};\n" + "\n".join(body) + "\n    }\n}\n")
+    what = (f"generated dsp {spec.kh}x{spec.kw} conv, small windows: each gathered into an int16 buffer "
+            f"({pairs} pairs), 2 px x 4 ch in per-layer assembly over an interleaved bias/weight/epilogue stream, "
+            "short epilogue")
+    return GeneratedLayer("\n".join(fns), f"{fname}({x_expr}, {y_expr});", what, True, {"gen_win": name})
+
+
 def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> GeneratedLayer:
     if isa == "dsp" and is_matvec(spec):
         return _matvec(spec, fname, array, biases, short, x_expr, y_expr)
@@ -825,6 +1201,8 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
         return _pointwise(spec, fname, array, biases, x_expr, y_expr)
     if mve_gathers_windows(spec, isa, short):
         return _windows_mve(spec, fname, array, segs, biases, x_expr, y_expr)
+    if dsp_gathers_windows(spec, isa, short):
+        return _windows_dsp(spec, fname, array, x_expr, y_expr)
     c, co, kw, k = spec.c_in, spec.c_out, spec.kw, spec.kh * spec.kw * spec.c_in
     sh, sw = spec.stride
     ph, pw = spec.padding

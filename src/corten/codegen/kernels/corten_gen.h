@@ -583,6 +583,48 @@ CG_INLINE void cg_pointwise_c(const int32_t *s, int8_t *y, int32_t ys, const int
     }
 }
 
+/** Two int16 values (``lo`` in the low half) as one word (one PKHBT). */
+CG_INLINE int32_t cg_pair16(int32_t lo, int32_t hi)
+{
+    return corten_u32_to_i32(((uint32_t)lo & 0xFFFFu) | ((uint32_t)hi << 16));
+}
+
+/*
+ * cg_windows_c: a gathered-window layer's pixel pair - two windows of ``pairs`` int16 pairs at x and
+ * x + xs (words; generated.window_pairs) -> (y, y + ys) over its stream ``s`` (generated.window_stream:
+ * per group of four filters their four doubled biases, per pair the four filters' doubled weight pairs,
+ * then {multiplier, right, K} of each filter), ``groups`` groups; ``epilogue``: cg_output's flags.  The
+ * generator writes the same walk as one assembly loop per layer on DSP cores (its ``_win`` functions);
+ * this is its C (hosts).
+ */
+CG_INLINE void cg_windows_c(const int32_t *x, int32_t xs, int8_t *y, int32_t ys, const int32_t *s, int32_t groups,
+                            int32_t pairs, int epilogue, int32_t out_offset)
+{
+    int32_t g, p, f;
+    for (g = 0; g < groups; g++) {
+        int32_t acc[8];
+        for (f = 0; f < 4; f++) {
+            acc[f] = s[f];
+            acc[f + 4] = s[f];
+        }
+        for (p = 0; p < pairs; p++) {
+            for (f = 0; f < 4; f++) {
+                acc[f] = cg_smlad(x[p], s[4 + 4 * p + f], acc[f]);
+                acc[f + 4] = cg_smlad(x[xs + p], s[4 + 4 * p + f], acc[f + 4]);
+            }
+        }
+        for (f = 0; f < 4; f++) {
+            const int32_t *q = s + 4 + 4 * pairs + 3 * f;
+            const int32_t qc[4] = {q[0], q[1], q[2], 0};
+            const int8_t v0 = cg_output(acc[f], qc, epilogue, out_offset, -128, 127);
+            const int8_t v1 = cg_output(acc[f + 4], qc, epilogue, out_offset, -128, 127);
+            y[4 * g + f] = v0;
+            y[ys + 4 * g + f] = v1;
+        }
+        s += 4 + 4 * pairs + 12;
+    }
+}
+
 /*
  * CG_MATVEC4(X_, W_, N_, ACC_): one input row x (N_ int8 values, N_ a multiple of 4) times four
  * filters (a matrix-vector product: a linear layer over one row), acc[f] += x . w_f.  The weights
