@@ -575,31 +575,35 @@ def test_dw16_rows_only_within_their_immediates():
 
 
 def planar_specs() -> list[gen.LayerSpec]:
-    """3x3 stride-1 depthwise layers for the channel-planar DSP path: groups of 16, 4 and 2 channels
-    (128 channels: pixels more than 255 bytes apart), leading paddings 0..2, odd and even widths (odd
-    first or last gathered columns, output rows ending in a step of 1..3 outputs), bands (fewer output rows than the padding gives), several batches, large
-    biases, left shifts and the general epilogue, clamps; the last two stay channels-last (rows too
-    wide for the buffer, too narrow)."""
+    """3x3 stride-1 and stride-2 depthwise layers for the channel-planar DSP path: groups of 16, 4 and 2
+    channels (128 channels: pixels more than 255 bytes apart), leading paddings 0..2, odd and even
+    widths (odd first or last gathered columns, output rows ending in a step of 1..3 outputs), bands
+    (fewer output rows than the padding gives), several batches, large biases, left shifts and the
+    general epilogue, clamps; the last two stay channels-last (rows too wide for the buffer, too narrow)."""
     rng = random.Random(41)
     out = []
-    for h, w, c, (ph, pw), n, big in [(6, 7, 8, (1, 1), 1, False), (5, 9, 6, (1, 1), 2, False), (4, 8, 4, (0, 0), 1, False),
-                                      (3, 9, 12, (2, 1), 1, True), (7, 5, 2, (1, 2), 1, False),
-                                      (1, 5, 4, (1, 1), 1, False), (2, 10, 16, (1, 0), 1, True),
-                                      (3, 6, 128, (1, 1), 1, False),
-                                      (9, 120, 8, (1, 1), 1, False), (5, 3, 4, (1, 1), 1, False)]:
-        ho, wo = h + 2 * ph - 2, w + 2 * pw - 2
+    for h, w, c, (ph, pw), n, big, *stride in [
+            (6, 7, 8, (1, 1), 1, False), (5, 9, 6, (1, 1), 2, False), (4, 8, 4, (0, 0), 1, False),
+            (3, 9, 12, (2, 1), 1, True), (7, 5, 2, (1, 2), 1, False), (1, 5, 4, (1, 1), 1, False),
+            (2, 10, 16, (1, 0), 1, True), (3, 6, 128, (1, 1), 1, False),
+            (9, 9, 8, (1, 1), 1, False, 2), (8, 16, 4, (0, 0), 2, False, 2), (7, 12, 16, (1, 1), 1, True, 2),
+            (11, 10, 2, (2, 2), 1, False, 2), (6, 48, 16, (1, 1), 1, False, 2), (5, 13, 6, (2, 1), 1, False, 2),
+            (9, 120, 8, (1, 1), 1, False), (5, 3, 4, (1, 1), 1, False)]:
+        st = stride[0] if stride else 1
+        ho, wo = (h + 2 * ph - 3) // st + 1, (w + 2 * pw - 3) // st + 1
         if rng.random() < 0.3:
             ho = max(1, ho - 1)
         weight = torch.randint(-128, 128, (3, 3, c), dtype=torch.int8)
         weight[0, 0, 0] = -128
         bias = torch.randint(-(2**20 if big else 5000), 2**20 if big else 5000, (c,), dtype=torch.int64)
-        out.append(_finish(rng, "depthwise", n, h, w, c, ho, wo, c, 3, 3, (1, 1), (ph, pw), weight, bias,
+        out.append(_finish(rng, "depthwise", n, h, w, c, ho, wo, c, 3, 3, (st, st), (ph, pw), weight, bias,
                            rng.randint(-127, 128)))
     out[1].shift[0] = 1  # a left shift: the C rows (no SMMLAR epilogue)
     out[3].bias.mul_(2**9)  # |bias| up to 2**29 with a left shift: the general epilogue
     out[3].shift[0] = 2
     out[6].shift.fill_(-24)  # right shifts too long to fold the output offset into the rounding constant
     out[6].output_offset = 100
+    out[9].shift[0] = 1  # (stride 2, C rows)
     return out
 
 

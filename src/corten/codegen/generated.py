@@ -1405,9 +1405,11 @@ PLANAR_MIN_WIDTH = 4  # narrower output rows: the channels-last path (measured: 
 
 def planar_group(spec: LayerSpec, isa: str) -> int:
     """Channels per group of the channel-planar depthwise path (:func:`_dw_planar`; 0: not taken): DSP
-    cores, 3x3 at stride 1, leading padding <= 2, C even, output rows of 4 or more, three gathered rows of G channels within
-    DW_PLANAR_BYTES (G the largest of 16, 8, 4, 2 dividing C that fits), every accumulator below 2**31."""
-    if (isa != "dsp" or spec.kind != "depthwise" or (spec.kh, spec.kw) != (3, 3) or tuple(spec.stride) != (1, 1)
+    cores, 3x3 at stride 1 or 2, leading padding <= 2, C even, output rows of 4 or more, three gathered
+    rows of G channels within DW_PLANAR_BYTES (G the largest of 16, 8, 4, 2 dividing C that fits), every
+    accumulator below 2**31."""
+    if (isa != "dsp" or spec.kind != "depthwise" or (spec.kh, spec.kw) != (3, 3)
+            or tuple(spec.stride) not in ((1, 1), (2, 2))
             or max(spec.padding) > 2 or spec.c_in % 2 or spec.wo < PLANAR_MIN_WIDTH):
         return 0
     if planar_bound(spec) >= INT32_LIMIT:
@@ -1420,8 +1422,8 @@ def planar_group(spec: LayerSpec, isa: str) -> int:
 
 
 def planar_row_elements(spec: LayerSpec) -> int:
-    """int16 elements of a gathered row: the outputs rounded up to a step of four, plus two."""
-    return -(-spec.wo // 4) * 4 + 2
+    """int16 elements of a gathered row: stride x the outputs rounded up to a step of four, plus two."""
+    return spec.stride[1] * -(-spec.wo // 4) * 4 + 2
 
 
 def planar_bias(spec: LayerSpec) -> torch.Tensor:
@@ -1492,6 +1494,15 @@ def planar_row_function(fn: str, spec: LayerSpec, g: int, mode: int) -> str:
         for r, p in enumerate(("r0", "r1", "r2")):
             first = r == 0
             b = "r11" if four else "r9"
+            if spec.stride[1] == 2:  # out_k += P_k . (w0, w1) + P_(k+1).lo w2, P_k the pair (x_2k, x_2k+1)
+                a += [f"ldr r6, [r4, #{8 * r}]", f"ldr r7, [r4, #{8 * r + 4}]", f"ldr r12, [{p}], #16",
+                      f"ldr lr, [{p}, #-12]", f"smlad r8, r12, r6, {b if first else 'r8'}", "smlabt r8, lr, r7, r8",
+                      f"smlad r9, lr, r6, {b if first else 'r9'}", f"ldr r12, [{p}, #-8]", "smlabt r9, r12, r7, r9"]
+                if four:
+                    a += [f"smlad r10, r12, r6, {'r11' if first else 'r10'}", f"ldr lr, [{p}, #-4]",
+                          "smlabt r10, lr, r7, r10", "smlad r11, lr, r6, r11", f"ldr r12, [{p}]",
+                          "smlabt r11, r12, r7, r11"]
+                continue
             a += [f"ldr r6, [r4, #{8 * r}]", f"ldr r7, [r4, #{8 * r + 4}]", f"ldr r12, [{p}], #8",
                   f"ldr lr, [{p}, #-4]",
                   f"smlad r8, r12, r6, {b if first else 'r8'}", f"smlatb r9, r12, r6, {b if first else 'r9'}"]
@@ -1520,7 +1531,7 @@ def planar_row_function(fn: str, spec: LayerSpec, g: int, mode: int) -> str:
         a += [f"movs r5, #{n4}", "2:", *step(4), *_add_const("r3", 4 * c, "r12"), "subs r5, r5, #1", "bne 2b"]
     if tail:
         a += step(tail)
-    a += ["add r0, r0, #4", "add r1, r1, #4", "add r2, r2, #4",  # (the next plane: 2 rw = 8 steps + 4 bytes)
+    a += ["add r0, r0, #4", "add r1, r1, #4", "add r2, r2, #4",  # (the next plane: 2 rw = 8 s steps + 4 bytes)
           *_add_const("r3", 1 - 4 * c * n4, "r12"), f"add r4, r4, #{4 * PLANAR_WORDS}",
           "ldr r5, [sp]", "subs r5, r5, #1", "str r5, [sp]", "bne 1b", "add sp, sp, #4", "pop {r4-r11, pc}"]
     return _asm_function(fn, a)
@@ -1586,11 +1597,12 @@ def planar_gather_asm(spec: LayerSpec, g: int, rw: int, cols: int) -> list[str]:
 
 
 def _dw_planar(spec: LayerSpec, g: int, fname: str, array, x_expr: str, y_expr: str) -> GeneratedLayer:
-    """A 3x3 stride-1 depthwise layer on DSP cores, channel-planar (corten_gen.h, cg_dwp_*): per group of
+    """A 3x3 stride-1 or stride-2 depthwise layer on DSP cores, channel-planar (corten_gen.h, cg_dwp_*): per group of
     ``g`` channels each input row gathered once, widened, into a ring of three row slots on the stack,
     then per output row the row function (assembly where :func:`planar_asm_ok`) over the group's channels."""
     c, h, w = spec.c_in, spec.h, spec.w
     ph, pw = spec.padding
+    st = spec.stride[0]
     bound = planar_bound(spec)
     short = short_epilogue_ok(bound, spec.multiplier, spec.shift)
     f = doubles(short, True)
@@ -1600,14 +1612,14 @@ def _dw_planar(spec: LayerSpec, g: int, fname: str, array, x_expr: str, y_expr: 
     tbl = array("gen_wdwp", planar_table(spec, f, q))
     arrays = {"gen_wdwp": tbl}
     rw = planar_row_elements(spec)
-    cols = min(w, spec.wo + 2 - pw)  # (input columns some output reads)
+    cols = min(w, (spec.wo - 1) * st + 3 - pw)  # (input columns some output reads)
     zp = -spec.input_offset
     slot = g * rw
     row_fn = f"{fname}_row"
     proto = (f"void {row_fn}(const int16_t *r0, const int16_t *r1, const int16_t *r2, int8_t *y, "
              "const int32_t *t)")
     c_row = (f"{proto}\n{{\n    int32_t k;\n    for (k = 0; k < {g}; k++) {{\n"
-             f"        cg_dwp_row(r0 + k * {rw}, r1 + k * {rw}, r2 + k * {rw}, t + {PLANAR_WORDS} * k, "
+             f"        cg_dwp_row{'' if st == 1 else '_s2'}(r0 + k * {rw}, r1 + k * {rw}, r2 + k * {rw}, t + {PLANAR_WORDS} * k, "
              f"t + {PLANAR_WORDS} * k + 7, y + k, {c}, {spec.wo}, {ep});\n    }}\n}}\n")
     asm = planar_asm_ok(spec, mode)
     if asm:
@@ -1625,15 +1637,24 @@ def _dw_planar(spec: LayerSpec, g: int, fname: str, array, x_expr: str, y_expr: 
         row_text += (f"{gproto};\n#ifdef CG_HAVE_DSP\n{_asm_function(gather_fn, planar_gather_asm(spec, g, rw, cols))}"
                      f"#else\n{c_gather}#endif\n\n")
     else:
-        row_text += "CG_INLINE " + c_gather.replace("void ", "void ", 1) + "\n"
+        row_text += f"CG_INLINE {c_gather}\n"
 
     def row(iy: str, dst: str, ind: str, known: int | None = None) -> list[str]:
         gather = [f"{gather_fn}(x + ({iy}) * {w * c} + g, {dst});"]
         pad = [f"cg_dwp_pad_row({dst}, {rw}, {pw}, {cols}, {g}, {zp});"]
         if known is not None:
             return [ind + t for t in (gather if 0 <= known < h else pad)]
-        return ([ind + f"if ({iy} < {h}) {{"] + [ind + "    " + t for t in gather] + [ind + "} else {"]
+        return ([ind + f"if ({iy} >= 0 && {iy} < {h}) {{"] + [ind + "    " + t for t in gather] + [ind + "} else {"]
                 + [ind + "    " + t for t in pad] + [ind + "}"])
+
+    if st == 1:  # (the next output row: one new input row, the ring turned by one)
+        prime = [*row(str(-ph), "s0", " " * 12, -ph), *row(str(1 - ph), "s1", " " * 12, 1 - ph)]
+        fresh = row(f"oy + {2 - ph}", "s2", " " * 16)
+        turn = ["t = s0;", "s0 = s1;", "s1 = s2;", "s2 = t;"]
+    else:  # (two new input rows; the last one becomes the next row's first)
+        prime = row(str(-ph), "s0", " " * 12, -ph)
+        fresh = row(f"2 * oy + {1 - ph}", "s1", " " * 16) + row(f"2 * oy + {2 - ph}", "s2", " " * 16)
+        turn = ["t = s0;", "s0 = s2;", "s2 = t;"]
 
     lines = [
         f"void {fname}(const int8_t *in, int8_t *out)",
@@ -1646,22 +1667,18 @@ def _dw_planar(spec: LayerSpec, g: int, fname: str, array, x_expr: str, y_expr: 
         f"        int8_t *y = out + b * {spec.ho * spec.wo * c};",
         f"        for (g = 0; g < {c}; g += {g}) {{",
         f"            int16_t *s0 = buf, *s1 = buf + {slot}, *s2 = buf + {2 * slot};",
-        *row(str(-ph), "s0", " " * 12, -ph),
-        *row(str(1 - ph), "s1", " " * 12, 1 - ph),
+        *prime,
         f"            for (oy = 0; oy < {spec.ho}; oy++) {{",
         "                int16_t *t;",
-        *row(f"oy + {2 - ph}", "s2", " " * 16),
+        *fresh,
         f"                {row_fn}(s0, s1, s2, y + oy * {spec.wo * c} + g, {tbl} + g * {PLANAR_WORDS});",
-        "                t = s0;",
-        "                s0 = s1;",
-        "                s1 = s2;",
-        "                s2 = t;",
+        *("                " + t for t in turn),
         "            }",
         "        }",
         "    }",
         "}",
     ]
-    what = (f"generated dsp 3x3 depthwise, channel-planar: rows of {g} channels gathered widened once "
+    what = (f"generated dsp 3x3 stride-{st} depthwise, channel-planar: rows of {g} channels gathered widened once "
             f"({3 * slot * 2} stack bytes), 4 outputs per step from register weights, "
             f"{'assembly rows, ' if asm else ''}{'short' if short else 'general'} epilogue")
     return GeneratedLayer(row_text + "\n".join(lines) + "\n", f"{fname}({x_expr}, {y_expr});", what, short,

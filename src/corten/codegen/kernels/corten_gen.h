@@ -1328,6 +1328,31 @@ CG_INLINE void cg_dwp_row(const int16_t *r0, const int16_t *r1, const int16_t *r
     }
 }
 
+/** cg_dwp_row at stride 2: output k reads the pairs P_k = (x_2k, x_2k+1) and P_k+1 of each row,
+ *  P_k . (w0, w1) + P_k+1.lo w2 (SMLAD, SMLABT); rows of 2 roundup(n, 4) + 2 elements. */
+CG_INLINE void cg_dwp_row_s2(const int16_t *r0, const int16_t *r1, const int16_t *r2, const int32_t *wb,
+                             const int32_t *q, int8_t *y, int32_t ys, int32_t n, int epilogue, int32_t out_offset,
+                             int32_t act_min, int32_t act_max)
+{
+    const int16_t *rows[3];
+    const int32_t qv[4] = {q[0], q[1], q[2], q[3]};
+    int32_t i, r;
+    rows[0] = r0;
+    rows[1] = r1;
+    rows[2] = r2;
+    for (i = 0; i < n; i++) {
+        int32_t acc = wb[6];
+        for (r = 0; r < 3; r++) {
+            int32_t p0, p1;
+            memcpy(&p0, rows[r] + 2 * i, 4);
+            memcpy(&p1, rows[r] + 2 * i + 2, 4);
+            acc = cg_smlad(p0, wb[2 * r], acc);
+            acc = cg_smlabt(p1, wb[2 * r + 1], acc);
+        }
+        y[i * ys] = cg_output(acc, qv, epilogue, out_offset, act_min, act_max);
+    }
+}
+
 #ifdef CG_HAVE_MVE
 /**
  * One output pixel of a depthwise convolution on Helium, all channels, four per vector:
