@@ -1400,17 +1400,18 @@ def _dense(spec, isa, fname, array, segs, biases, short, x_expr, y_expr) -> Gene
 
 
 DW_PLANAR_BYTES = 1024  # largest stack buffer of a planar depthwise layer's gathered rows
-PLANAR_MIN_WIDTH = 4  # narrower output rows: the channels-last path (measured: 3 outputs a row ran slower planar)
+PLANAR_MIN_WIDTH = 4  # narrower output rows (x the stride): the channels-last path (measured: 3 outputs a row
+# ran slower planar at stride 1, 6 at stride 2, where the gathers cost twice as much per output)
 
 
 def planar_group(spec: LayerSpec, isa: str) -> int:
     """Channels per group of the channel-planar depthwise path (:func:`_dw_planar`; 0: not taken): DSP
-    cores, 3x3 at stride 1 or 2, leading padding <= 2, C even, output rows of 4 or more, three gathered
-    rows of G channels within DW_PLANAR_BYTES (G the largest of 16, 8, 4, 2 dividing C that fits), every
-    accumulator below 2**31."""
+    cores, 3x3 at stride 1 or 2, leading padding <= 2, C even, output rows of 4 (stride 2: 8) or more,
+    three gathered rows of G channels within DW_PLANAR_BYTES (G the largest of 16, 8, 4, 2 dividing C
+    that fits), every accumulator below 2**31."""
     if (isa != "dsp" or spec.kind != "depthwise" or (spec.kh, spec.kw) != (3, 3)
             or tuple(spec.stride) not in ((1, 1), (2, 2))
-            or max(spec.padding) > 2 or spec.c_in % 2 or spec.wo < PLANAR_MIN_WIDTH):
+            or max(spec.padding) > 2 or spec.c_in % 2 or spec.wo < PLANAR_MIN_WIDTH * spec.stride[1]):
         return 0
     if planar_bound(spec) >= INT32_LIMIT:
         return 0
@@ -1437,6 +1438,7 @@ def planar_bound(spec: LayerSpec) -> int:
     return int((planar_bias(spec).abs() + 128 * w).max())
 
 
+PLANAR_STRAIGHT_STEPS = 3  # output rows of at most this many 4-output steps run them straight (no step loop)
 PLANAR_WORDS = 11  # int32 words per channel of the planar table: 6 weight pairs, bias, 4 epilogue constants
 
 
@@ -1526,15 +1528,20 @@ def planar_row_function(fn: str, spec: LayerSpec, g: int, mode: int) -> str:
             a.append(f"strb {v}, [r3, #{k * c}]")
         return a
 
-    a = ["push {r4-r11, lr}", "ldr r4, [sp, #36]", "sub sp, sp, #4", f"movs r5, #{g}", "str r5, [sp]", "1:"]
-    if n4:
+    looped = n4 > PLANAR_STRAIGHT_STEPS  # (else the steps run straight and r5 counts the channels)
+    a = ["push {r4-r11, lr}", "ldr r4, [sp, #36]", "sub sp, sp, #4", f"movs r5, #{g}", "str r5, [sp]" if looped else "", "1:"]
+    if looped:
         a += [f"movs r5, #{n4}", "2:", *step(4), *_add_const("r3", 4 * c, "r12"), "subs r5, r5, #1", "bne 2b"]
+    else:
+        for _ in range(n4):
+            a += [*step(4), *_add_const("r3", 4 * c, "r12")]
     if tail:
         a += step(tail)
     a += ["add r0, r0, #4", "add r1, r1, #4", "add r2, r2, #4",  # (the next plane: 2 rw = 8 s steps + 4 bytes)
           *_add_const("r3", 1 - 4 * c * n4, "r12"), f"add r4, r4, #{4 * PLANAR_WORDS}",
-          "ldr r5, [sp]", "subs r5, r5, #1", "str r5, [sp]", "bne 1b", "add sp, sp, #4", "pop {r4-r11, pc}"]
-    return _asm_function(fn, a)
+          *(["ldr r5, [sp]", "subs r5, r5, #1", "str r5, [sp]"] if looped else ["subs r5, r5, #1"]),
+          "bne 1b", "add sp, sp, #4", "pop {r4-r11, pc}"]
+    return _asm_function(fn, [ln for ln in a if ln])
 
 
 def _asm_function(fn: str, lines: list[str]) -> str:
