@@ -904,39 +904,55 @@ WIN_W = "r12"  # the stream pointer (the input pointer during a gather)
 # (r7 is left alone: the frame pointer of unoptimised builds; no memory operand: none left to address it)
 
 
-def _window_groups_asm(pairs: int, xs: int, ys: int, slot: dict) -> list[str]:
-    """The loop over a gathered-window stream's groups of four filters for the pixel pair whose windows
-    are at sp and sp + ``xs`` (``ys``: the second pixel's output offset; 0, 0 for a lone pixel): the
-    biases' LDRs pipelined with the first step's, per window pair two input words and four weight words
-    by LDRs (one cycle each after the first on a Cortex-M4), 8 SMLAD (the first step's start from the
-    biases: no copies), the SMMLAR epilogue of eight outputs and their stores, one pointer step over the
-    group's part of the stream; the output pointer and the stream's end in the frame's ``slot``."""
+WINDOW_UNROLL_MAX = 64  # groups x pairs of a row loop written out (no group loop; the shifts immediates)
+
+
+def _window_groups_asm(pairs: int, xs: int, ys: int, slot: dict, shifts: list[int] | None = None) -> list[str]:
+    """The groups of four filters of a gathered-window stream for the pixel pair whose windows are at sp
+    and sp + ``xs`` (``ys``: the second pixel's output offset; 0, 0 for a lone pixel): the biases' LDRs
+    pipelined with the first step's, per window pair two input words and four weight words by LDRs (one
+    cycle each after the first on a Cortex-M4), 8 SMLAD (the first step's start from the biases: no
+    copies), the SMMLAR epilogue of eight outputs and their stores; the output pointer (and the stream's
+    end) in the frame's ``slot``.  A loop over the groups, one pointer step each (the output pointer
+    advanced by four), or with ``shifts`` (each channel's right shift) the groups written out at
+    immediate stream offsets, each shift an immediate of the SSAT (the output pointer unchanged)."""
     ins, a, (t0, t1, t2, t3), w = _ins, WIN_ACC, WIN_TMP, WIN_W
-    lines = ['"1:\\n\\t"'] + [ins(f"ldr {a[f]}, [{w}, #{4 * f}]") for f in range(4)]
-    for p in range(pairs):
-        o = 16 + 16 * p
-        lines += [ins(f"ldr {t0}, [sp, #{4 * p}]"), ins(f"ldr {t1}, [sp, #{xs + 4 * p}]")]
-        for half in (0, 1):
-            lines += [ins(f"ldr {t2}, [{w}, #{o + 8 * half}]"), ins(f"ldr {t3}, [{w}, #{o + 8 * half + 4}]")]
-            for f, t in ((2 * half, t2), (2 * half + 1, t3)):
-                src = a[f] if p == 0 else a[f + 4]  # (step 0: the second pixel starts from the bias too)
-                lines += [ins(f"smlad {a[f + 4]}, {t1}, {t}, {src}"), ins(f"smlad {a[f]}, {t0}, {t}, {a[f]}")]
-    o = 16 + 16 * pairs  # m, right, K of each filter
-    for f in range(4):
-        u, v = a[f], a[f + 4]
-        lines += [ins(f"ldr {t0}, [{w}, #{o + 12 * f}]"), ins(f"ldr {t1}, [{w}, #{o + 12 * f + 8}]"),
-                  ins(f"ldr {t3}, [{w}, #{o + 12 * f + 4}]"),
-                  ins(f"add {t2}, {t1}, {u}, asr #31"), ins(f"smmlar {u}, {u}, {t0}, {t2}"),
-                  ins(f"add {t2}, {t1}, {v}, asr #31"), ins(f"smmlar {v}, {v}, {t0}, {t2}"),
-                  ins(f"asr {u}, {u}, {t3}"), ins(f"asr {v}, {v}, {t3}"),
-                  ins(f"ssat {u}, #8, {u}"), ins(f"ssat {v}, #8, {v}")]
-        if f == 0:  # (the output pointer into a free register; the first accumulator's holds it after the stores)
-            lines += [ins(f"ldr {t0}, [sp, #{slot['y']}]"), ins(f"strb {u}, [{t0}]"), ins(f"strb {v}, [{t0}, #{ys}]"),
-                      ins(f"mov {a[0]}, {t0}")]
-        else:
-            lines += [ins(f"strb {u}, [{a[0]}, #{f}]"), ins(f"strb {v}, [{a[0]}, #{ys + f}]")]
-    lines += [ins(f"adds {a[0]}, {a[0]}, #4"), ins(f"str {a[0]}, [sp, #{slot['y']}]"), ins(f"add {w}, {w}, #{o + 48}"),
-              ins(f"ldr {t0}, [sp, #{slot['end']}]"), ins(f"cmp {w}, {t0}"), ins("bne 1b")]
+    size = 16 + 16 * pairs + 48  # (one group's words in bytes)
+    lines = [] if shifts else ['"1:\\n\\t"']
+    for g in range(len(shifts) // 4 if shifts else 1):
+        base, yo = (size * g, 4 * g) if shifts else (0, 0)
+        lines += [ins(f"ldr {a[f]}, [{w}, #{base + 4 * f}]") for f in range(4)]
+        for p in range(pairs):
+            o = base + 16 + 16 * p
+            lines += [ins(f"ldr {t0}, [sp, #{4 * p}]"), ins(f"ldr {t1}, [sp, #{xs + 4 * p}]")]
+            for half in (0, 1):
+                lines += [ins(f"ldr {t2}, [{w}, #{o + 8 * half}]"), ins(f"ldr {t3}, [{w}, #{o + 8 * half + 4}]")]
+                for f, t in ((2 * half, t2), (2 * half + 1, t3)):
+                    src = a[f] if p == 0 else a[f + 4]  # (step 0: the second pixel starts from the bias too)
+                    lines += [ins(f"smlad {a[f + 4]}, {t1}, {t}, {src}"), ins(f"smlad {a[f]}, {t0}, {t}, {a[f]}")]
+        o = base + 16 + 16 * pairs  # m, right, K of each filter
+        for f in range(4):
+            u, v = a[f], a[f + 4]
+            lines += [ins(f"ldr {t0}, [{w}, #{o + 12 * f}]"), ins(f"ldr {t1}, [{w}, #{o + 12 * f + 8}]")]
+            if not shifts:
+                lines.append(ins(f"ldr {t3}, [{w}, #{o + 12 * f + 4}]"))
+            lines += [ins(f"add {t2}, {t1}, {u}, asr #31"), ins(f"smmlar {u}, {u}, {t0}, {t2}"),
+                      ins(f"add {t2}, {t1}, {v}, asr #31"), ins(f"smmlar {v}, {v}, {t0}, {t2}")]
+            if shifts:
+                r = shifts[4 * g + f]
+                lines += [ins(f"ssat {u}, #8, {u}, asr #{r}"), ins(f"ssat {v}, #8, {v}, asr #{r}")]
+            else:
+                lines += [ins(f"asr {u}, {u}, {t3}"), ins(f"asr {v}, {v}, {t3}"),
+                          ins(f"ssat {u}, #8, {u}"), ins(f"ssat {v}, #8, {v}")]
+            if f == 0:  # (the output pointer into a free register; the first accumulator's holds it after the stores)
+                lines += [ins(f"ldr {t0}, [sp, #{slot['y']}]"), ins(f"strb {u}, [{t0}, #{yo}]"),
+                          ins(f"strb {v}, [{t0}, #{ys + yo}]"), ins(f"mov {a[0]}, {t0}")]
+            else:
+                lines += [ins(f"strb {u}, [{a[0]}, #{yo + f}]"), ins(f"strb {v}, [{a[0]}, #{ys + yo + f}]")]
+    if not shifts:
+        lines += [ins(f"adds {a[0]}, {a[0]}, #4"), ins(f"str {a[0]}, [sp, #{slot['y']}]"),
+                  ins(f"add {w}, {w}, #{size}"), ins(f"ldr {t0}, [sp, #{slot['end']}]"), ins(f"cmp {w}, {t0}"),
+                  ins("bne 1b")]
     return lines
 
 
@@ -1026,6 +1042,7 @@ def _window_functions(spec: LayerSpec, fname: str, items: list[tuple], name: str
     / the one below / none (a lone pixel: the first window twice, its outputs stored twice)."""
     c, co, sw = spec.c_in, spec.c_out, spec.stride[1]
     pairs = len(items)
+    shifts = [int(-v) for v in spec.shift]  # (every one >= 1: dsp_gathers_windows)
     slot = {k: 8 * pairs + 4 * i for i, k in enumerate(("x", "y", "n", "w", "end"))}
     frame = 8 * pairs + 24
     ins, t0, w = _ins, WIN_TMP[0], WIN_W
@@ -1038,8 +1055,11 @@ def _window_functions(spec: LayerSpec, fname: str, items: list[tuple], name: str
         lines = enter + ['"2:\\n\\t"', ins(f"ldr {w}, [sp, #{slot['x']}]")]
         lines += _window_gather_asm(spec, items, sw * c, pairs)
         lines.append(ins(f"ldr {w}, [sp, #{slot['w']}]"))
-        lines += _window_groups_asm(pairs, 4 * pairs, co, slot)
-        lines += [ins(f"ldr {t0}, [sp, #{slot['y']}]"), ins(f"add {t0}, {t0}, #{co}"), ins(f"str {t0}, [sp, #{slot['y']}]"),
+        unroll = co * pairs <= 4 * WINDOW_UNROLL_MAX and (co // 4) * (64 + 16 * pairs) < 4096
+        lines += _window_groups_asm(pairs, 4 * pairs, co, slot, shifts if unroll else None)
+        step = 2 * co if unroll else co  # (the group loop advanced the output pointer by C_out)
+        lines += [ins(f"ldr {t0}, [sp, #{slot['y']}]"), ins(f"add {t0}, {t0}, #{step}"),
+                  ins(f"str {t0}, [sp, #{slot['y']}]"),
                   ins(f"ldr {t0}, [sp, #{slot['x']}]"), ins(f"add {t0}, {t0}, #{2 * sw * c}"),
                   ins(f"str {t0}, [sp, #{slot['x']}]"), ins(f"ldr {t0}, [sp, #{slot['n']}]"),
                   ins(f"subs {t0}, {t0}, #1"), ins(f"str {t0}, [sp, #{slot['n']}]"), ins("bne 2b")] + leave
