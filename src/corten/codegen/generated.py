@@ -13,7 +13,8 @@ immediate offsets.  What is done ahead of time:
   those taps.  The output is split into *segments* (runs of rows x runs of columns) whose windows
   see the same kernel taps inside the input; each segment has its own folded-bias table
   (``_bias``, one row of ``C_out`` per segment class), so padding costs nothing in the inner loop
-  and no window is ever copied (no im2col, also none for depthwise).
+  and no window is copied (no im2col, also none for depthwise) - except small windows (first layers,
+  C_in 1..3), gathered into a stack buffer with the input zero point where they leave the input.
 * **Weights in inner-loop order.**  Dense layers keep CMSIS-NN's OHWI int8 rows (a window row
   ``kW * C_in`` is contiguous in NHWC, so each kernel row is one dot product of constant length);
   the DSP depthwise path reads weights pre-widened to int16 pairs in ``SXTB16`` order
@@ -26,7 +27,9 @@ immediate offsets.  What is done ahead of time:
   short epilogue's ``SMMULR(2a, m)`` needs no shift.
 * **Register tiles**: 2 pixels x 2 output channels per dense dot product (4 accumulators: 13 live
   registers on a Cortex-M4, no spill), 3 pixels x 2 output channels over inputs widened once per tile
-  for the DSP pointwise layers (:func:`_pointwise_asm`), four channels per depthwise step (DSP) or per vector (MVE);
+  for the DSP pointwise layers (:func:`_pointwise_asm`), 2 pixels x 4 filters over windows gathered
+  widened into a stack buffer for DSP layers with small windows (first layers, :func:`_windows_dsp`),
+  four channels per depthwise step (DSP) or per vector (MVE);
   on Helium 2 pixels x 4 filters per VMLADAVA tile (a per-layer assembly loop over the filter groups,
   ``mve_tile_asm``) and 16 depthwise channels per step (a per-layer assembly row function,
   ``dw16_function``), both requantizing whole vectors after the sums.
