@@ -389,20 +389,26 @@ def matvec_specs() -> list[gen.LayerSpec]:
 
 
 def pointwise_specs() -> list[gen.LayerSpec]:
-    """1x1 stride-1 unpadded convolutions of the DSP pointwise assembly loop (generated.is_pointwise):
+    """1x1 unpadded convolutions of the DSP pointwise assembly loop (generated.is_pointwise), strided ones too:
     one and many pairs of filters, C_in from one group of four to 32 groups, pixel counts of every
     remainder modulo the tile of three (the overlapping last tile) and below it (one or two pixels: the
     stack copy), batches, output offsets at the int8 ends, a right shift of one, extreme weights and
     inputs (the last one: the largest accumulators)."""
     rng = random.Random(41)
     out = []
-    for n, h, w, ci, co, off, shift in [(1, 3, 3, 4, 2, -128, None), (1, 2, 5, 8, 16, 127, None),
-                                         (2, 3, 1, 16, 6, 0, -1), (1, 1, 3, 128, 4, -7, None),
-                                         (1, 1, 2, 8, 4, 3, None), (1, 2, 1, 4, 2, -100, None),
-                                         (1, 1, 5, 20, 34, 90, -1), (1, 4, 4, 12, 8, 5, None)]:
+    for n, h, w, ci, co, off, shift, st in [(1, 3, 3, 4, 2, -128, None, 1), (1, 2, 5, 8, 16, 127, None, 1),
+                                             (2, 3, 1, 16, 6, 0, -1, 1), (1, 1, 3, 128, 4, -7, None, 1),
+                                             (1, 1, 2, 8, 4, 3, None, 1), (1, 2, 1, 4, 2, -100, None, 1),
+                                             (1, 1, 5, 20, 34, 90, -1, 1), (1, 5, 4, 16, 8, 2, None, 2),
+                                             (2, 4, 5, 8, 4, -3, None, 2), (1, 3, 5, 4, 6, 7, None, (1, 3)),
+                                             (1, 3, 2, 8, 2, 1, None, (2, 1)), (1, 3, 1, 8, 4, 0, None, 2),
+                                             (1, 4, 4, 12, 8, 5, None, 1)]:
         weight = torch.randint(-128, 128, (co, 1, 1, ci), dtype=torch.int8)
         bias = torch.randint(-5000, 5000, (co,), dtype=torch.int64)
-        spec = _finish(rng, "conv", n, h, w, ci, h, w, co, 1, 1, (1, 1), (0, 0), weight, bias, rng.randint(-127, 128))
+        sh, sw = (st, st) if isinstance(st, int) else st
+        ho, wo = (h - 1) // sh + 1, (w - 1) // sw + 1
+        spec = _finish(rng, "conv", n, h, w, ci, ho, wo, co, 1, 1, (sh, sw), (0, 0), weight, bias,
+                       rng.randint(-127, 128))
         spec.act_min, spec.act_max, spec.output_offset = -128, 127, off
         spec.shift = spec.shift.clamp(max=-1)
         if shift is not None:

@@ -682,11 +682,12 @@ def _windows_mve(spec, fname, array, segs, biases, x_expr, y_expr) -> GeneratedL
 
 
 def is_pointwise(spec: LayerSpec, isa: str, short: bool) -> bool:
-    """A DSP 1x1 convolution with stride 1 and no padding (its pixels one contiguous matrix), C_in % 4 ==
-    0, an even C_out, whose scalar short epilogue takes the SMMLAR form with the output offset folded and
-    clamps to the int8 range only: the shape of the per-layer assembly loop (:func:`_pointwise`)."""
-    return (isa == "dsp" and spec.kind == "conv" and spec.kh == spec.kw == 1 and tuple(spec.stride) == (1, 1)
-            and tuple(spec.padding) == (0, 0) and spec.ho == spec.h and spec.wo == spec.w
+    """A DSP 1x1 convolution without padding (any stride: each output pixel reads one input pixel), C_in %
+    4 == 0, an even C_out, whose scalar short epilogue takes the SMMLAR form with the output offset folded
+    and clamps to the int8 range only: the shape of the per-layer assembly loop (:func:`_pointwise`)."""
+    sh, sw = spec.stride
+    return (isa == "dsp" and spec.kind == "conv" and spec.kh == spec.kw == 1 and tuple(spec.padding) == (0, 0)
+            and spec.ho == (spec.h - 1) // sh + 1 and spec.wo == (spec.w - 1) // sw + 1
             and spec.c_in % 4 == 0 and spec.c_out % 2 == 0 and 8 * spec.c_in + 32 < 4096 and 2 * spec.c_out + 8 < 4096
             and sign_from_acc(short, spec.shift) and offset_folds(short, spec.shift, spec.output_offset)
             and (spec.act_min, spec.act_max) == (-128, 127))
@@ -766,18 +767,36 @@ def _pointwise_asm(k: int, co: int) -> str:
     return "\n                ".join(lines)
 
 
+def _pointwise_widen(spec: LayerSpec, npx: int, t: str) -> str:
+    """C widening the inputs of output pixels ``t .. t + npx - 1`` of a pointwise layer into ``cg_s``: one
+    run when the stride is 1 (the pixels are contiguous), else pixel by pixel from its input pixel."""
+    k = spec.c_in
+    if tuple(spec.stride) == (1, 1):
+        return f"        cg_widen_words(in + {t} * {k}, cg_s, {npx * k // 4});"
+    sh, sw = spec.stride
+    row = f"r * {sh}" if spec.n == 1 else f"(r / {spec.ho}) * {spec.h} + (r % {spec.ho}) * {sh}"
+    return f"""        {{
+            int32_t j;
+            for (j = 0; j < {npx}; j++) {{
+                const int32_t q = {t} + j, r = q / {spec.wo}, c = q % {spec.wo};
+                cg_widen_words(in + (({row}) * {spec.w} + c * {sw}) * {k}, cg_s + j * {k // 2}, {k // 4});
+            }}
+        }}"""
+
+
 def _pointwise(spec, fname, array, biases, x_expr, y_expr) -> GeneratedLayer:
     """A pointwise DSP layer (:func:`is_pointwise`): its pixels in tiles of :data:`PW_PIXELS`, each tile's
     inputs widened once into a stack buffer (``cg_widen_words``), then one assembly loop per tile over the
     layer's stream (biases, weights and epilogue constants of each pair of filters in the order it reads
-    them); the last tile overlaps the one before it when the pixel count is not a multiple of the tile
+    them), a strided layer's pixels gathered by the widening; the last tile overlaps the one before it
+    when the pixel count is not a multiple of the tile
     (its outputs written twice, the same bytes; the output never aliases the input of a convolution), a
     layer of fewer pixels than a tile runs one tile through a stack copy of its outputs."""
     k, co, n = spec.c_in, spec.c_out, PW_PIXELS
     stream, ep = pointwise_stream(spec, biases)
     name = array("gen_pw", stream)
     mode, out_off = ep.split(", ")[:2]
-    npx = spec.n * spec.h * spec.w
+    npx = spec.n * spec.ho * spec.wo
     words = n * k // 2
     body = f"""#ifdef CG_HAVE_DSP
         {{
@@ -801,7 +820,7 @@ def _pointwise(spec, fname, array, biases, x_expr, y_expr) -> GeneratedLayer:
 {stream_words}    for (p = 0; p < {npx}; p += {n}) {{
         const int32_t t = p + {n} <= {npx} ? p : {npx - n};
         int8_t *cg_y = out + t * {co};
-        cg_widen_words(in + t * {k}, cg_s, {n * k // 4});
+{_pointwise_widen(spec, n, "t")}
 {body}
     }}
 """
@@ -809,7 +828,7 @@ def _pointwise(spec, fname, array, biases, x_expr, y_expr) -> GeneratedLayer:
         loop = f"""    int8_t cg_out[{n * co}];
     int8_t *cg_y = cg_out;
     memset(cg_s, 0, sizeof cg_s);
-{stream_words}    cg_widen_words(in, cg_s, {npx * k // 4});
+{stream_words}{_pointwise_widen(spec, npx, "0")}
     {{
 {body}
     }}
