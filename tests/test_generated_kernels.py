@@ -594,7 +594,7 @@ def planar_specs() -> list[gen.LayerSpec]:
             (2, 10, 16, (1, 0), 1, True), (3, 6, 128, (1, 1), 1, False),
             (9, 17, 8, (1, 1), 1, False, 2), (8, 18, 4, (0, 0), 2, False, 2), (7, 22, 16, (1, 1), 1, True, 2),
             (11, 14, 2, (2, 2), 1, False, 2), (6, 48, 16, (1, 1), 1, False, 2), (5, 19, 6, (2, 1), 1, False, 2),
-            (3, 20, 4, (1, 1), 1, False),
+            (3, 26, 4, (1, 1), 1, False), (4, 4, 8, (1, 1), 1, False), (3, 10, 4, (1, 1), 1, False),
             (9, 120, 8, (1, 1), 1, False), (5, 3, 4, (1, 1), 1, False)]:
         st = stride[0] if stride else 1
         ho, wo = (h + 2 * ph - 3) // st + 1, (w + 2 * pw - 3) // st + 1
@@ -612,6 +612,8 @@ def planar_specs() -> list[gen.LayerSpec]:
     out[6].output_offset = 100
     out[9].shift[0] = 1  # (stride 2, C rows)
     out[14].shift.clamp_(max=-1)  # (stride 1, assembly rows with a step loop)
+    out[15].shift.clamp_(max=-1)  # (stride 1, four outputs a row: the four-output steps)
+    out[16].shift.clamp_(max=-1)  # (stride 1, six outputs and a four-output step)
     return out
 
 

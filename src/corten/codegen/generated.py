@@ -1465,8 +1465,25 @@ def planar_group(spec: LayerSpec, isa: str) -> int:
 
 
 def planar_row_elements(spec: LayerSpec) -> int:
-    """int16 elements of a gathered row: stride x the outputs rounded up to a step of four, plus two."""
-    return spec.stride[1] * -(-spec.wo // 4) * 4 + 2
+    """int16 elements of a gathered row: stride x the outputs rounded up to a step of four (or six, see
+    :func:`planar_six`), plus two."""
+    return max(spec.stride[1] * -(-spec.wo // 4) * 4, -(-spec.wo // 6) * 6 if planar_six(spec) else 0) + 2
+
+
+# estimated M4 cycles of one channel's output row step (4 outputs, 2 outputs, 6 outputs: the instruction counts
+# of planar_row_function's steps with the timing table), to choose the 6-output steps where they pay
+_STEP4, _STEP2, _STEP6 = 76, 45, 103
+
+
+def planar_six(spec: LayerSpec) -> bool:
+    """Whether the planar rows take six outputs per step (stride 1; accumulators r3, r5, r8-r11, the
+    output pointer on the stack) rather than four: where the estimated row cost is lower."""
+    if spec.stride[1] != 1 or 6 * spec.c_in > THUMB_IMM12:
+        return False
+    n4, t4 = divmod(spec.wo, 4)
+    n6, t6 = divmod(spec.wo, 6)
+    tail = {0: 0, 1: _STEP2, 2: _STEP2, 3: _STEP4, 4: _STEP4, 5: _STEP6}
+    return n6 * _STEP6 + tail[t6] < n4 * _STEP4 + tail[t4]
 
 
 def planar_bias(spec: LayerSpec) -> torch.Tensor:
@@ -1557,18 +1574,24 @@ def planar_row_function(fn: str, spec: LayerSpec, g: int, mode: int) -> str:
                 a += [f"ldr r12, [{p}]", "smlabt r10, r12, r7, r10", "smlad r11, r12, r7, r11"]
         a += ["ldr r6, [r4, #28]", "ldr r12, [r4, #32]", "ldr r7, [r4, #36]"]
         for k in range(stores):
-            v = acc[k]
-            a += [f"add lr, r7, {v}, asr #31", f"smmlar {v}, {v}, r6, lr", f"asr {v}, {v}, r12"]
-            if not mode & OFFSET_IN_ROUNDING and spec.output_offset:
-                off = spec.output_offset
-                a.append(f"add {v}, {v}, #{off}" if off > 0 else f"sub {v}, {v}, #{-off}")
-            a.append(f"ssat {v}, #8, {v}")
-            if spec.act_min > -128:
-                a += [f"cmp {v}, #{spec.act_min}", "it lt", _imm_mov("lt", v, spec.act_min)]
-            if spec.act_max < 127:
-                a += [f"cmp {v}, #{spec.act_max}", "it gt", _imm_mov("gt", v, spec.act_max)]
-            a.append(f"strb {v}, [r3, #{k * c}]")
+            a += requant(acc[k]) + [f"strb {acc[k]}, [r3, #{k * c}]"]
         return a
+
+    def requant(v: str) -> list[str]:
+        """The SMMLAR epilogue of accumulator ``v`` (m r6, right shift r12, rounding constant r7; lr clobbered)."""
+        a = [f"add lr, r7, {v}, asr #31", f"smmlar {v}, {v}, r6, lr", f"asr {v}, {v}, r12"]
+        if not mode & OFFSET_IN_ROUNDING and spec.output_offset:
+            off = spec.output_offset
+            a.append(f"add {v}, {v}, #{off}" if off > 0 else f"sub {v}, {v}, #{-off}")
+        a.append(f"ssat {v}, #8, {v}")
+        if spec.act_min > -128:
+            a += [f"cmp {v}, #{spec.act_min}", "it lt", _imm_mov("lt", v, spec.act_min)]
+        if spec.act_max < 127:
+            a += [f"cmp {v}, #{spec.act_max}", "it gt", _imm_mov("gt", v, spec.act_max)]
+        return a
+
+    if planar_six(spec):
+        return _asm_function(fn, _planar_rows6(spec, g, step, requant))
 
     looped = n4 > PLANAR_STRAIGHT_STEPS  # (else the steps run straight and r5 counts the channels)
     a = ["push {r4-r11, lr}", "ldr r4, [sp, #36]", "sub sp, sp, #4", f"movs r5, #{g}", "str r5, [sp]" if looped else "", "1:"]
@@ -1584,6 +1607,55 @@ def planar_row_function(fn: str, spec: LayerSpec, g: int, mode: int) -> str:
           *(["ldr r5, [sp]", "subs r5, r5, #1", "str r5, [sp]"] if looped else ["subs r5, r5, #1"]),
           "bne 1b", "add sp, sp, #4", "pop {r4-r11, pc}"]
     return _asm_function(fn, [ln for ln in a if ln])
+
+
+def _planar_rows6(spec: LayerSpec, g: int, step4, requant) -> list[str]:
+    """The lines of a stride-1 planar row function with six outputs per step (:func:`planar_six`):
+    accumulators r3, r8-r11, r5 (the bias in r5 until its last use), the output pointer at [sp], the
+    channel count at [sp, #4], the step count at [sp, #8]; a row's last 1..4 outputs by the four-output
+    step (``step4``, the output pointer in r3), five by a six-output step storing five."""
+    c, wo = spec.c_in, spec.wo
+    n6, tail = divmod(wo, 6)
+    rw = planar_row_elements(spec)
+    acc = ["r3", "r8", "r9", "r10", "r11", "r5"]
+
+    def step6(stores: int) -> list[str]:
+        a = ["ldr r5, [r4, #24]"]
+        for r, p in enumerate(("r0", "r1", "r2")):
+            def b(k: int) -> str:
+                return "r5" if r == 0 else acc[k]
+            a += [f"ldr r6, [r4, #{8 * r}]", f"ldr r7, [r4, #{8 * r + 4}]", f"ldr r12, [{p}], #12", f"ldr lr, [{p}, #-8]",
+                  f"smlad r3, r12, r6, {b(0)}", "smlabt r3, lr, r7, r3",
+                  f"smlatb r8, r12, r6, {b(1)}", "smlad r8, lr, r7, r8",
+                  f"smlad r9, lr, r6, {b(2)}", f"smlatb r10, lr, r6, {b(3)}", f"ldr r12, [{p}, #-4]",
+                  "smlabt r9, r12, r7, r9", "smlad r10, r12, r7, r10",
+                  f"smlad r11, r12, r6, {b(4)}", "smlatb r5, r12, r6, r5", f"ldr lr, [{p}]",
+                  "smlabt r11, lr, r7, r11", "smlad r5, lr, r7, r5"]
+        a += ["ldr r6, [r4, #28]", "ldr r12, [r4, #32]", "ldr r7, [r4, #36]"]
+        for k in range(stores):
+            a += requant(acc[k])
+        return a + ["ldr lr, [sp]"] + [f"strb {acc[k]}, [lr, #{k * c}]" for k in range(stores)]
+
+    full = step6(6) + _add_const("lr", 6 * c, "r12") + ["str lr, [sp]"]
+    a = ["push {r4-r11, lr}", "sub sp, sp, #12", "ldr r4, [sp, #48]", "str r3, [sp]", f"movs r5, #{g}",
+         "str r5, [sp, #4]", "1:"]
+    if n6 > PLANAR_STRAIGHT_STEPS:
+        a += [f"movs r5, #{n6}", "str r5, [sp, #8]", "2:", *full, "ldr r5, [sp, #8]", "subs r5, r5, #1",
+              "str r5, [sp, #8]", "bne 2b"]
+    else:
+        a += full * n6
+    adv = 12 * n6
+    if tail == 5:
+        a += step6(5)
+        adv += 12
+    elif tail:
+        a += ["ldr r3, [sp]", *step4(tail)]
+        adv += 8
+    for p in ("r0", "r1", "r2"):  # (the next plane)
+        a += _add_const(p, 2 * rw - adv, "r12")
+    a += ["ldr lr, [sp]", *_add_const("lr", 1 - 6 * c * n6, "r12"), "str lr, [sp]", f"add r4, r4, #{4 * PLANAR_WORDS}",
+          "ldr r5, [sp, #4]", "subs r5, r5, #1", "str r5, [sp, #4]", "bne 1b", "add sp, sp, #12", "pop {r4-r11, pc}"]
+    return a
 
 
 def _asm_function(fn: str, lines: list[str]) -> str:
