@@ -483,14 +483,16 @@ def test_narrow_row_windows_equal_reference(tmp_path):
 def window_specs() -> list[gen.LayerSpec]:
     """Small-window dense layers the DSP path gathers (``gen.dsp_gathers_windows``: first layers of image
     and audio networks), with top/left/all-padding windows, odd widths, batches, row tails of 0..3
-    bytes (C_in 1, 2, 3, 5, 6) and every tap outside the input (the (3, 2) band)."""
+    bytes (C_in 1, 2, 3, 5, 6), every tap outside the input (the (3, 2) band) and input rows too wide for
+    the row loop's load offsets."""
     rng = random.Random(31)
     out = []
     for ci, (kh, kw), (sh, sw), (ph, pw), co, h, w in [
             (3, (3, 3), (2, 2), (1, 1), 8, 12, 12), (3, (3, 3), (2, 2), (1, 1), 8, 11, 13),
             (1, (10, 4), (2, 2), (4, 1), 8, 15, 10), (3, (3, 3), (1, 1), (1, 1), 16, 7, 9),
             (2, (5, 5), (1, 1), (2, 2), 12, 8, 9), (1, (3, 2), (1, 1), (3, 1), 4, 4, 5),
-            (5, (3, 3), (1, 2), (0, 1), 4, 6, 7), (6, (2, 3), (2, 1), (1, 0), 4, 5, 6)]:
+            (5, (3, 3), (1, 2), (0, 1), 4, 6, 7), (6, (2, 3), (2, 1), (1, 0), 4, 5, 6),
+            (1, (10, 4), (2, 2), (4, 1), 4, 11, 460)]:  # (rows too wide for LDR offsets: every pair gathers in C)
         ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
         weight = torch.randint(-128, 128, (co, kh, kw, ci), dtype=torch.int8)
         bias = torch.randint(-5000, 5000, (co,), dtype=torch.int64)

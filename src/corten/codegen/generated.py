@@ -881,6 +881,7 @@ def dsp_gathers_windows(spec: LayerSpec, isa: str, short: bool) -> bool:
     WINDOW_PAIRS_MAX pairs, and the pointwise loop's epilogue (SMMLAR, output offset folded, no clamp
     inside the int8 range), proven for the full-window bias too."""
     if not (isa == "dsp" and spec.kind == "conv" and (spec.kh, spec.kw) != (1, 1) and spec.c_out % 4 == 0
+            and spec.c_out + 4 < 4096  # (the second pixel's output offsets: STRB immediates)
             and -128 <= -spec.input_offset <= 127 and len(window_pairs(spec)) <= WINDOW_PAIRS_MAX
             and sign_from_acc(short, spec.shift) and offset_folds(short, spec.shift, spec.output_offset)
             and (spec.act_min, spec.act_max) == (-128, 127)):
@@ -1027,7 +1028,7 @@ def window_row_ok(spec: LayerSpec, pairs: int) -> bool:
     """Whether a gathered-window layer's frame offsets, gather offsets and pointer steps are all
     immediates of their instructions."""
     span = (spec.kh - 1) * spec.w * spec.c_in + (spec.kw + spec.stride[1]) * spec.c_in
-    return span < 4096 and 8 * pairs + 24 < 4096 and 2 * spec.stride[1] * spec.c_in < 4096 and spec.c_out < 4096
+    return span < 4096 and 8 * pairs + 24 < 4096 and 2 * spec.stride[1] * spec.c_in < 4096 and 2 * spec.c_out < 4096
 
 
 def _window_function(fname: str, suffix: str, args: str, lines: list[str], name: str, size: int,
@@ -1182,7 +1183,7 @@ def _windows_dsp(spec, fname, array, x_expr, y_expr) -> GeneratedLayer:
                 groups.append([sig, k, k + 2])
         return [(g[0], g[1], g[2]) for g in groups]
 
-    full = (0, spec.kh, 0, spec.kw)
+    full = (0, spec.kh, 0, spec.kw) if window_row_ok(spec, pairs) else None  # (None: every pair gathers in C)
     vertical = spec.wo % 2 == 1 and spec.ho > 1 and spec.wo * co + 4 < 4096  # (the last column in pairs of rows)
     width = spec.wo - 1 if vertical else spec.wo
     body = []
