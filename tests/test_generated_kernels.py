@@ -402,6 +402,7 @@ def pointwise_specs() -> list[gen.LayerSpec]:
                                              (1, 1, 5, 20, 34, 90, -1, 1), (1, 5, 4, 16, 8, 2, None, 2),
                                              (2, 4, 5, 8, 4, -3, None, 2), (1, 3, 5, 4, 6, 7, None, (1, 3)),
                                              (1, 3, 2, 8, 2, 1, None, (2, 1)), (1, 3, 1, 8, 4, 0, None, 2),
+                                             (1, 2, 4, 8, 24, -9, None, 1), (1, 4, 1, 16, 36, 11, -1, 1),
                                              (1, 4, 4, 12, 8, 5, None, 1)]:
         weight = torch.randint(-128, 128, (co, 1, 1, ci), dtype=torch.int8)
         bias = torch.randint(-5000, 5000, (co,), dtype=torch.int64)

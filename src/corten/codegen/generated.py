@@ -711,20 +711,25 @@ PW_DATA = ("r9", "r10", "r11", "r12", "lr")  # (r7 is left alone: the frame poin
 
 
 PW_UNROLL_BUDGET = 512  # instructions of a pointwise loop body: filter pairs unrolled up to it (small C_in)
+PW_STRAIGHT_BUDGET = 768  # ... and of a layer's whole walk over its filter pairs written out (no loop)
 
 
 def pointwise_unroll(k: int, co: int) -> int:
     """Filter pairs per iteration of the pointwise loop (:func:`_pointwise_asm`): 4 or 2 where they divide
     the pairs, their body (about ``11 k / 2 + 40`` instructions a pair) fits :data:`PW_UNROLL_BUDGET` and
     their stream (``4 k + 32`` bytes a pair) the LDR offsets; each pair more in an iteration saves the
-    loop's step, test, taken branch and output-pointer update (~9 cycles on a Cortex-M4)."""
+    loop's step, test, taken branch and output-pointer update (~9 cycles on a Cortex-M4); all the pairs
+    (no loop: each right shift an immediate of its SSAT) where they fit :data:`PW_STRAIGHT_BUDGET`."""
+    pairs = co // 2
+    if pairs * (11 * k // 2 + 40) <= PW_STRAIGHT_BUDGET and pairs * (4 * k + 32) < 4096:
+        return pairs
     for u in (4, 2):
         if (co // 2) % u == 0 and u * (11 * k // 2 + 40) <= PW_UNROLL_BUDGET and u * (4 * k + 32) < 4096:
             return u
     return 1
 
 
-def _pointwise_asm(k: int, co: int) -> str:
+def _pointwise_asm(k: int, co: int, right: list[int]) -> str:
     """The assembly loop over a pointwise stream for one tile of :data:`PW_PIXELS` pixels whose inputs
     are widened (``cg_widen_words``: pixel p's ``k`` inputs at ``%[x] + 2 k p`` bytes; outputs at
     ``y + co p``): per pair of filters, per two inputs five LDRs at literal offsets (the three pixels'
@@ -732,16 +737,18 @@ def _pointwise_asm(k: int, co: int) -> str:
     and LDRD do not pipeline) and six SMLADs into the 3 x 2 accumulators (the first two inputs add the
     biases, loaded into the last pixel's accumulators); the epilogue constants of each filter by three
     LDRs, the SMMLAR epilogue of its three outputs and their stores; :func:`pointwise_unroll` pairs per
-    iteration; the output pointer and the stream's end and its start in the three words after the widened
-    inputs (13 registers, r0-r6, r8-r12 and lr, no memory operand: an unoptimised build has no register
-    left to address one)."""
+    iteration (all of them: no loop, the SSATs shift by ``right``, each channel's right shift, and the
+    table's shifts are not read); the output pointer and the stream's end and its start in the three
+    words after the widened inputs (13 registers, r0-r6, r8-r12 and lr, no memory operand: an
+    unoptimised build has no register left to address one)."""
     q = "\\n\\t"
     a, (x0, x1, x2, w0, w1) = PW_ACC, PW_DATA
     y, m, r, kk, t = PW_DATA
     xs = (x0, x1, x2)
     n, blk, ys = PW_PIXELS, 4 * k + 32, 2 * k * PW_PIXELS  # (ys: the output pointer's word)
     unroll = pointwise_unroll(k, co)
-    lines = [f'"ldr r6, [%[x], #{ys + 8}]{q}"', '"1:' + q + '"']
+    straight = unroll == co // 2
+    lines = [f'"ldr r6, [%[x], #{ys + 8}]{q}"'] + ([] if straight else ['"1:' + q + '"'])
     for u in range(unroll):
         b = u * blk
         lines += [f'"ldr {a[2 * n - 2]}, [r6, #{b}]{q}"', f'"ldr {a[2 * n - 1]}, [r6, #{b + 4}]{q}"']
@@ -756,12 +763,16 @@ def _pointwise_asm(k: int, co: int) -> str:
         o = b + 8 + 4 * k  # m0, right0, K0, m1, right1, K1
         lines.append(f'"ldr {y}, [%[x], #{ys}]{q}"')
         for f in range(2):
-            lines += [f'"ldr {reg}, [r6, #{o + 12 * f + 4 * i}]{q}"' for i, reg in enumerate((m, r, kk))]
+            lines += [f'"ldr {reg}, [r6, #{o + 12 * f + 4 * i}]{q}"' for i, reg in enumerate((m, r, kk))
+                      if not (straight and reg == r)]
             for p in range(n):
                 v = a[2 * p + f]
-                lines += [f'"add {t}, {kk}, {v}, asr #31{q}"', f'"smmlar {v}, {v}, {m}, {t}{q}"',
-                          f'"asr {v}, {v}, {r}{q}"', f'"ssat {v}, #8, {v}{q}"',
-                          f'"strb {v}, [{y}, #{co * p + 2 * u + f}]{q}"']
+                lines += [f'"add {t}, {kk}, {v}, asr #31{q}"', f'"smmlar {v}, {v}, {m}, {t}{q}"']
+                lines += ([f'"ssat {v}, #8, {v}, asr #{right[2 * u + f]}{q}"'] if straight else
+                          [f'"asr {v}, {v}, {r}{q}"', f'"ssat {v}, #8, {v}{q}"'])
+                lines.append(f'"strb {v}, [{y}, #{co * p + 2 * u + f}]{q}"')
+    if straight:
+        return "\n                ".join(lines)
     lines += [f'"adds {y}, {y}, #{2 * unroll}{q}"', f'"str {y}, [%[x], #{ys}]{q}"', f'"ldr {t}, [%[x], #{ys + 4}]{q}"',
               f'"add r6, r6, #{unroll * blk}{q}"', f'"cmp r6, {t}{q}"', '"bne 1b"']
     return "\n                ".join(lines)
@@ -802,7 +813,7 @@ def _pointwise(spec, fname, array, biases, x_expr, y_expr) -> GeneratedLayer:
         {{
             register int32_t *cg_x __asm__("r8") = cg_s;
             cg_s[{words}] = (int32_t)(uintptr_t)cg_y;
-            __asm__ volatile({_pointwise_asm(k, co)}
+            __asm__ volatile({_pointwise_asm(k, co, [-int(v) for v in spec.shift])}
                 : [x] "+r"(cg_x)
                 :
                 : "r0", "r1", "r2", "r3", "r4", "r5", "r6", "r9", "r10", "r11", "r12", "lr", "memory", "cc");
