@@ -82,6 +82,31 @@ def test_damping_adds_the_weights_own_error():
     assert torch.allclose(R.damped(h, 0.5), torch.tensor([[[5.5, 1.0], [1.0, 3.5]]], dtype=torch.float64))
 
 
+def test_damping_grows_as_the_fitted_rows_get_fewer_than_the_weights():
+    """With fewer fitted rows than weights per channel, H has low rank and the descent fits the rows'
+    noise: on isotropic inputs (the true H is the identity, nearest is optimal) adaptive rounding from
+    4-16 rows of 64 inputs adds 28-42% to nearest's expected error with the floor damping alone, at
+    most 15% with the damping :func:`damping` gives (it is the floor with many rows)."""
+    assert R.damping(64, 64) == R.damping(64, 10_000) == R.DAMPING
+    assert R.damping(64, 8) == pytest.approx(R.SHRINKAGE * 7)
+    k, channels = 64, 32
+    for rows in (4, 8, 16):
+        ratio = {}
+        for floor_only in (True, False):
+            err_adapt = err_near = 0.0
+            for seed in range(6):
+                g = torch.Generator().manual_seed(seed)
+                w = torch.randn(channels, k, generator=g, dtype=torch.float64) * 30
+                x = torch.randn(rows, k, generator=g, dtype=torch.float64)
+                d = R.DAMPING if floor_only else R.damping(k, rows)
+                q = R.round_adaptive(w, R.damped((x.T @ x).unsqueeze(0), d), torch.zeros(channels, dtype=torch.long),
+                                     -127, 127)
+                err_adapt += float(((q - w) ** 2).sum())  # (the expected output error on N(0, I) inputs)
+                err_near += float(((torch.round(w) - w) ** 2).sum())
+            ratio[floor_only] = err_adapt / err_near
+        assert ratio[True] > 1.25 and ratio[False] < 1.15, (rows, ratio)
+
+
 @pytest.mark.parametrize("stride,padding,dilation,groups", [((1, 1), (1, 1), (1, 1), 1), ((2, 1), (0, 2), (1, 2), 1),
                                                             ((1, 2), (1, 0), (2, 1), 2), ((1, 1), (1, 1), (1, 1), 4)])
 def test_layer_rows_are_the_naive_im2col_and_give_the_conv(stride, padding, dilation, groups):
@@ -331,7 +356,8 @@ def test_each_layer_is_rounded_on_the_inputs_the_re_rounded_layers_before_it_giv
         h_fit, h_test = (sum(R.gram(r) for r in part) for part in (fit, test))
         sum_fit, sum_test = (sum(r.sum(1).double() for r in part) for part in (fit, test))
         n_fit, n_test = (sum(r.shape[1] for r in part) for part in (fit, test))
-        q_adapt = R.round_adaptive(w_scaled, R.damped(R.centred(h_fit, sum_fit, n_fit)), group, qmin, qmax,
+        damp = R.damping(w_scaled.shape[1], n_fit)
+        q_adapt = R.round_adaptive(w_scaled, R.damped(R.centred(h_fit, sum_fit, n_fit), damp), group, qmin, qmax,
                                    start=q_near)
         mean_fit = sum_fit / n_fit
         keep = R.corrected_losses(q_adapt, w_scaled, h_test, group, sum_test, n_test, mean_fit) < \

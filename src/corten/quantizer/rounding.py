@@ -31,8 +31,13 @@ only in power.
 Against overfitting small sample counts:
 
 * a weight moves at most one step from its float value (floor or ceil);
-* ``H`` is damped, ``H + DAMPING * mean(diag H) * I``: directions the samples do not excite keep the
-  nearest rounding (the damping term is the weights' own squared error, minimised by nearest);
+* ``H`` is damped, ``H + d * mean(diag H) * I``: directions the samples do not excite keep the
+  nearest rounding (the damping term is the weights' own squared error, minimised by nearest).  The
+  damping grows as the fitted rows get fewer than the weights they fit, ``d = max(DAMPING, SHRINKAGE *
+  (K - rows) / rows)`` (:func:`damping`): with 6 fitted rows for 128 weights ``H`` has rank 6, and the
+  descent would otherwise fit the samples' noise in the directions they leave unexcited (measured on
+  the zoo's deep-ae, int16: on its 8 default samples adaptive rounding was worse than nearest, 0.071
+  against 0.066 relative error);
 * a held-out guard: the layer is fitted on the first samples and each output channel keeps the new
   rounding only where it has a smaller output error than nearest on the held-out quarter of the
   samples (at least one), its bias correction included; otherwise the channel keeps nearest and its
@@ -51,7 +56,8 @@ from corten.fixed_point import INT32_MAX
 from corten.fx_nodes import get_attr, node_arg
 
 ROUNDINGS = ("nearest", "adaptive")
-DAMPING = 0.01  # the weight-error term added to H, relative to H's mean diagonal
+DAMPING = 0.01  # the weight-error term added to H, relative to H's mean diagonal (at least)
+SHRINKAGE = 0.3  # ... and at least SHRINKAGE * (weights per channel - fitted rows) / (fitted rows)
 HELD_OUT = 4  # 1 / HELD_OUT of the calibration samples (at least one) judge each layer's rounding
 _CONVS = {torch.ops.aten.conv1d.default, torch.ops.aten.conv2d.default}
 _LAYERS = _CONVS | {torch.ops.aten.linear.default}
@@ -103,6 +109,13 @@ def layer_rows(x: torch.Tensor, kind: str, weight_shape: tuple, stride=(1, 1), p
 def gram(rows: torch.Tensor) -> torch.Tensor:
     """``X^T X`` of each group's rows, ``[groups, K, K]`` in float64."""
     return torch.matmul(rows.transpose(1, 2), rows).to(torch.float64)
+
+
+def damping(k: int, rows: int) -> float:
+    """The damping of a layer with ``k`` weights per output channel fitted on ``rows`` rows: the floor
+    ``DAMPING`` while the rows can excite every direction (``rows >= k``), then in proportion to the
+    directions they leave unexcited (``H`` has rank ``rows``), ``k - rows``, per row."""
+    return max(DAMPING, SHRINKAGE * (k - rows) / max(rows, 1))
 
 
 def damped(h: torch.Tensor, damping: float = DAMPING) -> torch.Tensor:
@@ -358,12 +371,14 @@ def _round_layer(converted: torch.fx.GraphModule, spec: dict, name: str) -> Laye
     current = get_attr(converted, spec["target"])
     q_near = current.reshape(w.shape[0], -1).to(torch.float64)
     if spec["bias"] is None:
-        q_adapt = round_adaptive(w_scaled, damped(spec["h_fit"]), group, spec["qmin"], spec["qmax"], start=q_near)
+        h_fit = damped(spec["h_fit"], damping(w.shape[1], spec["rows_fit"]))
+        q_adapt = round_adaptive(w_scaled, h_fit, group, spec["qmin"], spec["qmax"], start=q_near)
         q, keep, near, chosen = guarded(q_near, q_adapt, w_scaled, spec["h_test"], group)
     else:  # the bias absorbs the mean error: round on the centred Gram matrix, then move the bias
         n_fit = spec["rows_fit"]
         h_fit = centred(spec["h_fit"], spec["sum_fit"], n_fit)
-        q_adapt = round_adaptive(w_scaled, damped(h_fit), group, spec["qmin"], spec["qmax"], start=q_near)
+        h_fit = damped(h_fit, damping(w.shape[1], n_fit))
+        q_adapt = round_adaptive(w_scaled, h_fit, group, spec["qmin"], spec["qmax"], start=q_near)
         mean_fit = spec["sum_fit"] / max(n_fit, 1)
         near = channel_losses(q_near, w_scaled, spec["h_test"], group)
         adapt = corrected_losses(q_adapt, w_scaled, spec["h_test"], group, spec["sum_test"], spec["rows_test"],
