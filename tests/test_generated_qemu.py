@@ -51,3 +51,21 @@ def test_planar_depthwise_on_qemu_m4(tmp_path):
     res = run_on_qemu([tmp_path / "layers.c"], [tmp_path, KERNELS_DIR], defines, in_bytes, want.size, "cortex-m4",
                       tmp_path / "run", progress=None)
     assert np.array_equal(np.frombuffer(res.output, dtype=np.int8), want)
+
+
+@needs_qemu
+def test_generated_layers_in_a_debug_build_on_qemu_m4(tmp_path):
+    """An unoptimised build (-O0: r7 is the frame pointer) of a few layers of every DSP family - dense,
+    depthwise (segments and channel-planar rows), matrix-vector, pointwise, gathered windows - compiles
+    (the 14-register assembly blocks are C there: CG_DSP_ASM) and gives the reference bytes."""
+    specs = (random_specs(11, 6) + matvec_specs()[:2] + pointwise_specs()[:2] + window_specs()[:2]
+             + planar_specs()[:2])
+    xs = layer_inputs(specs, seed=7, last_at_minimum=True)
+    (tmp_path / "layers.c").write_text(layers_source(specs, "dsp"))
+    (tmp_path / "layers.h").write_text("#include <stdint.h>\nint layers_run(const int8_t *in, int8_t *out, uint8_t *arena);\n")
+    in_bytes = b"".join(x.numpy().tobytes() for x in xs)
+    want = expected_bytes(specs, xs)
+    defines = harness_defines("layers.h", "layers_run", len(in_bytes), want.size, 16)
+    res = run_on_qemu([tmp_path / "layers.c"], [tmp_path, KERNELS_DIR], defines, in_bytes, want.size, "cortex-m4",
+                      tmp_path / "run", cflags=("-O0",), progress=None)
+    assert np.array_equal(np.frombuffer(res.output, dtype=np.int8), want)

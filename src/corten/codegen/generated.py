@@ -2126,7 +2126,7 @@ def _dw_dsp_segment(spec: LayerSpec, s: Segment, w16: str, q_name: str, b_name: 
         """The channel loop of ``npx`` (1 or 2) output pixels at xp / yp."""
         accs = "a0, a1, a2, a3" + (", b0, b1, b2, b3" if npx == 2 else "")
         if npx == 2 and offsets:  # (one assembly statement for the window on DSP cores)
-            taps = ["#ifdef CG_HAVE_DSP", "int32_t cg_wa, cg_wb, cg_t1, cg_t2;", "__asm__(",
+            taps = ["#ifdef CG_DSP_ASM", "int32_t cg_wa, cg_wb, cg_t1, cg_t2;", "__asm__(",
                     *(f"    CG_DW2_STEP({xo}, {xs}, {wo})" for xo, wo in offsets),
                     f"    CG_DW2_OPERANDS(xr, wg, {accs}));", "#else",
                     *(f"CG_DW4_TAP2(xr, wg, {xo}, {xs}, {wo}, {accs});" for xo, wo in offsets), "#endif"]

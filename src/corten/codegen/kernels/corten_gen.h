@@ -38,6 +38,12 @@
 #include <arm_acle.h>
 #define CG_HAVE_DSP 1
 #endif
+/* CG_DSP_ASM: the assembly blocks that take 14 registers (CG_DSP_GROUPS, the two-pixel depthwise
+ * window CG_DW2_STEP): an unoptimised build (gcc -O0) keeps r7 as its frame pointer and cannot
+ * allocate them ("impossible constraints"), so there their users are the same sums in C */
+#if defined(CG_HAVE_DSP) && defined(__OPTIMIZE__)
+#define CG_DSP_ASM 1
+#endif
 
 /** Four int8 values as one word (an unaligned LDR on Armv7-M and later). */
 CG_INLINE int32_t cg_read32(const int8_t *p)
@@ -372,7 +378,7 @@ CG_INLINE void cg_dot_2x2_dspw(const int8_t *x, int32_t xs, const int16_t *w, in
  * assembly because gcc spills accumulators in this loop; elsewhere the same sums in C.  ``WIDE``: the
  * loop unrolling of CG_DSP_GROUPS (0 or 1, a constant).
  */
-#ifdef CG_HAVE_DSP
+#ifdef CG_DSP_ASM
 /* one group of four inputs: both pixels' words, then the four weight words, by six LDRs in a row
  * (pipelined: 2 + 5 cycles on a Cortex-M4, where an LDM of four takes 5 and does not pipeline with the
  * loads after it), 4 SXTB16, 8 SMLAD */
@@ -635,7 +641,7 @@ CG_INLINE void cg_windows_c(const int32_t *x, int32_t xs, int8_t *y, int32_t ys,
  * needs 13 instructions for 8 MACs), the loop in the
  * assembly (sixteen groups per iteration: CG_DSP_GROUPS' wide form); elsewhere the same sums in C.
  */
-#ifdef CG_HAVE_DSP
+#ifdef CG_DSP_ASM
 #define CG_MATVEC_GROUP                                                                              \
     "ldr %[t1], [%[x]], #4\n\t"                                                                      \
     "ldr %[wa0], [%[w]], #4\n\t"                                                                     \
