@@ -118,11 +118,11 @@ def damping(k: int, rows: int) -> float:
     return max(DAMPING, SHRINKAGE * (k - rows) / max(rows, 1))
 
 
-def damped(h: torch.Tensor, damping: float = DAMPING) -> torch.Tensor:
-    """``H + damping * mean(diag H) * I`` per group."""
+def damped(h: torch.Tensor, amount: float = DAMPING) -> torch.Tensor:
+    """``H + amount * mean(diag H) * I`` per group (``amount``: :func:`damping`)."""
     diag = torch.diagonal(h, dim1=1, dim2=2)
     eye = torch.eye(h.shape[-1], dtype=h.dtype)
-    return h + damping * diag.mean(1).clamp_min(1e-30)[:, None, None] * eye
+    return h + amount * diag.mean(1).clamp_min(1e-30)[:, None, None] * eye
 
 
 def channel_losses(q: torch.Tensor, w_scaled: torch.Tensor, h: torch.Tensor, group: torch.Tensor) -> torch.Tensor:

@@ -1095,18 +1095,10 @@ CG_INLINE void cg_dw16_c(const int8_t *x, int8_t *y, int32_t n, const int8_t *w,
 
 /* ------------------------------------------------------------------ depthwise */
 /*
- * cg_dw4_<isa>(x, w, acc): one tap of a depthwise convolution for four channels:
- * acc[k] += x[k] * w[k], k = 0..3.  The DSP form reads the weights pre-widened to int16 pairs in
- * SXTB16 order, (w0, w2) then (w1, w3), laid out by the generator.
+ * cg_dw4_dsp(x, w, acc): one tap of a depthwise convolution for four channels:
+ * acc[k] += x[k] * w[k], k = 0..3, the weights pre-widened to int16 pairs in SXTB16 order,
+ * (w0, w2) then (w1, w3), laid out by the generator (other cores run the C loops).
  */
-CG_INLINE void cg_dw4_plain(const int8_t *x, const int8_t *w, int32_t *acc)
-{
-    acc[0] += x[0] * w[0];
-    acc[1] += x[1] * w[1];
-    acc[2] += x[2] * w[2];
-    acc[3] += x[3] * w[3];
-}
-
 CG_INLINE void cg_dw4_dsp(const int8_t *x, const int16_t *w, int32_t *acc)
 {
     const int32_t xv = cg_read32(x);
