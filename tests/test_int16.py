@@ -194,6 +194,44 @@ def test_ops_without_int16_kernels_stay_int8():
     assert ops["quantized_requantize"] == 2
 
 
+class ConvPoolHead(nn.Module):
+    """conv -> relu -> pool -> tanh (int16 between) -> linear: the conv or the pool has no 16x8 kernel."""
+
+    def __init__(self, conv: nn.Module, pool: nn.Module):
+        super().__init__()
+        self.conv, self.pool, self.head = conv, pool, nn.Linear(8 * 9, 4)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.pool(torch.relu(self.conv(x)))).flatten(1))
+
+
+@needs_gcc
+@pytest.mark.parametrize("conv,pool,int8_op", [
+    (lambda: nn.Conv2d(4, 8, 3, padding=1, groups=2), lambda: nn.AdaptiveAvgPool2d(3), "quantized_grouped_conv2d"),
+    (lambda: nn.Conv2d(4, 8, 2, padding="same"), lambda: nn.AdaptiveAvgPool2d(3), "quantized_pad"),
+    (lambda: nn.Conv2d(4, 8, 3, padding=1), lambda: nn.AdaptiveAvgPool2d(3), "quantized_adaptive_avg_pool2d"),
+    (lambda: nn.Conv2d(4, 8, 3, padding=1), lambda: nn.AdaptiveMaxPool2d(3), "quantized_adaptive_max_pool2d"),
+], ids=["grouped-conv", "same-even-kernel", "adaptive-avg-7to3", "adaptive-max-7to3"])
+def test_convs_and_pools_without_16x8_kernels_stay_int8_in_an_int16_program(conv, pool, int8_op):
+    """A grouped conv, an asymmetric "same" padding (16x8 convs pad symmetrically) and an adaptive
+    pool of non-uniform windows have no 16x8 kernel: with precision="int16" they run int8 between
+    requantizes (they were refused), fully lowered and byte-exact in C."""
+    import corten
+
+    torch.manual_seed(0)
+    model = ConvPoolHead(conv(), pool()).eval()
+    calib = [(torch.randn(1, 4, 7, 7),) for _ in range(4)]
+    x = torch.randn(1, 4, 7, 7)
+    prog = corten.compile(model, (x,), precision="int16", calibration=calib)
+    assert not prog.unlowered_ops()
+    assert prog.op_counts()["quantized_requantize"] >= 1 and int8_op in prog.op_counts()
+    assert torch.int16 in _dtypes(prog, "quantized_activation_s16")  # the tanh stays int16
+    want = prog.run_int8(x)
+    assert all(torch.equal(a, b) for a, b in zip(want, prog.run_c(x, on="host", int8=True)))
+    with torch.no_grad():
+        assert float((prog.run(x) - model(x)).abs().max()) < 0.05
+
+
 def _dtypes(prog, op: str) -> list[torch.dtype]:
     return [n.meta["val"].dtype for n in prog.ep.graph.nodes
             if n.op == "call_function" and getattr(n.target, "__name__", "").split(".")[0] == op]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from conftest import CMSIS_NN_PATH, needs_qemu
+from conftest import CMSIS_NN_PATH, needs_gcc, needs_qemu
 
 import corten.ops  # noqa: F401
 import naive_matmul as naive
@@ -292,20 +292,42 @@ def test_scaled_dot_product_attention_decomposes():
     assert counts["quantized_div"] == 1 and counts["quantized_reduce"] == 1
 
 
-def test_one_d_operand_is_refused_clearly():
-    class Vec(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(8, 8)
+class Vectors(nn.Module):
+    """``matmul`` with 1-D operands as PyTorch defines it (a left vector is a row, a right one a column,
+    the added dim removed): vector . vector (0-D), vector @ matrix, matrix @ vector, a batch @ vector,
+    ``torch.mv`` and ``torch.dot``, of computed tensors and of constants."""
 
-        def forward(self, x):
-            y = self.fc(x)
-            return y[0] @ y[0]
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("w", torch.randn(8, 5))
 
-    t = _tester(Vec, (1, 8))
-    t.lower()
-    bad = [u for u in t.program.unlowered_ops() if u.op == "aten.matmul.default"]
-    assert bad and "unsqueeze" in bad[0].reason and "test_matmul.py" in bad[0].location
+    def forward(self, x):
+        y = self.fc(x)  # [2, 8]
+        v = y[0]
+        batch = y.reshape(2, 2, 4)
+        return (v @ y[1], v @ self.w, y @ v, batch @ v[:4], torch.mv(self.w.t(), v), torch.dot(v, y[1]) * 2,
+                self.w.t() @ v)
+
+
+@needs_gcc
+def test_one_d_operands_lower_and_are_byte_exact():
+    import corten
+
+    torch.manual_seed(0)
+    model = Vectors().eval()
+    x = torch.randn(2, 8)
+    prog = corten.compile(model, (x,), calibration=[(x,)] + [(torch.randn(2, 8),) for _ in range(7)])
+    assert prog.unlowered_ops() == [] and prog.op_counts()["quantized_matmul"] == 7
+    want = prog.run_int8(x)
+    assert all(torch.equal(a, b) for a, b in zip(want, prog.run_c(x, on="host", int8=True)))
+    with torch.no_grad():
+        ref = model(x)
+    got = prog.run(x)
+    assert [tuple(r.shape) for r in ref] == [tuple(g.shape) for g in got] == \
+        [(), (5,), (2,), (2, 2), (5,), (), (5,)]
+    for r, g in zip(ref, got):
+        assert float((r - g).abs().max()) <= 0.05 * max(1.0, float(r.abs().max())), (r, g)
 
 
 def test_implementation_host_and_qemu():

@@ -1,7 +1,8 @@
 """ATen-level graph passes run on the captured model before quantization.
 
 The default pipeline (:class:`AtenPassManager`) puts data movement in single-input form
-(split/unbind pieces become slices, stack a cat, movement of constants is folded), removes inference no-ops (dropout, clone, ...),
+(split/unbind pieces become slices, stack a cat, movement of constants is folded), runs pointwise math on
+computed 0-D tensors on one-element ones, removes inference no-ops (dropout, clone, ...),
 folds each BatchNorm into the conv / linear producing its input when that is exact and rewrites every
 other as a depthwise 1x1 conv (one pass, :class:`FoldBatchNormPass`), so the quantizer never sees a
 BatchNorm.  Composite ops are spelled out by a table of rewrite functions (``COMPOSITES``, run by
@@ -16,6 +17,7 @@ from corten.aten_passes.decompose_composites import COMPOSITES, DecomposeComposi
 from corten.aten_passes.decompose_movement import DecomposeMovementPass
 from corten.aten_passes.functionalize import FunctionalizeInPlacePass, functional_variant
 from corten.aten_passes.graph_utils import AtenPassError
+from corten.aten_passes.lift_zero_d import LiftZeroDimPass
 from corten.aten_passes.pass_manager import RUNS_AFTER, AtenPassManager, default_passes
 from corten.aten_passes.remove_noops import RemoveNoOpsPass, is_noop
 from corten.aten_passes.rewrites import Refusal, Rewrite, RewriteTable, RewriteTablePass
@@ -25,6 +27,6 @@ __all__ = [
     "FoldBatchNormPass", "FuseBatchNormIntoConvPass", "FuseBatchNormIntoLinearPass", "BatchNormToDepthwiseConvPass",
     "DecomposeCompositesPass", "COMPOSITES", "Rewrite", "Refusal", "RewriteTable",
     "RewriteTablePass",
-    "RemoveNoOpsPass", "DecomposeMovementPass", "FunctionalizeInPlacePass", "functional_variant", "BatchNormMatch", "batch_norms", "is_batch_norm", "match_batch_norm",
+    "RemoveNoOpsPass", "DecomposeMovementPass", "LiftZeroDimPass", "FunctionalizeInPlacePass", "functional_variant", "BatchNormMatch", "batch_norms", "is_batch_norm", "match_batch_norm",
     "is_noop", "fold_scale_into_conv_weight",
 ]

@@ -431,6 +431,26 @@ def _addmm(node: Node) -> Rewrite | Refusal:
     return Rewrite(addmm, list(node.args[:3]))
 
 
+@rewrites(aten.matmul.default, aten.mv.default, aten.dot.default, aten.vdot.default)
+def _vector_matmul(node: Node) -> Rewrite | Refusal:
+    """``torch.matmul`` with a 1-D operand, ``mv`` and ``dot``: as PyTorch defines them, a 1-D left
+    operand is a ``[1, K]`` row and a 1-D right one a ``[K, 1]`` column, whose added dim is removed
+    from the product (a vector . vector product is 0-D)."""
+    a, b = node.args[0], node.args[1]
+    if not (isinstance(a, Node) and isinstance(b, Node)):
+        return Refusal("an operand is not a tensor")
+    row, col = a.meta["val"].dim() == 1, b.meta["val"].dim() == 1
+    if not (row or col):
+        return Refusal("no 1-D operand (the matmul family lowers it)")
+
+    def vector_matmul(x, y):
+        p = torch.matmul(x.unsqueeze(0) if row else x, y.unsqueeze(-1) if col else y)
+        if col:
+            p = p.squeeze(-1)
+        return p.squeeze(-2) if row and not col else (p.reshape([]) if row else p)
+    return Rewrite(vector_matmul, [a, b])
+
+
 @rewrites(aten.glu.default)
 def _glu(node: Node) -> Rewrite | Refusal:
     dim = node_arg(node, "dim", -1)

@@ -13,6 +13,7 @@ from corten.aten_passes.decompose_movement import DecomposeMovementPass
 from corten.aten_passes.functionalize import FunctionalizeInPlacePass
 from corten.aten_passes.fold_pad_into_conv import FoldPadIntoConvPass
 from corten.aten_passes.graph_utils import AtenPassError
+from corten.aten_passes.lift_zero_d import LiftZeroDimPass
 from corten.aten_passes.remove_noops import RemoveNoOpsPass
 
 AtenPass = Callable[[GraphModule], PassResult]
@@ -20,7 +21,8 @@ AtenPass = Callable[[GraphModule], PassResult]
 
 def default_passes() -> list[AtenPass]:
     """Composite ops (einsum, addmm, glu, var/std, group/instance norm, logsumexp, vector norms, prelu,
-    bilinear upsampling) are spelled out first; in-place ops become functional next (``out += x`` -> ``add``), then data movement in single-input form (split/unbind pieces as slices, stack as cat, movement of
+    bilinear upsampling) are spelled out first; in-place ops become functional next (``out += x`` -> ``add``), then
+    pointwise math on computed 0-D tensors runs on one-element ones, then data movement in single-input form (split/unbind pieces as slices, stack as cat, movement of
     constants folded), then no-op removal (so ``conv -> dropout/clone -> BN`` still folds), symmetric zero pads into
     the convs reading them, then each BatchNorm folded into its conv / linear or rewritten as a depthwise
     conv, then ``scaled_dot_product_attention`` spelled out as matmul, mul, softmax, matmul.  The order
@@ -28,6 +30,7 @@ def default_passes() -> list[AtenPass]:
     return [
         DecomposeCompositesPass(),
         FunctionalizeInPlacePass(),
+        LiftZeroDimPass(),
         DecomposeMovementPass(),
         RemoveNoOpsPass(),
         FoldPadIntoConvPass(),
@@ -41,6 +44,9 @@ RUNS_AFTER: dict[str, tuple[str, ...]] = {
     # constant folding keeps tensors that are later written in place (it sees the writes only before
     # functionalization turns them into new values)
     "FunctionalizeInPlacePass": ("DecomposeCompositesPass",),
+    # the composites give full reductions (and dot products) as 0-D tensors; ``s += 1`` on one must be
+    # functional first
+    "LiftZeroDimPass": ("DecomposeCompositesPass", "FunctionalizeInPlacePass"),
     # the composites' rewrites emit split/stack (unrolled RNNs stack their steps); an in-place op made
     # functional may be a movement op
     "DecomposeMovementPass": ("DecomposeCompositesPass", "FunctionalizeInPlacePass"),

@@ -236,6 +236,21 @@ def _int4_capable(node) -> bool:
     return groups == 1 or (val is not None and val.dim() >= 2 and groups == int(val.shape[1]))
 
 
+def _s16_capable(node) -> bool:
+    """The 16x8 kernels are those of 1 group and of C_in groups (depthwise), and pad symmetrically: a
+    grouped convolution or an asymmetric ``padding="same"`` (an even kernel) keeps the conv int8."""
+    if not _int4_capable(node):
+        return False
+    padding = node_arg(node, "padding")
+    if not isinstance(padding, str):
+        return True
+    w = node.args[1]
+    val = w.meta.get("val") if isinstance(w, torch.fx.Node) else None
+    if val is None:
+        return False
+    return len(explicit_padding(padding, tuple(val.shape[2:]), _pair(node_arg(node, "dilation")))) == 2
+
+
 annotates("weighted", torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, torch.ops.aten.conv1d.default,
           torch.ops.aten.conv1d.padding)
 
@@ -278,7 +293,7 @@ def _same_pad(m: Match, x_node, padding: list[int]):
 
 
 @lowers(torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, formats=(A8W8, A16W8, A8W4),
-        when={A8W4: _int4_capable})
+        when={A8W4: _int4_capable, A16W8: _s16_capable})
 def lower_conv2d(m: Match):
     """``aten.conv2d``: groups 1 -> ``quantized_conv2d``; groups == C_in -> depthwise; other groups ->
     ``quantized_grouped_conv2d``.  String padding (the ``conv2d.padding`` overload) becomes explicit,

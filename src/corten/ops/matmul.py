@@ -277,7 +277,7 @@ def lower_matmul(m: Match):
     for what, v in (("left", lhs), ("right", rhs)):
         if not MIN_RANK <= len(_shape(v)) <= MAX_RANK:
             raise LoweringError(f"matmul: the {what} operand has shape {tuple(_shape(v))}; ranks {MIN_RANK} to "
-                                f"{MAX_RANK} are supported (unsqueeze a vector to a [1, K] or [K, 1] matrix)")
+                                f"{MAX_RANK} are supported (merge leading batch dims with a reshape)")
     if len(_shape(m.node.meta["val"])) > MAX_RANK:
         raise LoweringError(f"matmul output of rank > {MAX_RANK} is not supported")
     rhs_transposed = False

@@ -375,7 +375,18 @@ def is_uniform(size: int, out: int) -> bool:
     return size % out == 0
 
 
-@lowers(_aten.adaptive_avg_pool2d.default, _aten.adaptive_max_pool2d.default, formats=(A8W8, A16W8))
+def _uniform_windows(node) -> bool:
+    """Whether an adaptive 2-D pool's windows are uniform (a strided pool: the one with an int16 kernel)."""
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if val is None or val.dim() != 4:
+        return False
+    h, w = (int(d) for d in val.shape[2:])
+    oh, ow = _ints(node.args[1])
+    return is_uniform(h, oh or h) and is_uniform(w, ow or w)
+
+
+@lowers(_aten.adaptive_avg_pool2d.default, _aten.adaptive_max_pool2d.default, formats=(A8W8, A16W8),
+        when={A16W8: _uniform_windows})
 def lower_adaptive_pool2d(m: Match):
     """Adaptive pools: a strided pool when the windows are uniform (CMSIS-NN applies), else the
     adaptive op with PyTorch's windows."""
