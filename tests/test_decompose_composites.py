@@ -34,6 +34,9 @@ CASES = {
     "std_dims": (lambda s, x: x.std(dim=(1, 2), correction=0), [(2, 3, 4)], "std"),
     "group_norm": (lambda s, x: s.gn(x), [(2, 4, 3, 3)], "group_norm"),
     "instance_norm": (lambda s, x: s.inn(x), [(2, 4, 3, 3)], "instance_norm"),
+    "layer_norm_chw": (lambda s, x: s.ln_chw(x), [(2, 4, 3, 3)], "layer_norm"),
+    "layer_norm_hw_no_affine": (lambda s, x: F.layer_norm(x, (3, 3)), [(2, 4, 3, 3)], "layer_norm"),
+    "vector_matmul": (lambda s, x: x[0] @ s.w.t() + torch.mv(s.w, x[1]) + torch.dot(x[0], x[1]), [(2, 4)], "matmul"),
     "logsumexp": (lambda s, x: torch.logsumexp(x, -1), [(2, 5)], "logsumexp"),
     "norm_l2": (lambda s, x: x.norm(dim=-1, keepdim=True), [(2, 5)], "linalg_vector_norm"),
     "norm_l1": (lambda s, x: torch.linalg.vector_norm(x, 1, dim=1), [(2, 5)], "linalg_vector_norm"),
@@ -100,7 +103,11 @@ SAME_NAME = {
 
 def _module():
     torch.manual_seed(0)
+    ln_chw = nn.LayerNorm((4, 3, 3))
+    with torch.no_grad():
+        ln_chw.weight.uniform_(0.5, 1.5), ln_chw.bias.uniform_(-0.5, 0.5)
     return dict(b=nn.Parameter(torch.randn(5)), w=W, gn=nn.GroupNorm(2, 4), inn=nn.InstanceNorm2d(4, affine=True),
+                ln_chw=ln_chw,
                 pr=nn.PReLU(4), tril=torch.nn.Buffer(torch.tril(torch.ones(4, 4))),
                 gru=nn.GRU(4, 6, batch_first=True), gru2=nn.GRU(4, 5, num_layers=2),
                 rnn=nn.RNN(4, 3, nonlinearity="relu", batch_first=True, bidirectional=True),

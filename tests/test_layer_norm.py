@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import corten.ops  # noqa: F401
+from conftest import needs_gcc
 import naive_layer_norm as naive
 from corten.codegen import KERNELS_DIR
 from corten.ops.checks import CortenOpError
@@ -193,3 +194,35 @@ def test_dialect():
 def test_implementation_host_and_qemu():
     on = ("host", "qemu") if HAVE_QEMU else ("host",)
     _tester().test_implementation(on=on, n_inputs=1, targets=["cortex-m55", "cortex-m4"])
+
+
+class ConvLayerNorm(nn.Module):
+    """``nn.LayerNorm`` over several trailing dims of a feature map (``(C, H, W)`` or ``(H, W)``)."""
+
+    def __init__(self, normalized):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, 4, 3, padding=1), nn.LayerNorm(normalized)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5), self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        return torch.relu(self.norm(self.conv(x)))
+
+
+@needs_gcc
+@pytest.mark.parametrize("normalized", [(4, 6, 6), (6, 6)], ids=["chw", "hw"])
+def test_layer_norm_over_several_dims_of_a_feature_map_is_spelled_out_and_byte_exact(normalized):
+    import corten
+
+    torch.manual_seed(0)
+    model = ConvLayerNorm(normalized).eval()
+    x = torch.randn(1, 3, 6, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prog = corten.compile(model, (x,), calibration=[(x,)] + [(torch.randn(1, 3, 6, 6),) for _ in range(7)])
+    assert prog.unlowered_ops() == [] and "quantized_layer_norm" not in prog.op_counts()
+    assert all(torch.equal(a, b) for a, b in zip(prog.run_int8(x), prog.run_c(x, on="host", int8=True)))
+    with torch.no_grad():
+        ref = model(x)
+    cos = torch.nn.functional.cosine_similarity(prog.run(x).flatten(), ref.flatten(), dim=0)
+    assert float(cos) > 0.98

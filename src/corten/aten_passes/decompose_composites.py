@@ -558,6 +558,30 @@ def _group_norm(node: Node) -> Rewrite | Refusal:
                  node_arg(node, "eps", 1e-5))
 
 
+@rewrites(aten.layer_norm.default)
+def _layer_norm_of_maps(node: Node) -> Rewrite | Refusal:
+    """``nn.LayerNorm((C, H, W))`` or ``((H, W))`` on a feature map: the layer-norm kernel normalizes
+    the last dim of a channels-last map only, so several trailing dims of a 4-D or 5-D tensor are
+    spelled out as GroupNorm is (mean, sub, mean of squares, rsqrt, the elementwise weight and bias)."""
+    x, normalized = node.args[0], [int(d) for d in node.args[1]]
+    weight, bias = (node_arg(node, k, None) for k in ("weight", "bias"))
+    eps = float(node_arg(node, "eps", 1e-5))
+    rank = x.meta["val"].dim()
+    if rank < 4 or len(normalized) < 2:
+        return Refusal("one normalized dim, or a rank-2/3 input (the layer-norm family lowers it)")
+    dims = list(range(rank - len(normalized), rank))
+    has_w, has_b = isinstance(weight, Node), isinstance(bias, Node)
+
+    def layer_norm(xv, *wb):
+        wb = list(wb)
+        d = xv - xv.mean(dims, keepdim=True)
+        y = d * torch.rsqrt((d * d).mean(dims, keepdim=True) + eps)
+        if has_w:
+            y = y * wb.pop(0)
+        return y + wb.pop(0) if has_b else y
+    return Rewrite(layer_norm, [x] + [v for v in (weight, bias) if isinstance(v, Node)])
+
+
 @rewrites(aten.instance_norm.default)
 def _instance_norm(node: Node) -> Rewrite | Refusal:
     a = node.args
