@@ -33,6 +33,8 @@ MODELS = {
     "sum_over_every_dim": lambda y, x: torch.relu(y.sum(dim=(0, 1))) - y.amin(),
     "centred_by_a_dot": lambda y, x: y - torch.dot(y[0], x[0]) * 0.1,
     "score_and_vector": lambda y, x: (torch.tanh(y.abs().max()), y[1] * 2),
+    "inner_and_outer": lambda y, x: torch.inner(y[0], x[0]) + torch.outer(y[0], x[1]),
+    "frobenius": lambda y, x: torch.linalg.norm(y) * 0.5,
     "cosine_of_rows": lambda y, x: (y[0] * y[1]).sum() / (y[0].norm() * y[1].norm() + 1e-6),
 }
 

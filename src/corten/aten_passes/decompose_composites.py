@@ -451,6 +451,27 @@ def _vector_matmul(node: Node) -> Rewrite | Refusal:
     return Rewrite(vector_matmul, [a, b])
 
 
+@rewrites(aten.outer.default, aten.ger.default, aten.inner.default)
+def _outer_inner(node: Node) -> Rewrite | Refusal:
+    """``torch.outer(a, b)`` (1-D a, b): ``a[:, None] * b[None, :]``; ``torch.inner(a, b)``: the sum
+    over both last dims, ``a`` as rows times ``b`` as rows transposed (``dot`` for 1-D)."""
+    a, b = node.args[0], node.args[1]
+    if not (isinstance(a, Node) and isinstance(b, Node)):
+        return Refusal("an operand is not a tensor")
+    if node.target != aten.inner.default:
+        return Rewrite(lambda x, y: x.unsqueeze(1) * y.unsqueeze(0), [a, b])
+    sa, sb = list(a.meta["val"].shape), list(b.meta["val"].shape)
+    if not sa or not sb:
+        return Refusal("a 0-D operand (a product)")
+
+    def inner(x, y):
+        if x.dim() == 1 and y.dim() == 1:
+            return (x * y).sum(0)  # (0-D: the LiftZeroDimPass runs it keepdim)
+        p = x.reshape(-1, sa[-1]) @ y.reshape(-1, sb[-1]).t()
+        return p.reshape(sa[:-1] + sb[:-1])
+    return Rewrite(inner, [a, b])
+
+
 @rewrites(aten.glu.default)
 def _glu(node: Node) -> Rewrite | Refusal:
     dim = node_arg(node, "dim", -1)
@@ -602,6 +623,16 @@ def _logsumexp(node: Node) -> Rewrite | Refusal:
         y = torch.log(torch.exp(x - m).sum(dims, keepdim=True)) + m
         return y if keepdim else y.squeeze(dims)
     return Rewrite(lse, [node.args[0]])
+
+
+@rewrites(aten.linalg_norm.default)
+def _matrix_or_vector_norm(node: Node) -> Rewrite | Refusal:
+    """``torch.linalg.norm(x)`` / ``(x, dim=...)`` without ``ord``: the 2-norm of the elements over
+    ``dim`` (all of them by default; for a matrix that is the Frobenius norm)."""
+    if node_arg(node, "ord", None) is not None or node.kwargs.get("dtype") is not None:
+        return Refusal("ord= or dtype= given (only the default 2-norm of the elements is spelled out)")
+    dim, keepdim = node_arg(node, "dim", None), node_arg(node, "keepdim", False)
+    return Rewrite(lambda x: torch.sqrt((x * x).sum(_dims(dim, x.dim()), keepdim=keepdim)), [node.args[0]])
 
 
 @rewrites(aten.linalg_vector_norm.default)
