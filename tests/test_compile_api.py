@@ -157,9 +157,10 @@ def _pool_all(y):
 
 
 @pytest.mark.parametrize("model, op, reason", [
-    (lambda: Fn(lambda x: x.amax()), "aten.amax.default", "keepdim=True"),
+    (lambda: Fn(lambda x: x.reshape(1, 1, 3, 5, 5) @ x.reshape(1, 1, 3, 5, 5)), "aten.matmul.default",
+     "ranks 2 to 4"),
     (lambda: Fn(lambda x: torch.cumprod(x, 3)), "aten.cumprod.default", ""),
-], ids=["amax_to_0d", "cumprod"])
+], ids=["matmul_rank5", "cumprod"])
 def test_each_refusal_names_op_reason_and_line(model, op, reason):
     shape = (1, 3, 5, 5)
     with pytest.raises(UnsupportedOpsError) as info:

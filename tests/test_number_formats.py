@@ -50,12 +50,13 @@ def _conv_node(groups: int, c_in: int = 4):
 
 
 def test_a_format_condition_is_asked_of_the_node():
-    """conv2d's A8W4 holds for 1 or C_in groups (when=), not for other grouped convolutions."""
+    """conv2d's A8W4 and A16W8 hold for 1 or C_in groups (when=), not for other grouped convolutions."""
     assert lowers_format(_conv_node(1), act=torch.int8, weight=torch.int4)
     assert lowers_format(_conv_node(4), act=torch.int8, weight=torch.int4)
     assert not lowers_format(_conv_node(2), act=torch.int8, weight=torch.int4)
     assert lowers_format(_conv_node(2), act=torch.int8)  # int8 has no condition
-    assert lowers_format(_conv_node(2), act=torch.int16)
+    assert not lowers_format(_conv_node(2), act=torch.int16)  # 16x8: 1 or C_in groups too (it stays int8)
+    assert lowers_format(_conv_node(1), act=torch.int16) and lowers_format(_conv_node(4), act=torch.int16)
 
 
 def test_a_condition_for_an_undeclared_format_is_refused():
