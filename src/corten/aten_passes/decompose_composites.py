@@ -79,7 +79,7 @@ def _var(x, dim, correction, keepdim):
 def _var_args(node: Node):
     """(dim, correction, keepdim) of var/std ``.correction`` / ``.dim`` / ``.default``."""
     a, kw = node.args, node.kwargs
-    if node.target in (aten.var.dim, aten.std.dim, aten.var_mean.dim):
+    if node.target in (aten.var.dim, aten.std.dim, aten.var_mean.dim, aten.std_mean.dim):
         dim = a[1] if len(a) > 1 else kw.get("dim")
         unbiased = a[2] if len(a) > 2 else kw.get("unbiased", True)
         keepdim = a[3] if len(a) > 3 else kw.get("keepdim", False)
@@ -165,7 +165,8 @@ def _upsample_args(node: Node, spatial: int):
 
 FACTORIES = {aten.zeros.default, aten.ones.default, aten.full.default, aten.arange.default, aten.arange.start,
              aten.arange.start_step, aten.eye.default, aten.scalar_tensor.default, aten.empty.memory_format}
-SHAPE_FACTORIES = {aten.zeros_like.default, aten.ones_like.default, aten.full_like.default}
+SHAPE_FACTORIES = {aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+                   aten.new_zeros.default, aten.new_ones.default, aten.new_full.default}
 RANDOM = ("rand", "randn", "randint", "randperm", "normal", "bernoulli", "dropout", "uniform", "multinomial",
           "poisson", "exponential", "cauchy", "geometric", "log_normal", "empty")
 
@@ -199,9 +200,11 @@ def fold_constants(gm: GraphModule) -> bool:
         if node.target == aten.empty.memory_format:
             continue
         if node.target in SHAPE_FACTORIES:
-            fill = {aten.zeros_like.default: 0.0, aten.ones_like.default: 1.0}.get(node.target)
-            if fill is None:
-                fill = node.args[1] if len(node.args) > 1 else node.kwargs.get("fill_value")
+            fill = {aten.zeros_like.default: 0.0, aten.ones_like.default: 1.0, aten.new_zeros.default: 0.0,
+                    aten.new_ones.default: 1.0}.get(node.target)
+            if fill is None:  # full_like(x, fill_value), new_full(x, size, fill_value)
+                at = 2 if node.target == aten.new_full.default else 1
+                fill = node.args[at] if len(node.args) > at else node.kwargs.get("fill_value")
             dtype = node.kwargs.get("dtype") or val.dtype
             value = torch.full(tuple(val.shape), fill, dtype=dtype)
         else:
@@ -498,14 +501,29 @@ def _var_std(node: Node) -> Rewrite | Refusal:
     return Rewrite(_zero_d(node, var) if full else var, [node.args[0]])
 
 
-@rewrites(aten.var_mean.correction, aten.var_mean.dim)
+@rewrites(aten.var_mean.correction, aten.var_mean.dim, aten.std_mean.correction, aten.std_mean.dim)
 def _var_mean(node: Node) -> Rewrite | Refusal:
     dim, correction, keepdim = _var_args(node)
+    std = node.target in (aten.std_mean.correction, aten.std_mean.dim)
 
     def var_mean(x):
         dims = _dims(dim, x.dim())
-        return _var(x, dims, correction, keepdim), x.mean(dims, keepdim=keepdim)
+        v = _var(x, dims, correction, keepdim)
+        return torch.sqrt(v) if std else v, x.mean(dims, keepdim=keepdim)
     return Rewrite(var_mean, [node.args[0]])
+
+
+@rewrites(aten.triu.default, aten.tril.default)
+def _triangle(node: Node) -> Rewrite | Refusal:
+    """``x.triu(k)`` / ``x.tril(k)`` of a computed tensor: ``x`` times the constant 0/1 triangle."""
+    x = node.args[0]
+    shape = [int(d) for d in x.meta["val"].shape]
+    if len(shape) < 2:
+        return Refusal("a rank-0/1 input")
+    ones = torch.ones(shape[-2:])
+    k = int(node_arg(node, "diagonal", 0))
+    mask = ones.triu(k) if node.target == aten.triu.default else ones.tril(k)
+    return Rewrite(lambda xv, m: xv * m, [x], [mask])
 
 
 @rewrites(aten.lerp.Scalar, aten.lerp.Tensor)
