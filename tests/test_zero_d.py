@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import corten
-from conftest import needs_gcc
+from conftest import needs_gcc, needs_qemu
 from corten.aten_passes import AtenPassManager
 from corten.aten_passes.lift_zero_d import is_pointwise
 from corten.capture import capture_module
@@ -75,3 +75,10 @@ def test_the_pass_leaves_no_pointwise_op_on_a_0_d_tensor():
             assert node.args[2] is True  # (keepdim)
     (out,) = gm.graph.output_node().args[0]
     assert tuple(out.meta["val"].shape) == ()
+
+
+@needs_qemu
+def test_a_0_d_score_is_byte_exact_on_qemu_m4():
+    _, x, prog = _compile("mse_score")
+    assert all(torch.equal(a, b) for a, b in zip(prog.run_int8(x), prog.run_c(x, on="qemu", target="cortex-m4",
+                                                                                int8=True)))
