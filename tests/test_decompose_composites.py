@@ -37,6 +37,7 @@ CASES = {
     "layer_norm_chw": (lambda s, x: s.ln_chw(x), [(2, 4, 3, 3)], "layer_norm"),
     "layer_norm_hw_no_affine": (lambda s, x: F.layer_norm(x, (3, 3)), [(2, 4, 3, 3)], "layer_norm"),
     "outer": (lambda s, x: torch.outer(x[0], x[1]), [(2, 4)], "outer"),
+    "unfold": (lambda s, x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)), [(2, 3, 5, 6)], "im2col"),
     "std_mean": (lambda s, x: sum(torch.std_mean(x, dim=1, keepdim=True)), [(2, 5)], "std_mean"),
     "triu_tril": (lambda s, x: (x @ x.transpose(1, 2)).triu(1) + x[:, :, :3].tril(-1), [(2, 3, 4)], "triu"),
     "new_zeros_full": (lambda s, x: x + x.new_zeros(2, 5) + x.new_full((5,), 0.5) + x.new_ones(x.shape), [(2, 5)],

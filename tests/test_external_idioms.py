@@ -428,3 +428,26 @@ def test_index_copy_and_index_put_with_constant_indices_byte_exact():
         warnings.simplefilter("ignore", QuantizationWarning)
         prog = corten.compile(model, (x,), calibration=_calib((4, 6)))
     _assert_lowered_and_byte_exact(prog, x, model, tol=0.2)
+
+
+class SoftSplit(nn.Module):
+    """T2T-ViT's soft split: ``nn.Unfold`` patches (overlapping, padded), transposed to tokens, then a
+    linear embedding of each token."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.unfold = nn.Unfold(kernel_size=3, stride=2, padding=1)
+        self.embed = nn.Linear(4 * 9, 8)
+
+    def forward(self, x):
+        return self.embed(self.unfold(torch.relu(self.conv(x))).transpose(1, 2))
+
+
+@needs_gcc
+def test_unfold_soft_split_lowers_as_a_one_hot_convolution_byte_exact():
+    torch.manual_seed(0)
+    model = SoftSplit().eval()
+    prog, x = _compile_quietly(model, (1, 3, 8, 8))
+    assert prog.op_counts()["quantized_conv2d"] == 2
+    _assert_lowered_and_byte_exact(prog, x, model)

@@ -66,7 +66,7 @@ class UnsupportedOpsError(CortenError, ValueError):
             "LayerNorm/GroupNorm/InstanceNorm/F.normalize, bilinear/linear/nearest interpolation, "
             "data movement: reshape, "
             "slice/select, cat/stack, permute, expand/repeat, flip, pixel_shuffle, index_select/gather with "
-            "constant indices, reflect/replicate/circular pad, cumsum, cosine_similarity, triu/tril, zeros_like/new_zeros/new_full (folded), x.mean()/sum()/max()/min()/std()/amax() to 0-D and math on them, x.max(dim)[1] as an output; nn.LSTM (bidirectional, c_n: unrolled), nn.GRU, nn.RNN "
+            "constant indices, reflect/replicate/circular pad, cumsum, cosine_similarity, triu/tril, F.unfold/nn.Unfold, zeros_like/new_zeros/new_full (folded), x.mean()/sum()/max()/min()/std()/amax() to 0-D and math on them, x.max(dim)[1] as an output; nn.LSTM (bidirectional, c_n: unrolled), nn.GRU, nn.RNN "
             "and their cells with a zero or computed initial state; "
             "attention as matmul/@ + softmax, nn.MultiheadAttention, nn.TransformerEncoderLayer, "
             "scaled_dot_product_attention (is_causal or a constant mask; no dropout), masked_fill; "

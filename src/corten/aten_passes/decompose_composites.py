@@ -475,6 +475,26 @@ def _outer_inner(node: Node) -> Rewrite | Refusal:
     return Rewrite(inner, [a, b])
 
 
+@rewrites(aten.im2col.default)
+def _unfold(node: Node) -> Rewrite | Refusal:
+    """``F.unfold(x, kernel, dilation, padding, stride)`` (sliding patches, ``[N, C * kH * kW, L]``): a
+    convolution with one-hot weights (output channel ``(c, i, j)`` reads tap ``(i, j)`` of channel
+    ``c``), flattened."""
+    x = node.args[0]
+    kernel, dilation, padding, stride = ([int(v) for v in node.args[i]] for i in range(1, 5))
+    c = int(x.meta["val"].shape[1])
+    taps = kernel[0] * kernel[1]
+    weight = torch.zeros(c * taps, c, kernel[0], kernel[1])
+    for ch in range(c):
+        for t in range(taps):
+            weight[ch * taps + t, ch, t // kernel[1], t % kernel[1]] = 1.0
+
+    def unfold(xv, w):
+        y = F.conv2d(xv, w, None, stride, padding, dilation)
+        return y.reshape(y.shape[0], y.shape[1], -1)
+    return Rewrite(unfold, [x], [weight], pre_dispatch=True)
+
+
 @rewrites(aten.glu.default)
 def _glu(node: Node) -> Rewrite | Refusal:
     dim = node_arg(node, "dim", -1)
