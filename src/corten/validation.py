@@ -443,7 +443,7 @@ def _tensor_arg(gm: torch.fx.GraphModule, a) -> torch.Tensor | None:
 
 def check_lowered(gm: torch.fx.GraphModule, model_name: str) -> None:
     """Numeric guards on the lowered graph's constants (see the module docstring)."""
-    from corten.ops.registry import accumulator_taps, op_name_of
+    from corten.ops.registry import accumulator_taps, op_name_of, unused_args
 
     underflows = []
     for node in gm.graph.nodes:
@@ -463,7 +463,10 @@ def check_lowered(gm: torch.fx.GraphModule, model_name: str) -> None:
                     "saturates, so the int8 output would be wrong); the bias is far larger than what the "
                     "weights contribute: rescale the layer (smaller bias or larger weights) or fold the "
                     "constant offset out of the model")
+        unused = unused_args(node)
         for name, v in args.items():
+            if name in unused:
+                continue
             if name.endswith("multiplier"):
                 t = _tensor_arg(gm, v)
                 values = t.flatten().tolist() if t is not None else ([v] if isinstance(v, int) else [])

@@ -143,14 +143,20 @@ def _normalize_groups(x, groups: int, weight, bias, eps: float):
     return y
 
 
-def _interp_matrix(n_in: int, n_out: int, align_corners: bool, scale) -> torch.Tensor:
-    """``[n_in, n_out]``: column j holds the weights of the inputs of output j (linear interpolation)."""
+def _interp_matrix(n_in: int, n_out: int, align_corners: bool, scale, mode: str = "linear") -> torch.Tensor:
+    """``[n_in, n_out]``: column j holds the weights of the inputs of output j (linear interpolation;
+    ``mode="cubic"``: PyTorch's bicubic along one dim - separable, borders clamped - from a
+    ``[1, n_in, 1, n_in]`` one-hot image whose single row the height pass leaves unchanged)."""
     eye = torch.eye(n_in, dtype=torch.float32).unsqueeze(0)  # n_in channels, each a one-hot row
+    if mode == "cubic":
+        kw = {"size": (1, n_out)} if scale is None else {"scale_factor": (1.0, float(scale)),
+                                                          "recompute_scale_factor": False}
+        return F.interpolate(eye.unsqueeze(2), mode="bicubic", align_corners=align_corners, **kw)[0, :, 0]
     kw = {"size": n_out} if scale is None else {"scale_factor": float(scale), "recompute_scale_factor": False}
     return F.interpolate(eye, mode="linear", align_corners=align_corners, **kw)[0]
 
 
-def _upsample_args(node: Node, spatial: int):
+def _upsample_args(node: Node, spatial: int, mode: str = "linear"):
     x = node.args[0]
     size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
     align = bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("align_corners", False))
@@ -160,13 +166,16 @@ def _upsample_args(node: Node, spatial: int):
     if size is not None:
         scales = None
     scales = list(scales) if scales is not None else [None] * spatial
-    return align, [_interp_matrix(i, o, align, s) for i, o, s in zip(in_sizes, out_sizes, scales)]
+    return align, [_interp_matrix(i, o, align, s, mode) for i, o, s in zip(in_sizes, out_sizes, scales)]
 
 
 FACTORIES = {aten.zeros.default, aten.ones.default, aten.full.default, aten.arange.default, aten.arange.start,
              aten.arange.start_step, aten.eye.default, aten.scalar_tensor.default, aten.empty.memory_format}
 SHAPE_FACTORIES = {aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
                    aten.new_zeros.default, aten.new_ones.default, aten.new_full.default}
+# ``const.type_as(x)`` / ``const.to(x)`` (NanoDet's ``self.project.type_as(x)``): a constant cast to
+# the dtype of an activation
+DTYPE_OF_OTHER = {aten.type_as.default, aten.to.other}
 RANDOM = ("rand", "randn", "randint", "randperm", "normal", "bernoulli", "dropout", "uniform", "multinomial",
           "poisson", "exponential", "cauchy", "geometric", "log_normal", "empty")
 
@@ -184,6 +193,8 @@ def _foldable(node: Node) -> bool:
         return False
     if node.target in FACTORIES or node.target in SHAPE_FACTORIES:
         return True
+    if node.target in DTYPE_OF_OTHER:  # only the dtype of the second operand is read
+        return isinstance(node.args[0], Node) and node.args[0].op == "get_attr"
     if not isinstance(node.target, torch._ops.OpOverload) or node.target.namespace != "aten":
         return False
     inputs = node.all_input_nodes
@@ -199,7 +210,9 @@ def fold_constants(gm: GraphModule) -> bool:
         val = node.meta["val"]
         if node.target == aten.empty.memory_format:
             continue
-        if node.target in SHAPE_FACTORIES:
+        if node.target in DTYPE_OF_OTHER:
+            value = get_attr(gm, node.args[0]).detach().to(val.dtype)
+        elif node.target in SHAPE_FACTORIES:
             fill = {aten.zeros_like.default: 0.0, aten.ones_like.default: 1.0, aten.new_zeros.default: 0.0,
                     aten.new_ones.default: 1.0}.get(node.target)
             if fill is None:  # full_like(x, fill_value), new_full(x, size, fill_value)
@@ -825,10 +838,28 @@ def _cosine_similarity(node: Node) -> Rewrite | Refusal:
 @rewrites(aten.linear.default)
 def _linear_nd(node: Node) -> Rewrite | Refusal:
     x = node.args[0]
+    w = node.args[1]
+    wb = [v for v in node.args[1:3] if isinstance(v, Node)]
+    if isinstance(x, Node) and isinstance(w, Node) and w.meta["val"].dim() == 1:
+        # F.linear(x, w) with a 1-D weight (NanoDet's Integral: a projection vector): the dot product
+        # over the last dim, i.e. one output feature of a [1, in] weight, that feature dim dropped
+        lead = list(x.meta["val"].shape[:-1])
+        n_in = int(w.meta["val"].shape[0])
+        gm = node.graph.owning_module
+        if all(v.op == "get_attr" for v in wb):  # constants stay constants (no reshape node on them)
+            consts = [get_attr(gm, v).detach().reshape(1, -1 if i == 0 else 1) for i, v in enumerate(wb)]
+
+            def linear_vector(xv, wv, *b):
+                return F.linear(xv.reshape(-1, n_in), wv, b[0] if b else None).reshape(lead)
+            return Rewrite(linear_vector, [x], consts, pre_dispatch=True)
+
+        def linear_computed_vector(xv, wv, *b):
+            y = F.linear(xv.reshape(-1, n_in), wv.reshape(1, n_in), b[0].reshape(1) if b else None)
+            return y.reshape(lead)
+        return Rewrite(linear_computed_vector, [x] + wb, pre_dispatch=True)
     if not (isinstance(x, Node) and x.meta["val"].dim() in (4, 5)):
         return Refusal("not a 4-D or 5-D input (the linear family lowers it)")
     shape = list(x.meta["val"].shape)
-    wb = [v for v in node.args[1:3] if isinstance(v, Node)]
 
     def linear_nd(xv, w, *b):
         y = F.linear(xv.reshape(shape[0], -1, shape[-1]), w, b[0] if b else None)
@@ -878,13 +909,84 @@ def _index_pad(node: Node) -> Rewrite | Refusal:
     return Rewrite(pad, [node.args[0]], index)
 
 
-@rewrites(aten.upsample_bilinear2d.vec, aten.upsample_linear1d.vec)
+@rewrites(aten.upsample_bilinear2d.vec, aten.upsample_linear1d.vec, aten.upsample_bicubic2d.vec)
 def _linear_upsample(node: Node) -> Rewrite | Refusal:
-    spatial = 2 if node.target == aten.upsample_bilinear2d.vec else 1
-    _, mats = _upsample_args(node, spatial)
+    spatial = 1 if node.target == aten.upsample_linear1d.vec else 2
+    mode = "cubic" if node.target == aten.upsample_bicubic2d.vec else "linear"
+    _, mats = _upsample_args(node, spatial, mode)
     if spatial == 1:
         return Rewrite(lambda x, mw: x @ mw, [node.args[0]], mats)
     return Rewrite(lambda x, mh, mw: mh.t() @ (x @ mw), [node.args[0]], mats)
+
+
+@rewrites(aten._upsample_nearest_exact2d.vec, aten._upsample_nearest_exact1d.vec)
+def _nearest_exact_upsample(node: Node) -> Rewrite | Refusal:
+    """``mode="nearest-exact"``: every output pixel copies one input pixel, so ``index_select``
+    with constant indices along each spatial dim (the indices are PyTorch's own: ``nearest-exact``
+    applied to ``arange``)."""
+    spatial = 2 if node.target == aten._upsample_nearest_exact2d.vec else 1
+    x = node.args[0]
+    size = node_arg(node, "output_size", None)
+    scales = node_arg(node, "scale_factors", None)
+    in_sizes = [int(s) for s in x.meta["val"].shape[-spatial:]]
+    out_sizes = [int(s) for s in node.meta["val"].shape[-spatial:]]
+    scales = [None] * spatial if size is not None or scales is None else list(scales)
+    rank = x.meta["val"].dim()
+    plan, index = [], []
+    for k, (n_in, n_out, s) in enumerate(zip(in_sizes, out_sizes, scales)):
+        pos = torch.arange(n_in, dtype=torch.float32).reshape(1, 1, n_in)
+        kw = {"size": n_out} if s is None else {"scale_factor": float(s), "recompute_scale_factor": False}
+        idx = F.interpolate(pos, mode="nearest-exact", **kw).reshape(-1).to(torch.int64)
+        if idx.numel() == n_in and bool((idx == torch.arange(n_in)).all()):
+            continue
+        plan.append(rank - spatial + k)
+        index.append(idx)
+
+    def nearest_exact(xv, *idx):
+        for d, i in zip(plan, idx):
+            xv = xv.index_select(d, i)
+        return xv
+    return Rewrite(nearest_exact, [x], index)
+
+
+@rewrites(aten.layer_norm.default)
+def _layer_norm_several_dims(node: Node) -> Rewrite | Refusal:
+    """``nn.LayerNorm([C, H, W])`` (GCNet's ``LayerNorm([planes, 1, 1])``, normalisation over several
+    trailing dims): the same statistics over those dims flattened into one, then the shape back."""
+    x = node.args[0]
+    normalized = [int(d) for d in node.args[1]]
+    if len(normalized) < 2 or not isinstance(x, Node):
+        return Refusal("normalises one dim (the layer_norm family lowers it)")
+    shape = [int(d) for d in x.meta["val"].shape]
+    lead = shape[:len(shape) - len(normalized)]
+    n = 1
+    for d in normalized:
+        n *= d
+    weight, bias = node_arg(node, "weight", None), node_arg(node, "bias", None)
+    eps = float(node_arg(node, "eps", 1e-5))
+    params = [v for v in (weight, bias) if isinstance(v, Node)]
+    has_w, has_b = isinstance(weight, Node), isinstance(bias, Node)
+
+    def layer_norm_flat(xv, *p):
+        p = list(p)
+        w = p.pop(0).reshape(n) if has_w else None
+        b = p.pop(0).reshape(n) if has_b else None
+        return F.layer_norm(xv.reshape(lead + [n]), [n], w, b, eps).reshape(shape)
+    return Rewrite(layer_norm_flat, [x] + params, pre_dispatch=True)
+
+
+@rewrites(aten.pow.Tensor_Tensor)
+def _pow_constant_exponent(node: Node) -> Rewrite | Refusal:
+    """``x.pow(self.p)`` with a one-element constant exponent (GeM pooling's learned ``p``; ``1 / p``
+    is folded to a constant first): ``x ** float(p)``, the elementwise table of a Python exponent."""
+    x, e = node.args[0], node.args[1]
+    if not (isinstance(x, Node) and isinstance(e, Node) and e.op == "get_attr"):
+        return Refusal("the exponent is not a constant (only x ** constant is a table)")
+    value = get_attr(node.graph.owning_module, e)
+    if value.numel() != 1 or tuple(node.meta["val"].shape) != tuple(x.meta["val"].shape):
+        return Refusal("the exponent has more than one element, or it broadcasts the base")
+    k = float(value.reshape(()))
+    return Rewrite(lambda xv: torch.pow(xv, k), [x])
 
 
 class DecomposeCompositesPass(RewriteTablePass):

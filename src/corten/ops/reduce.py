@@ -27,11 +27,12 @@ import torch
 
 from corten.errors import LoweringError
 from corten.fixed_point import clamp_activation, requantize, wrap_int32_t
+from corten.fx_nodes import node_arg
 from corten.ops import checks
 from corten.ops._common import (MAX_ELEMENTWISE_RANK, MAX_RANK, as_4d_view, effective_multiplier, output_format,
                                 storage_dim_order)
 from corten.ops._rules import Match
-from corten.ops.registry import OpFamily, annotates, lowers, register_family
+from corten.ops.registry import Hook, OpFamily, annotates, lowers, register_family
 from corten.providers import CMSIS_NN, PORTABLE
 
 FAMILY = "reduce"
@@ -124,6 +125,12 @@ def _(input, dim, keepdim, mode):
 
 
 family = register_family(OpFamily(FAMILY, ("quantized_reduce", "quantized_argmax"), doc=__doc__))
+
+
+@family.provides(Hook.UNUSED_ARGS, "quantized_reduce")
+def _unused_args(node) -> tuple[str, ...]:
+    """A max/min (modes 0, 1) reads int8 values on the shared grid: no offsets, no requantization."""
+    return ("input_offset", "output_offset", "multiplier", "shift") if int(node_arg(node, "mode")) in (0, 1) else ()
 
 
 # ----------------------------------------------------------------------------- lowering

@@ -39,6 +39,10 @@ Extension points (the only ones; each is registered by the family module at impo
     applied) summed into one int32 accumulator per output value; the overflow check
     (:func:`corten.validation.check_lowered`) compares it with
     :data:`corten.fixed_point.MAX_ACCUMULATOR_TAPS`.  Read through :func:`accumulator_taps`.
+  - ``Hook.UNUSED_ARGS``: ``fn(node) -> tuple[str, ...]``, the schema arguments this call's kernel
+    does not read (placeholders: a max/min ``quantized_reduce`` has no requantization, its
+    ``multiplier`` is 0); the numeric checks of :func:`corten.validation.check_lowered` skip them.
+    Read through :func:`unused_args`.
 
   Metadata hooks read shapes with :func:`node_shape` (``meta["val"]``, or the constant behind a
   ``get_attr``), so the same hook serves every stage's graph.
@@ -73,6 +77,7 @@ class Hook(str, enum.Enum):
     COST = "cost"
     WINDOW = "window"
     ACCUMULATOR_TAPS = "accumulator_taps"
+    UNUSED_ARGS = "unused_args"
 
     @classmethod
     def of(cls, kind: "Hook | str") -> "Hook":
@@ -414,3 +419,10 @@ def accumulator_taps(node: Any) -> int | None:
     """The ``Hook.ACCUMULATOR_TAPS`` of a Corten op node, or None (no int32 accumulation to check)."""
     fn = _metadata(node, Hook.ACCUMULATOR_TAPS)
     return None if fn is None else fn(node)
+
+
+def unused_args(node: Any) -> tuple[str, ...]:
+    """The ``Hook.UNUSED_ARGS`` of a Corten op node: the arguments its kernel ignores (``()`` for other
+    nodes and ops without the hook)."""
+    fn = _metadata(node, Hook.UNUSED_ARGS)
+    return () if fn is None else tuple(fn(node))
