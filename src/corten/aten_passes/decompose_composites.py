@@ -13,8 +13,16 @@ every intermediate gets its own observer:
 ``logsumexp``                                ``log(sum(exp(x - amax))) + amax``
 ``linalg_vector_norm`` (``ord`` 1, 2, inf)   ``sqrt(sum(x * x))``, ``sum(abs)``, ``amax(abs)`` (``x.norm``, ``F.normalize``)
 ``prelu``                                    ``where(x > 0, x, weight * x)``
-``upsample_bilinear2d`` / ``_linear1d``      ``x @ Mw`` then ``Mh @ .``: constant interpolation matrices
-                                             (any size / scale_factor / align_corners)
+``upsample_bilinear2d`` / ``_linear1d`` /   ``x @ Mw`` then ``Mh @ .``: constant interpolation matrices
+``upsample_bicubic2d``                       (any size / scale_factor / align_corners; bicubic: PyTorch's
+                                             separable cubic with clamped borders)
+``nearest-exact`` upsampling                 ``index_select`` with constant indices per spatial dim
+``layer_norm`` over several dims             the dims flattened into one (``LayerNorm([C, 1, 1])``), then back
+``pow(x, p)``, ``p`` a 1-element constant    ``x ** float(p)`` (GeM's learned exponent)
+``linear`` with a 1-D weight                 ``[1, in]`` weight, the output dim dropped (NanoDet's ``Integral``)
+grouped ``conv_transpose1d/2d``               ``groups=1`` with the block-diagonal weight (``groups`` x the MACs)
+``avg_pool3d`` ``(k, 1, 1)`` on              a 1x1 conv with a constant band weight (``LocalResponseNorm``'s
+``[N, 1, C, H, W]`` (after a zero pad on C)  channel-window mean, the pad folded in)
 ``gru_cell`` / ``lstm_cell`` / ``rnn_*_cell``  the cell equations (linear, sigmoid, tanh, mul, add, ``1 - z``)
 ``nn.GRU`` / ``nn.RNN`` (any layers, both     unrolled over time: one linear over the whole sequence per layer and
 directions), ``nn.LSTM`` bidirectional or   direction, the cells per step, ``cat`` of the directions; a zero
@@ -36,9 +44,12 @@ reading ``c_n``                              initial state drops the terms it mu
                                              the masked softmax of causal attention, exact in real numbers
 ==========================================  ==================================================
 
+``max_unpool2d``, ``grid_sample`` and ``affine_grid`` (addresses computed from the data) are refused with
+the reason and what to write instead.
+
 Before that, constant subgraphs are folded: tensors made by factories (``torch.zeros(b, h)``,
 ``zeros_like(x)`` - its shape only -, ``ones``, ``full``, ``arange``, ``eye``) and any op whose inputs
-are all constants (``self.tril == 0``, ``w * mask``) become constants, so an RNN cell's zero initial
+are all constants (``self.tril == 0``, ``w * mask``, ``const.type_as(x)``) become constants, so an RNN cell's zero initial
 state or a registered causal mask feeds the ops after it as a constant operand.  Random ops are never
 folded, and a factory that is itself a program output stays (and is refused by name).
 
@@ -1024,6 +1035,115 @@ def _conv3d_frames(node: Node) -> Rewrite | Refusal:
                      stride[1:], padding[1:], dilation[1:], groups)
         return y.reshape(n, t2, *y.shape[1:]).permute(0, 2, 1, 3, 4)
     return Rewrite(frames, [x, w] + ([b] if b is not None else []), pre_dispatch=True)  # (conv2d stays whole)
+
+
+@rewrites(aten.conv_transpose2d.input, aten.conv_transpose1d.default)
+def _grouped_conv_transpose(node: Node) -> Rewrite | Refusal:
+    """A transposed convolution with ``groups > 1`` (FCN's depthwise bilinear upsampling,
+    ``ConvTranspose2d(C, C, 4, 2, 1, groups=C)``) -> ``groups=1`` with the block-diagonal weight
+    (zeros between the groups): the same sums, each output channel's per-channel weight scale
+    unchanged.  It costs ``groups`` times the MACs of the grouped layer."""
+    x, w = node.args[0], node.args[1]
+    groups = int(node_arg(node, "groups", 1))
+    if groups == 1:
+        return Refusal("groups=1 (the conv_transpose family lowers it)")
+    gm = node.graph.owning_module
+    b = node_arg(node, "bias", None)
+    if not (isinstance(w, Node) and w.op == "get_attr") or not (b is None or (isinstance(b, Node) and
+                                                                         b.op == "get_attr")):
+        return Refusal("the weight or bias is not a constant")
+    weight = get_attr(gm, w).detach()
+    c_in, c_out_g = int(weight.shape[0]), int(weight.shape[1])
+    c_in_g = c_in // groups
+    dense = weight.new_zeros((c_in, c_out_g * groups) + tuple(weight.shape[2:]))
+    for g in range(groups):
+        dense[g * c_in_g:(g + 1) * c_in_g, g * c_out_g:(g + 1) * c_out_g] = weight[g * c_in_g:(g + 1) * c_in_g]
+    consts = [dense] + ([get_attr(gm, b).detach()] if b is not None else [])
+    stride, padding, output_padding, dilation = (node_arg(node, k, d) for k, d in (
+        ("stride", 1), ("padding", 0), ("output_padding", 0), ("dilation", 1)))
+    fn = F.conv_transpose2d if node.target == aten.conv_transpose2d.input else F.conv_transpose1d
+
+    def ungrouped(xv, wv, *bv):
+        return fn(xv, wv, bv[0] if bv else None, stride, padding, output_padding, 1, dilation)
+    return Rewrite(ungrouped, [x], consts, pre_dispatch=True)
+
+
+@rewrites(aten.avg_pool3d.default)
+def _channel_window_mean(node: Node) -> Rewrite | Refusal:
+    """``nn.LocalResponseNorm`` / ``F.local_response_norm`` (AlexNet, GoogLeNet v1): PyTorch averages
+    ``x * x`` over a window of channels as ``avg_pool3d`` with kernel ``(size, 1, 1)`` on the
+    ``[N, 1, C, H, W]`` view, zero-padded over C.  That mean is linear in the channels: a 1x1
+    convolution ``C -> C`` with a constant band weight (``1 / size`` inside each window; the zero pad
+    folded in), on ``[N, C, H, W]``."""
+    x = node.args[0]
+    kernel = [int(k) for k in node_arg(node, "kernel_size")]
+    stride = [int(k) for k in (node_arg(node, "stride", None) or kernel)]
+    padding = [int(k) for k in node_arg(node, "padding", [0, 0, 0])]
+    if len(kernel) == 1:
+        kernel = kernel * 3
+    if len(stride) == 1:
+        stride = stride * 3
+    if len(padding) == 1:
+        padding = padding * 3
+    shape = [int(d) for d in x.meta["val"].shape]
+    if (len(shape) != 5 or shape[1] != 1 or kernel[1:] != [1, 1] or stride != [1, 1, 1] or any(padding)
+            or node_arg(node, "ceil_mode", False) or not node_arg(node, "count_include_pad", True)
+            or node_arg(node, "divisor_override", None) is not None):
+        why = ("avg_pool3d: only the channel-window mean of nn.LocalResponseNorm (kernel (k, 1, 1), stride 1, "
+               "on [N, 1, C, H, W]) is supported; pool 4-D tensors with avg_pool2d (e.g. each frame as an image)")
+        node.meta["corten_refusal"] = why
+        return Refusal(why)
+    before = after = 0
+    if (x.target in (aten.pad.default, aten.constant_pad_nd.default) and len(x.users) == 1
+            and str(node_arg(x, "mode", "constant")) == "constant" and not float(node_arg(x, "value", 0.0) or 0.0)):
+        pads = [int(p) for p in x.args[1]]
+        pads += [0] * (10 - len(pads))
+        if not any(pads[:4]) and not any(pads[6:]) and min(pads[4:6]) >= 0:
+            before, after = pads[4], pads[5]
+            x = x.args[0]
+    n, _, d, h, w = (int(v) for v in x.meta["val"].shape)
+    k = kernel[0]
+    d_out = d + before + after - k + 1
+    band = torch.zeros(d_out, d, 1, 1)
+    for o in range(d_out):
+        for i in range(max(0, o - before), min(d, o - before + k)):
+            band[o, i] = 1.0 / k
+
+    def channel_mean(xv, wv):
+        y = F.conv2d(xv.reshape(n, d, h, w), wv)
+        return y.reshape(n, 1, d_out, h, w)
+    return Rewrite(channel_mean, [x], [band], pre_dispatch=True)
+
+
+# Ops that read or write at addresses computed from the data: no int8 kernel, refused with why and
+# what to write instead (the reason travels on the node to the UnsupportedOpsError)
+DATA_ADDRESSED = {
+    aten.max_unpool2d.default: (
+        "max_unpool2d writes each value at the position max_pool2d(return_indices=True) recorded (addresses "
+        "computed from the data): not supported; upsample with nn.Upsample(scale_factor=2) or a "
+        "ConvTranspose2d instead (a U-Net-style decoder in place of SegNet's unpooling)"),
+    aten.grid_sampler.default: (
+        "grid_sample reads the input at positions computed from the data (a spatial transformer): not "
+        "supported; apply the warp outside the compiled model (on the input image), or use a fixed "
+        "crop / F.interpolate"),
+    aten.grid_sampler_2d.default: (
+        "grid_sample reads the input at positions computed from the data (a spatial transformer): not "
+        "supported; apply the warp outside the compiled model (on the input image), or use a fixed "
+        "crop / F.interpolate"),
+    aten.affine_grid_generator.default: (
+        "affine_grid only feeds grid_sample (sampling at computed positions), which is not supported; "
+        "apply the affine warp outside the compiled model"),
+}
+
+
+@rewrites(*DATA_ADDRESSED)
+def _data_addressed(node: Node) -> Rewrite | Refusal:
+    why = DATA_ADDRESSED[node.target]
+    node.meta["corten_refusal"] = why  # (no lowering rule takes these ops: reported with this reason)
+    indices = node.args[1] if node.target == aten.max_unpool2d.default else None
+    if isinstance(indices, Node) and indices.target is operator.getitem and isinstance(indices.args[0], Node):
+        indices.args[0].meta["corten_refusal"] = f"its indices feed {node.name} (max_unpool2d), which is not supported"
+    return Refusal(why)
 
 
 @rewrites(aten.index_copy.default, aten.index_put.default)

@@ -30,6 +30,7 @@ from corten.ops._rules import (
     ACTIVATIONS,
     DQ_PER_CHANNEL,
     DQ_PER_TENSOR,
+    Q_PER_CHANNEL,
     Q_PER_TENSOR,
     Int8Value,
     Match,
@@ -284,7 +285,7 @@ def unlowered_nodes(gm_or_graph, refusals: dict[str, str] | None = None) -> list
     for n in graph.nodes:
         if is_lowered(n):
             continue
-        if n.target in DQ_PER_TENSOR or n.target in Q_PER_TENSOR or n.target in DQ_PER_CHANNEL:
+        if _is_qdq(n):
             if _touches_float_op(n):
                 continue  # the q/dq around a float op are reported through that op
             out.append(UnloweredNode(n.name, op_display_name(n.target), source_location(n),
@@ -297,7 +298,8 @@ def unlowered_nodes(gm_or_graph, refusals: dict[str, str] | None = None) -> list
 
 
 def _is_qdq(n: Node) -> bool:
-    return n.target in DQ_PER_TENSOR or n.target in Q_PER_TENSOR or n.target in DQ_PER_CHANNEL
+    return (n.target in DQ_PER_TENSOR or n.target in Q_PER_TENSOR or n.target in DQ_PER_CHANNEL
+            or n.target in Q_PER_CHANNEL)
 
 
 def _touches_float_op(n: Node, seen: set | None = None) -> bool:

@@ -51,6 +51,7 @@ class _QDQTargets:
 Q_PER_TENSOR = _QDQTargets("quantize_per_tensor.default", "quantize_per_tensor.tensor")
 DQ_PER_TENSOR = _QDQTargets("dequantize_per_tensor.default", "dequantize_per_tensor.tensor")
 DQ_PER_CHANNEL = _QDQTargets("dequantize_per_channel.default")
+Q_PER_CHANNEL = _QDQTargets("quantize_per_channel.default")
 
 # The one table of fusable activations: the quantizer fuses them into the op before them (no
 # quantize in between) and the lowering folds them into activation_min/max.  (lo, hi) in real
@@ -156,7 +157,17 @@ class Match:
 
     def constant(self, node: Node) -> torch.Tensor:
         if node.op != "get_attr":
-            raise LoweringError(f"{self.node.name}: {node.name} is not a constant")
+            src = node  # the op that computes it, behind the quantize/dequantize the quantizer put on it
+            while isinstance(src, Node) and src.args and isinstance(src.args[0], Node) and (
+                    src.target in Q_PER_TENSOR or src.target in DQ_PER_TENSOR or src.target in Q_PER_CHANNEL
+                    or src.target in DQ_PER_CHANNEL):
+                src = src.args[0]
+            raise LoweringError(
+                f"{self.node.name}: its weight (or bias) is computed in forward by {src.name} "
+                f"({getattr(src.target, '__name__', src.target)}), not a parameter or buffer: Corten compiles "
+                "constant weights only, so input-dependent weights (dynamic convolution, CondConv, hypernetworks) "
+                "are not supported. Keep the weights as nn.Parameter / buffers; for a mixture of expert kernels "
+                "run every expert and mix their outputs (sum_k r[k] * conv(x, W_k) equals conv(x, sum_k r[k] * W_k))")
         return get_attr(self.gm, node).detach()
 
     def quantized_constant(self, dq: Node) -> tuple[torch.Tensor, torch.Tensor, int | None]:
