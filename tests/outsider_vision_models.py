@@ -313,60 +313,6 @@ class MnasNetTiny(nn.Module):
         return self.classifier(x)
 
 
-class EfficientLiteBlock(nn.Module):
-    """EfficientNet-lite MBConv: ReLU6, no SE, drop_connect by function with ``self.training``."""
-
-    def __init__(self, inp, oup, expand_ratio, kernel_size, stride, drop_connect_rate=0.1):
-        super().__init__()
-        self.has_skip = stride == 1 and inp == oup
-        self.drop_connect_rate = drop_connect_rate
-        hidden = inp * expand_ratio
-        self.expand = None
-        if expand_ratio != 1:
-            self.expand = nn.Sequential(nn.Conv2d(inp, hidden, 1, bias=False), nn.BatchNorm2d(hidden, eps=1e-3),
-                                        nn.ReLU6(inplace=True))
-        self.dw = nn.Sequential(nn.Conv2d(hidden, hidden, kernel_size, stride, (kernel_size - 1) // 2,
-                                          groups=hidden, bias=False),
-                                nn.BatchNorm2d(hidden, eps=1e-3), nn.ReLU6(inplace=True))
-        self.project = nn.Sequential(nn.Conv2d(hidden, oup, 1, bias=False), nn.BatchNorm2d(oup, eps=1e-3))
-
-    def forward(self, inputs):
-        x = inputs
-        if self.expand is not None:
-            x = self.expand(x)
-        x = self.dw(x)
-        x = self.project(x)
-        if self.has_skip:
-            x = drop_path(x, self.drop_connect_rate, self.training)
-            x = x + inputs
-        return x
-
-
-class EfficientNetLiteTiny(nn.Module):
-    def __init__(self, num_classes=6):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8, eps=1e-3),
-                                  nn.ReLU6(inplace=True))
-        self.blocks = nn.ModuleList([EfficientLiteBlock(8, 8, 1, 3, 1), EfficientLiteBlock(8, 16, 4, 3, 2),
-                                     EfficientLiteBlock(16, 16, 4, 5, 1)])
-        self.head = nn.Sequential(nn.Conv2d(16, 32, 1, bias=False), nn.BatchNorm2d(32, eps=1e-3),
-                                  nn.ReLU6(inplace=True))
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.dropout = nn.Dropout(0.2)
-        self.fc = nn.Linear(32, num_classes)
-
-    def forward(self, x):
-        x = self.stem(x)
-        for block in self.blocks:
-            x = block(x)
-        x = self.head(x)
-        x = self.avgpool(x)
-        x = x.view(x.size(0), -1)
-        x = self.dropout(x)
-        return self.fc(x)
-
-
-# ----------------------------------------------------------------------------- RegNetY
 class SqueezeExcitation(nn.Module):
     """torchvision.ops.SqueezeExcitation."""
 
@@ -1296,26 +1242,6 @@ class ThreeHeads(nn.Module):
         return {"logits": a, "attributes": b, "embedding": e}
 
 
-class AuxTupleNet(nn.Module):
-    """GoogLeNet-style auxiliary output: (main, aux) tuple from two depths, aux via AdaptiveAvgPool2d((2, 2))."""
-
-    def __init__(self):
-        super().__init__()
-        self.block1 = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(inplace=True))
-        self.block2 = nn.Sequential(nn.Conv2d(8, 16, 3, 2, 1), nn.ReLU(inplace=True))
-        self.aux_pool = nn.AdaptiveAvgPool2d((2, 2))
-        self.aux_fc = nn.Linear(8 * 4, 3)
-        self.fc = nn.Linear(16, 3)
-
-    def forward(self, x):
-        x = self.block1(x)
-        aux = self.aux_fc(torch.flatten(self.aux_pool(x), 1))
-        x = self.block2(x)
-        x = F.adaptive_avg_pool2d(x, 1).squeeze(-1).squeeze(-1)
-        return self.fc(x), aux
-
-
-# ----------------------------------------------------------------------------- misc deployment idioms
 class NormalizedInput(nn.Module):
     """Input normalisation inside the model with (1, 3, 1, 1) mean / std buffers, MNIST-style CNN with
     F.max_pool2d, Dropout2d and log_softmax."""
@@ -1396,27 +1322,6 @@ class Res2NetTiny(nn.Module):
         return self.b2(self.b1(self.stem(x)))
 
 
-class HRFuse(nn.Module):
-    """HRNet fuse layer: a high- and a low-resolution branch exchanged by strided conv down and
-    1x1 conv + nn.Upsample(scale_factor=2, mode='nearest') up, summed, ReLU; both returned."""
-
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True))
-        self.branch_low = nn.Sequential(nn.Conv2d(8, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(True))
-        self.up = nn.Sequential(nn.Conv2d(16, 8, 1, bias=False), nn.BatchNorm2d(8),
-                                nn.Upsample(scale_factor=2, mode="nearest"))
-        self.down = nn.Sequential(nn.Conv2d(8, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16))
-        self.relu = nn.ReLU(False)
-
-    def forward(self, x):
-        hi = self.stem(x)
-        lo = self.branch_low(hi)
-        y_hi = self.relu(hi + self.up(lo))
-        y_lo = self.relu(self.down(hi) + lo)
-        return [y_hi, y_lo]
-
-
 class StdConvNet(nn.Module):
     """BiT's StdConv2d: the weight standardised in forward with F.batch_norm over a reshaped parameter."""
 
@@ -1481,7 +1386,6 @@ VISION = [
     ("mobileone_train_time", MobileOneTiny, (1, 3, 16, 16)),
     ("ghostnetv2_dfc_attention", GhostNetV2Tiny, (1, 3, 16, 16)),
     ("mnasnet_drop_path_eval", MnasNetTiny, (1, 3, 16, 16)),
-    ("efficientnet_lite", EfficientNetLiteTiny, (1, 3, 16, 16)),
     ("regnety_se_group_conv", RegNetYTiny, (1, 3, 16, 16)),
     ("densenet_concat_growth", DenseNetTiny, (1, 3, 16, 16)),
     ("squeezenet_1_1", SqueezeNetTiny, (1, 3, 32, 32)),
@@ -1489,7 +1393,6 @@ VISION = [
     ("yolo_focus_c3_sppf_c2f_detect", YoloTiny, (1, 3, 32, 32)),
     ("fpn_top_down_dict", TinyFPN, (1, 3, 32, 32)),
     ("unet_convtranspose_pad_cat", UNetTiny, (1, 3, 16, 16)),
-    ("unet_bilinear_align_corners", lambda: UNetTiny(bilinear=True), (1, 3, 16, 16)),
     ("espcn_pixel_unshuffle_shuffle", ESPCN, (1, 3, 16, 16)),
     ("activation_mix_cnn", ActivationCNN, (1, 3, 16, 16)),
     ("groupnorm_instancenorm_resblock", GNResBlock, (1, 3, 16, 16)),
@@ -1506,10 +1409,8 @@ VISION = [
     ("alexnet_adaptive_pool_larger", lambda: VGGAdaptive(pool=(6, 6)), (1, 3, 16, 16)),
     ("pspnet_pyramid_pooling", PyramidPooling, (1, 3, 24, 24)),
     ("three_heads_dict", ThreeHeads, (1, 3, 16, 16)),
-    ("aux_tuple_output", AuxTupleNet, (1, 3, 16, 16)),
     ("normalized_input_mnist_style", NormalizedInput, (1, 3, 16, 16)),
     ("res2net_split_hierarchy", Res2NetTiny, (1, 3, 16, 16)),
-    ("hrnet_fuse_list_output", HRFuse, (1, 3, 16, 16)),
     ("bit_std_conv_weight_standardisation", StdConvNet, (1, 3, 16, 16)),
     ("dilated_layer_scale_channels_last", LayerScaleDilated, (1, 3, 16, 16)),
     ("upsampling_modules_odd_size", UpsampleModules, (1, 3, 16, 16)),
@@ -1863,8 +1764,8 @@ class BlurPoolNet(nn.Module):
 
 
 class SpatialSoftmax(nn.Module):
-    """Deep spatial autoencoder keypoints: softmax over H*W per channel, expected x / y with
-    pos buffers made by np.meshgrid-style torch.meshgrid."""
+    """Deep spatial autoencoder keypoints: softmax over H*W per channel (a learned temperature), expected
+    x / y with pos buffers made by np.meshgrid-style torch.meshgrid."""
 
     def __init__(self, height, width, channel):
         super().__init__()
@@ -1873,10 +1774,11 @@ class SpatialSoftmax(nn.Module):
                                       indexing="xy")
         self.register_buffer("pos_x", pos_x.reshape(self.height * self.width))
         self.register_buffer("pos_y", pos_y.reshape(self.height * self.width))
+        self.temperature = nn.Parameter(torch.ones(1) * 0.25)
 
     def forward(self, feature):
         feature = feature.view(-1, self.height * self.width)
-        softmax_attention = F.softmax(feature, dim=-1)
+        softmax_attention = F.softmax(feature / self.temperature, dim=-1)
         expected_x = torch.sum(self.pos_x * softmax_attention, dim=1, keepdim=True)
         expected_y = torch.sum(self.pos_y * softmax_attention, dim=1, keepdim=True)
         expected_xy = torch.cat([expected_x, expected_y], 1)
@@ -2069,33 +1971,6 @@ class ShuffleNetV1Tiny(nn.Module):
         x = F.avg_pool2d(x, x.data.size()[-2:])
         x = x.view(x.size(0), -1)
         return F.log_softmax(self.fc(x), dim=1)
-
-
-class LeNetBlitz(nn.Module):
-    """The 60-minute blitz LeNet: F.max_pool2d(x, (2, 2)), view(-1, num_flat_features(x))."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 6, 3)
-        self.conv2 = nn.Conv2d(6, 16, 3)
-        self.fc1 = nn.Linear(16 * 6 * 6, 32)
-        self.fc2 = nn.Linear(32, 16)
-        self.fc3 = nn.Linear(16, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), (2, 2))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = x.view(-1, self.num_flat_features(x))
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.fc3(x)
-
-    def num_flat_features(self, x):
-        size = x.size()[1:]
-        num_features = 1
-        for s in size:
-            num_features *= s
-        return num_features
 
 
 class SqueezeNoDim(nn.Module):
@@ -2342,32 +2217,6 @@ class NoGradForward(nn.Module):
         return self.fc(F.dropout(x, p=0.5, training=self.training))
 
 
-class PPLCNetBlock(nn.Module):
-    """PP-LCNet: depthwise 5x5 + hardswish, SE with hardsigmoid via F.hardsigmoid, pointwise; a conv
-    "fc" head after the pool, flatten at the end."""
-
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.Hardswish())
-        self.dw = nn.Sequential(nn.Conv2d(8, 8, 5, 2, 2, groups=8, bias=False), nn.BatchNorm2d(8), nn.Hardswish())
-        self.se1 = nn.Conv2d(8, 2, 1)
-        self.se2 = nn.Conv2d(2, 8, 1)
-        self.pw = nn.Sequential(nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish())
-        self.last_conv = nn.Conv2d(16, 32, 1, bias=False)
-        self.hardswish = nn.Hardswish()
-        self.dropout = nn.Dropout(p=0.2)
-        self.fc = nn.Conv2d(32, 5, 1)
-
-    def forward(self, x):
-        x = self.dw(self.stem(x))
-        s = F.adaptive_avg_pool2d(x, 1)
-        s = F.hardsigmoid(self.se2(F.relu(self.se1(s))))
-        x = self.pw(x * s)
-        x = F.adaptive_avg_pool2d(x, 1)
-        x = self.dropout(self.hardswish(self.last_conv(x)))
-        return torch.flatten(self.fc(x), start_dim=1, end_dim=-1)
-
-
 VISION2 = [
     ("blazeface_channel_pad_asym_pad", BlazeFaceTiny, (1, 3, 32, 32)),
     ("fomo_softmax_nhwc", FOMO, (1, 1, 32, 32)),
@@ -2383,7 +2232,6 @@ VISION2 = [
     ("gcnet_context_block", GCNet, (1, 3, 16, 16)),
     ("sknet_selective_kernel", SKNet, (1, 3, 16, 16)),
     ("shufflenet_v1_group_conv", ShuffleNetV1Tiny, (1, 3, 32, 32)),
-    ("lenet_blitz_num_flat_features", LeNetBlitz, (1, 1, 32, 32)),
     ("squeeze_no_dim_batch1", SqueezeNoDim, (1, 3, 16, 16)),
     ("interpolate_down_area_nearest_exact", InterpolateModes, (1, 3, 16, 16)),
     ("bicubic_upsample", BicubicUp, (1, 3, 16, 16)),
@@ -2399,6 +2247,5 @@ VISION2 = [
     ("mcunet_7x7_non_square_odd", MCUNetBlock, (1, 3, 17, 23)),
     ("fx_symbolic_traced", fx_traced, (1, 3, 16, 16)),
     ("no_grad_forward_functional_dropout", NoGradForward, (1, 3, 16, 16)),
-    ("pplcnet_conv_fc_head", PPLCNetBlock, (1, 3, 32, 32)),
 ]
 VISION += VISION2

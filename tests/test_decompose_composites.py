@@ -10,6 +10,7 @@ from torch import nn
 from corten.aten_passes import (COMPOSITES, AtenPassError, AtenPassManager, DecomposeCompositesPass, Refusal, Rewrite,
                                 RewriteTable, RewriteTablePass)
 from corten.capture import capture_module
+from corten.fx_nodes import node_arg
 
 
 class Fn(nn.Module):
@@ -93,6 +94,16 @@ CASES = {
                      "__or__"),
     "masked_fill_logical_and": (lambda s, x: x.masked_fill(torch.logical_and(x > 0, x < 0.5), 0.0), [(2, 5)],
                                 "logical_and"),
+    "bicubic_x2": (lambda s, x: F.interpolate(x, scale_factor=2, mode="bicubic"), [(1, 2, 3, 4)], "upsample_bicubic2d"),
+    "bicubic_size_ac": (lambda s, x: F.interpolate(x, size=(5, 7), mode="bicubic", align_corners=True),
+                        [(2, 1, 4, 3)], "upsample_bicubic2d"),
+    "bicubic_down": (lambda s, x: F.interpolate(x, scale_factor=(0.5, 0.75), mode="bicubic"), [(1, 2, 6, 8)],
+                     "upsample_bicubic2d"),
+    "nearest_exact_size": (lambda s, x: F.interpolate(x, size=(5, 7), mode="nearest-exact"), [(1, 2, 3, 4)],
+                           "_upsample_nearest_exact2d"),
+    "nearest_exact_down_1d": (lambda s, x: F.interpolate(x, scale_factor=0.6, mode="nearest-exact"), [(2, 3, 10)],
+                              "_upsample_nearest_exact1d"),
+    "local_response_norm": (lambda s, x: s.lrn(x), [(2, 6, 3, 3)], "avg_pool3d"),
 }
 # rewrites that keep the op's name (checked by what they leave instead)
 SAME_NAME = {
@@ -120,7 +131,7 @@ def _module():
                 gru=nn.GRU(4, 6, batch_first=True), gru2=nn.GRU(4, 5, num_layers=2),
                 rnn=nn.RNN(4, 3, nonlinearity="relu", batch_first=True, bidirectional=True),
                 bil=nn.LSTM(4, 3, batch_first=True, bidirectional=True), lstm=nn.LSTM(4, 3, batch_first=True),
-                gc=nn.GRUCell(4, 4), lc=nn.LSTMCell(4, 4))
+                gc=nn.GRUCell(4, 4), lc=nn.LSTMCell(4, 4), lrn=nn.LocalResponseNorm(3, alpha=0.5, k=1.5))
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -189,3 +200,47 @@ def test_a_rewrite_that_fails_raises_naming_the_node():
 def test_one_rule_per_op():
     with pytest.raises(ValueError, match="already rewritten"):
         COMPOSITES.rewrites(torch.ops.aten.hypot.default)(lambda node: Refusal("no"))
+
+
+# rewrites that keep the op but change its form: (forward, input shapes, what every op of that kind now is)
+_aten = torch.ops.aten
+NEW_FORM = {
+    "linear_1d_weight": (lambda s, x: F.linear(x, s.proj), [(2, 3, 4, 8)],
+                         lambda n: n.target != _aten.linear.default or n.args[1].meta["val"].dim() == 2),
+    "linear_1d_weight_type_as": (lambda s, x: F.linear(x, s.proj.type_as(x)), [(3, 8)],
+                                      lambda n: n.target != _aten.linear.default or n.args[1].op == "get_attr"),
+    "layer_norm_c11": (lambda s, x: s.ln_c11(x.mean((2, 3), keepdim=True)), [(2, 4, 3, 3)],
+                       lambda n: n.target != _aten.layer_norm.default or len(n.args[1]) == 1),
+    "layer_norm_chw_no_affine": (lambda s, x: F.layer_norm(x, [4, 3, 3]), [(2, 4, 3, 3)],
+                                 lambda n: n.target != _aten.layer_norm.default or len(n.args[1]) == 1),
+    "pow_learned_exponent": (lambda s, x: x.abs().add(0.1).pow(s.p).pow(1.0 / s.p), [(2, 5)],
+                             lambda n: n.target != _aten.pow.Tensor_Tensor),
+    "grouped_conv_transpose2d": (lambda s, x: s.up(x), [(1, 4, 3, 3)],
+                                 lambda n: n.target != _aten.conv_transpose2d.input or node_arg(n, "groups", 1) == 1),
+    "grouped_conv_transpose1d": (lambda s, x: s.up1(x), [(2, 4, 5)],
+                                 lambda n: n.target != _aten.conv_transpose1d.default or node_arg(n, "groups", 1) == 1),
+}
+
+
+def _new_form_module():
+    torch.manual_seed(0)
+    return dict(proj=torch.nn.Buffer(torch.linspace(0, 7, 8)),
+                ln_c11=nn.LayerNorm([4, 1, 1]), p=nn.Parameter(torch.tensor([2.5])),
+                up=nn.ConvTranspose2d(4, 6, 4, stride=2, padding=1, groups=2),
+                up1=nn.ConvTranspose1d(4, 4, 3, stride=2, padding=1, output_padding=1, groups=4, bias=False))
+
+
+@pytest.mark.parametrize("name", list(NEW_FORM))
+def test_rewrite_to_a_supported_form_computes_the_same_float_values(name):
+    fn, shapes, ok = NEW_FORM[name]
+    model = Fn(fn, **_new_form_module()).eval()
+    xs = tuple(torch.randn(s, generator=torch.Generator().manual_seed(5)) for s in shapes)
+    gm = capture_module(model, xs)
+    with torch.no_grad():
+        want = gm(*xs)
+        gm = AtenPassManager()(gm)
+        got = gm(*xs)
+    bad = [n.format_node() for n in gm.graph.nodes if n.op == "call_function" and not ok(n)]
+    assert bad == []
+    torch.testing.assert_close(got[0] if isinstance(got, (tuple, list)) else got,
+                               want[0] if isinstance(want, (tuple, list)) else want, atol=1e-5, rtol=1e-4)
