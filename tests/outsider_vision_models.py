@@ -63,7 +63,7 @@ def randomize_bn(model, seed=0):
     """Non-trivial BatchNorm statistics, as a trained model has (eval mode folds them)."""
     g = torch.Generator().manual_seed(seed)
     for m in model.modules():
-        if isinstance(m, (nn.BatchNorm2d, nn.BatchNorm1d)):
+        if isinstance(m, (nn.BatchNorm2d, nn.BatchNorm1d)) and m.track_running_stats and m.affine:
             n = m.num_features
             m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
             m.running_var.copy_(torch.rand(n, generator=g) * 0.5 + 0.75)
@@ -2249,3 +2249,122 @@ VISION2 = [
     ("no_grad_forward_functional_dropout", NoGradForward, (1, 3, 16, 16)),
 ]
 VISION += VISION2
+
+
+# ============================================================================= batch 3: heads, normalisation and inputs
+
+
+class BNNoStats(nn.Module):
+    """BatchNorm2d(track_running_stats=False): in eval it normalises with the statistics of the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8, track_running_stats=False)
+        self.out = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x):
+        return self.out(F.relu(self.bn(self.conv(x))))
+
+
+class SegArgmax(nn.Module):
+    """A segmentation net returning the class map ``logits.argmax(dim=1)`` (int64)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
+
+    def forward(self, x):
+        logits = self.body(x)
+        return logits.argmax(dim=1)
+
+
+class YoloDecode(nn.Module):
+    """YOLOv5 Detect in inference mode: sigmoid, grid + anchor decode on the last dim of a 5-D view, cat."""
+
+    def __init__(self, nc=2, na=2, ch=16):
+        super().__init__()
+        self.nc, self.no, self.na = nc, nc + 5, na
+        self.body = nn.Sequential(nn.Conv2d(3, ch, 3, 2, 1), nn.SiLU(), nn.Conv2d(ch, ch, 3, 2, 1), nn.SiLU())
+        self.m = nn.Conv2d(ch, self.no * self.na, 1)
+        self.stride = 4.0
+        ny = nx = 4
+        yv, xv = torch.meshgrid(torch.arange(ny), torch.arange(nx), indexing="ij")
+        self.register_buffer("grid", torch.stack((xv, yv), 2).expand(1, na, ny, nx, 2).float() - 0.5)
+        anchors = torch.tensor([[10.0, 13.0], [16.0, 30.0]])
+        self.register_buffer("anchor_grid", anchors.view(1, na, 1, 1, 2).expand(1, na, ny, nx, 2).clone())
+
+    def forward(self, x):
+        x = self.m(self.body(x))
+        bs, _, ny, nx = x.shape
+        x = x.view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous()
+        xy, wh, conf = x.sigmoid().split((2, 2, self.nc + 1), 4)
+        xy = (xy * 2 + self.grid) * self.stride
+        wh = (wh * 2) ** 2 * self.anchor_grid
+        y = torch.cat((xy, wh, conf), 4)
+        return y.view(bs, self.na * nx * ny, self.no)
+
+
+class MaxPoolSameInf(nn.Module):
+    """timm's max_pool2d_same: F.pad with value=-inf, then a padding-0 max pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = F.pad(x, (0, 1, 0, 1), value=-float("inf"))
+        return F.max_pool2d(x, 3, 2)
+
+
+class RGBD(nn.Module):
+    """Two inputs (RGB and depth), one stem each, fused by cat + 1x1 conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.rgb = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU())
+        self.depth = nn.Sequential(nn.Conv2d(1, 8, 3, 2, 1), nn.ReLU())
+        self.fuse = nn.Conv2d(16, 4, 1)
+
+    def forward(self, rgb, depth):
+        return self.fuse(torch.cat([self.rgb(rgb), self.depth(depth)], 1))
+
+
+class MaskOutput(nn.Module):
+    """A binary mask output: ``sigmoid(logits) > 0.5`` (bool)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 1, 3, padding=1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.conv(x)) > 0.5
+
+
+class FCOSHead(nn.Module):
+    """FCOS head: GroupNorm tower, cls / centerness convs, box regression ``exp(scale * reg)`` with a learned scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.GroupNorm(4, 8), nn.ReLU())
+        self.cls = nn.Conv2d(8, 2, 3, padding=1)
+        self.reg = nn.Conv2d(8, 4, 3, padding=1)
+        self.ctr = nn.Conv2d(8, 1, 3, padding=1)
+        self.scale = nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, x):
+        f = self.body(x)
+        return self.cls(f), torch.exp(self.scale * self.reg(f)), self.ctr(f)
+
+
+VISION3 = [
+    ("bn_track_running_stats_false", BNNoStats, (1, 3, 16, 16)),
+    ("segmentation_argmax_output", SegArgmax, (1, 3, 16, 16)),
+    ("yolo_detect_decode_grid_anchors", YoloDecode, (1, 3, 16, 16)),
+    ("maxpool_same_pad_neg_inf", MaxPoolSameInf, (1, 3, 16, 16)),
+    ("rgbd_two_inputs", RGBD, [(1, 3, 16, 16), (1, 1, 16, 16)]),
+    ("bool_mask_output", MaskOutput, (1, 3, 16, 16)),
+    ("fcos_head_exp_scale", FCOSHead, (1, 3, 16, 16)),
+]
+VISION += VISION3

@@ -80,9 +80,14 @@ def fuse_conv_bn(gm: torch.fx.GraphModule) -> None:
     (``_fuse_conv_bn_``, what ``prepare_pt2e`` starts with), but with one dead-code pass at the end
     instead of one per BatchNorm (each lints the whole graph: 52 of them were ~0.2 s of MobileNetV2's
     compile).  Dead-code elimination only erases nodes, so the folded graph is the same;
-    ``prepare_pt2e`` then finds no BatchNorm left to fold."""
+    ``prepare_pt2e`` then finds no BatchNorm left to fold.  A BatchNorm that normalises with batch
+    statistics (``track_running_stats=False``) is spelled out first: torchao would fold it as if it had
+    running statistics (or fail on the missing ones)."""
     from torchao.quantization.pt2e.utils import _fuse_conv_bn_
 
+    from corten.aten_passes.decompose_composites import spell_out_batch_statistics
+
+    spell_out_batch_statistics(gm)
     graph = gm.graph
     graph.eliminate_dead_code = lambda *args, **kwargs: False  # on this graph object only
     try:

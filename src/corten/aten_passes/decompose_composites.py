@@ -10,12 +10,14 @@ every intermediate gets its own observer:
 ``glu(x, dim)``                              ``a * sigmoid(b)`` of the two halves
 ``var`` / ``std`` (any dims, correction)     ``mean``, ``sub``, ``d * d``, ``sum``, ``/ (n - c)``, ``sqrt``
 ``group_norm`` / ``instance_norm``           mean and variance per group (input statistics), ``rsqrt``, affine
+``batch_norm`` with batch statistics         mean and variance per channel over N and the spatial dims
+(``track_running_stats=False``)              (BatchNorms with running statistics are folded later)
 ``logsumexp``                                ``log(sum(exp(x - amax))) + amax``
 ``linalg_vector_norm`` (``ord`` 1, 2, inf)   ``sqrt(sum(x * x))``, ``sum(abs)``, ``amax(abs)`` (``x.norm``, ``F.normalize``)
 ``prelu``                                    ``where(x > 0, x, weight * x)``
 ``upsample_bilinear2d`` / ``_linear1d`` /   ``x @ Mw`` then ``Mh @ .``: constant interpolation matrices
-``upsample_bicubic2d``                       (any size / scale_factor / align_corners; bicubic: PyTorch's
-                                             separable cubic with clamped borders)
+``upsample_bicubic2d``, ``antialias=True``  (any size / scale_factor / align_corners; bicubic: PyTorch's
+                                             separable cubic with clamped borders; the anti-aliased filters)
 ``nearest-exact`` upsampling                 ``index_select`` with constant indices per spatial dim
 ``layer_norm`` over several dims             the dims flattened into one (``LayerNorm([C, 1, 1])``), then back
 ``pow(x, p)``, ``p`` a 1-element constant    ``x ** float(p)`` (GeM's learned exponent)
@@ -39,6 +41,7 @@ reading ``c_n``                              initial state drops the terms it mu
                                              ``d = a - b + eps``
 ``adaptive_max_pool1d``                      ``adaptive_max_pool2d`` on ``[N, C, 1, L]`` (same indices)
 ``pad`` reflect / replicate / circular       ``index_select`` with constant indices per padded dim (exact bytes)
+``pad(value=-inf)`` read only by max pools  the same as a replicate pad (timm's ``max_pool2d_same``)
 ``where(c1 & c2, a, b)``, ``|``, ``~``      nested ``where`` on the comparisons (no boolean tensors)
 ``softmax(x.masked_fill(mask, -inf))``       ``p = softmax(x) * keep; p / p.sum()`` (``keep = ~mask``, a constant):
                                              the masked softmax of causal attention, exact in real numbers
@@ -154,20 +157,23 @@ def _normalize_groups(x, groups: int, weight, bias, eps: float):
     return y
 
 
-def _interp_matrix(n_in: int, n_out: int, align_corners: bool, scale, mode: str = "linear") -> torch.Tensor:
+def _interp_matrix(n_in: int, n_out: int, align_corners: bool, scale, mode: str = "linear",
+                   antialias: bool = False) -> torch.Tensor:
     """``[n_in, n_out]``: column j holds the weights of the inputs of output j (linear interpolation;
-    ``mode="cubic"``: PyTorch's bicubic along one dim - separable, borders clamped - from a
-    ``[1, n_in, 1, n_in]`` one-hot image whose single row the height pass leaves unchanged)."""
+    ``mode="cubic"`` or ``antialias``: PyTorch's 2-D bicubic / anti-aliased filters along one dim -
+    separable, borders clamped - from a ``[1, n_in, 1, n_in]`` one-hot image whose single row the
+    height pass leaves unchanged)."""
     eye = torch.eye(n_in, dtype=torch.float32).unsqueeze(0)  # n_in channels, each a one-hot row
-    if mode == "cubic":
+    if mode == "cubic" or antialias:
         kw = {"size": (1, n_out)} if scale is None else {"scale_factor": (1.0, float(scale)),
                                                           "recompute_scale_factor": False}
-        return F.interpolate(eye.unsqueeze(2), mode="bicubic", align_corners=align_corners, **kw)[0, :, 0]
+        return F.interpolate(eye.unsqueeze(2), mode="bicubic" if mode == "cubic" else "bilinear",
+                             align_corners=align_corners, antialias=antialias, **kw)[0, :, 0]
     kw = {"size": n_out} if scale is None else {"scale_factor": float(scale), "recompute_scale_factor": False}
     return F.interpolate(eye, mode="linear", align_corners=align_corners, **kw)[0]
 
 
-def _upsample_args(node: Node, spatial: int, mode: str = "linear"):
+def _upsample_args(node: Node, spatial: int, mode: str = "linear", antialias: bool = False):
     x = node.args[0]
     size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
     align = bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("align_corners", False))
@@ -177,7 +183,7 @@ def _upsample_args(node: Node, spatial: int, mode: str = "linear"):
     if size is not None:
         scales = None
     scales = list(scales) if scales is not None else [None] * spatial
-    return align, [_interp_matrix(i, o, align, s, mode) for i, o, s in zip(in_sizes, out_sizes, scales)]
+    return align, [_interp_matrix(i, o, align, s, mode, antialias) for i, o, s in zip(in_sizes, out_sizes, scales)]
 
 
 FACTORIES = {aten.zeros.default, aten.ones.default, aten.full.default, aten.arange.default, aten.arange.start,
@@ -674,6 +680,42 @@ def _instance_norm(node: Node) -> Rewrite | Refusal:
     return _norm(a[0], int(a[0].meta["val"].shape[1]), a[1], a[2], eps)
 
 
+# run on its own before torchao's conv-BatchNorm folding (corten.compiler.fuse_conv_bn), which would
+# fold a BatchNorm normalising with batch statistics as if it had running ones
+BATCH_STATISTICS = RewriteTable("batch statistics")
+
+
+@BATCH_STATISTICS.rewrites(aten.batch_norm.default)
+@rewrites(aten.batch_norm.default)
+def _batch_statistics_norm(node: Node) -> Rewrite | Refusal:
+    """``nn.BatchNorm2d(C, track_running_stats=False)`` in eval mode (or ``F.batch_norm(...,
+    training=True)``) normalises with the statistics of the batch it is given: per channel over
+    ``N`` and the spatial dims, then the affine - spelled out like GroupNorm.  (A BatchNorm with
+    running statistics is folded into its producer later.)"""
+    a = node.args
+    if not bool(node_arg(node, "training", False)):
+        return Refusal("running statistics (folded by FoldBatchNormPass)")
+    x, weight, bias = a[0], node_arg(node, "weight", None), node_arg(node, "bias", None)
+    eps = float(node_arg(node, "eps", 1e-5))
+    rank = x.meta["val"].dim()
+    c = int(x.meta["val"].shape[1])
+    dims = [0] + list(range(2, rank))
+    shape = [1, c] + [1] * (rank - 2)
+    args = [x] + [v for v in (weight, bias) if isinstance(v, Node)]
+    has_w, has_b = isinstance(weight, Node), isinstance(bias, Node)
+
+    def batch_stats(xv, *wb):
+        wb = list(wb)
+        d = xv - xv.mean(dims, keepdim=True)
+        y = d * torch.rsqrt((d * d).mean(dims, keepdim=True) + eps)
+        if has_w:
+            y = y * wb.pop(0).reshape(shape)
+        if has_b:
+            y = y + wb.pop(0).reshape(shape)
+        return y
+    return Rewrite(batch_stats, args)
+
+
 @rewrites(aten.logsumexp.default)
 def _logsumexp(node: Node) -> Rewrite | Refusal:
     dim = node.args[1]
@@ -887,10 +929,37 @@ def _full_reduction(node: Node) -> Rewrite | Refusal:
     return Rewrite(_zero_d(node, lambda x: reduce(x, list(range(rank)), keepdim=True)), [node.args[0]])
 
 
+_MAX_POOLS = (aten.max_pool2d.default, aten.max_pool1d.default)
+
+
+def _pad_feeds_only_max_pools(node: Node, pads: list[int]) -> bool:
+    """Every user of the pad is a max pool whose every window still holds an input element (each pad
+    narrower than the pool's kernel along its dim)."""
+    rank = node.meta["val"].dim()
+    for u in node.users:
+        if u.target not in _MAX_POOLS or u.args[0] is not node:
+            return False
+        kernel = list(node_arg(u, "kernel_size"))
+        kernel = kernel * (rank - 2) if len(kernel) == 1 else kernel
+        for k in range(len(pads) // 2):
+            dim_k = len(kernel) - 1 - k
+            if dim_k < 0 or max(pads[2 * k], pads[2 * k + 1]) >= int(kernel[dim_k]):
+                return False
+    return bool(node.users)
+
+
 @rewrites(aten.pad.default)
 def _index_pad(node: Node) -> Rewrite | Refusal:
+    """reflect / replicate / circular pads as constant ``index_select``s; a ``-inf`` constant pad read
+    only by max pools (timm's ``max_pool2d_same``, TF 'SAME' max pools) as a replicate pad: a padded
+    position then repeats the nearest edge element, which lies in every window that reads it, so each
+    window's maximum is the one of its input elements - as with ``-inf`` - and nothing is infinite."""
     mode = node_arg(node, "mode", "constant")
     pads = [int(p) for p in node.args[1]]
+    value = node_arg(node, "value", None)
+    if (mode == "constant" and value is not None and float(value) == float("-inf") and all(p >= 0 for p in pads)
+            and _pad_feeds_only_max_pools(node, pads)):
+        mode = "replicate"
     if mode not in ("reflect", "replicate", "circular") or any(p < 0 for p in pads):
         return Refusal(f"mode {mode!r} or a negative pad (the pad family lowers constant pads)")
     shape = [int(d) for d in node.args[0].meta["val"].shape]
@@ -920,11 +989,13 @@ def _index_pad(node: Node) -> Rewrite | Refusal:
     return Rewrite(pad, [node.args[0]], index)
 
 
-@rewrites(aten.upsample_bilinear2d.vec, aten.upsample_linear1d.vec, aten.upsample_bicubic2d.vec)
+@rewrites(aten.upsample_bilinear2d.vec, aten.upsample_linear1d.vec, aten.upsample_bicubic2d.vec,
+          aten._upsample_bilinear2d_aa.vec, aten._upsample_bicubic2d_aa.vec)
 def _linear_upsample(node: Node) -> Rewrite | Refusal:
     spatial = 1 if node.target == aten.upsample_linear1d.vec else 2
-    mode = "cubic" if node.target == aten.upsample_bicubic2d.vec else "linear"
-    _, mats = _upsample_args(node, spatial, mode)
+    mode = "cubic" if node.target in (aten.upsample_bicubic2d.vec, aten._upsample_bicubic2d_aa.vec) else "linear"
+    antialias = node.target in (aten._upsample_bilinear2d_aa.vec, aten._upsample_bicubic2d_aa.vec)
+    _, mats = _upsample_args(node, spatial, mode, antialias)
     if spatial == 1:
         return Rewrite(lambda x, mw: x @ mw, [node.args[0]], mats)
     return Rewrite(lambda x, mh, mw: mh.t() @ (x @ mw), [node.args[0]], mats)
@@ -998,6 +1069,11 @@ def _pow_constant_exponent(node: Node) -> Rewrite | Refusal:
         return Refusal("the exponent has more than one element, or it broadcasts the base")
     k = float(value.reshape(()))
     return Rewrite(lambda xv: torch.pow(xv, k), [x])
+
+
+def spell_out_batch_statistics(gm: GraphModule) -> bool:
+    """Spell out every BatchNorm that normalises with batch statistics (see ``_batch_statistics_norm``)."""
+    return RewriteTablePass(BATCH_STATISTICS)(gm).modified
 
 
 class DecomposeCompositesPass(RewriteTablePass):
