@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.ao.quantization import DeQuantStub, QuantStub
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -993,7 +994,7 @@ class DeepLabTiny(nn.Module):
         return F.interpolate(x, size=input_shape, mode="bilinear", align_corners=self.align_corners)
 
 
-# ----------------------------------------------------------------------------- depthwise multiplier / asymmetric kernels
+# ---------------------------------------------------------------------------- depthwise multiplier / asymmetric kernels
 class DepthMultiplierNet(nn.Module):
     """Depthwise convs with a channel multiplier of 2 (TF's depth_multiplier), one at stride 2 with a 5x5."""
 
@@ -1424,7 +1425,7 @@ def build(name):
     return randomize_bn(factory()).eval()
 
 
-# ============================================================================= batch 2: detectors, attention, odd idioms
+# ============================================================================ batch 2: detectors, attention, odd idioms
 class BlazeBlock(nn.Module):
     """MediaPipe BlazeFace's BlazeBlock: F.pad (0, 2, 0, 2) before a stride-2 depthwise conv with
     padding 0, a max-pool shortcut, and the shortcut's missing channels added with F.pad over C."""
@@ -2358,6 +2359,44 @@ class FCOSHead(nn.Module):
         return self.cls(f), torch.exp(self.scale * self.reg(f)), self.ctr(f)
 
 
+class NHWCInput(nn.Module):
+    """A camera-layout [N, H, W, C] input permuted to NCHW in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, 2, 1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):  # [N, H, W, C] camera layout
+        x = x.permute(0, 3, 1, 2)
+        x = F.relu(self.conv(x))
+        return self.fc(x.mean((2, 3)))
+
+
+class QuantReady(nn.Module):
+    """An eager-mode 'quantization-ready' model: QuantStub / DeQuantStub, FloatFunctional add / cat / mul."""
+
+    def __init__(self):
+        super().__init__()
+        self.quant = QuantStub()
+        self.dequant = DeQuantStub()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.skip_add = nn.quantized.FloatFunctional()
+        self.cat = nn.quantized.FloatFunctional()
+        self.mul = nn.quantized.FloatFunctional()
+
+    def forward(self, x):
+        x = self.quant(x)
+        y = self.relu1(self.bn1(self.conv1(x)))
+        z = self.skip_add.add(y, self.conv2(y))
+        z = self.cat.cat([z, self.mul.mul_scalar(y, 0.5)], 1)
+        z = self.skip_add.add_relu(z, z)
+        return self.dequant(z)
+
+
 VISION3 = [
     ("bn_track_running_stats_false", BNNoStats, (1, 3, 16, 16)),
     ("segmentation_argmax_output", SegArgmax, (1, 3, 16, 16)),
@@ -2366,5 +2405,7 @@ VISION3 = [
     ("rgbd_two_inputs", RGBD, [(1, 3, 16, 16), (1, 1, 16, 16)]),
     ("bool_mask_output", MaskOutput, (1, 3, 16, 16)),
     ("fcos_head_exp_scale", FCOSHead, (1, 3, 16, 16)),
+    ("nhwc_camera_input_permute", NHWCInput, (1, 16, 16, 3)),
+    ("quant_ready_stubs_floatfunctional", QuantReady, (1, 3, 16, 16)),
 ]
 VISION += VISION3

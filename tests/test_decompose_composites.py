@@ -102,14 +102,16 @@ CASES = {
     "bilinear_antialias_down": (lambda s, x: F.interpolate(x, scale_factor=0.4, mode="bilinear", antialias=True),
                                 [(1, 2, 10, 7)], "_upsample_bilinear2d_aa"),
     "bicubic_antialias_size": (lambda s, x: F.interpolate(x, size=(3, 5), mode="bicubic", antialias=True,
-                                                          align_corners=True), [(1, 1, 8, 9)], "_upsample_bicubic2d_aa"),
+                                                          align_corners=True), [(1, 1, 8, 9)],
+                               "_upsample_bicubic2d_aa"),
     "nearest_exact_size": (lambda s, x: F.interpolate(x, size=(5, 7), mode="nearest-exact"), [(1, 2, 3, 4)],
                            "_upsample_nearest_exact2d"),
     "nearest_exact_down_1d": (lambda s, x: F.interpolate(x, scale_factor=0.6, mode="nearest-exact"), [(2, 3, 10)],
                               "_upsample_nearest_exact1d"),
     "local_response_norm": (lambda s, x: s.lrn(x), [(2, 6, 3, 3)], "avg_pool3d"),
     "batch_norm_batch_statistics": (lambda s, x: s.bn_batch(x), [(2, 4, 3, 3)], "batch_norm"),
-    "batch_norm_training_flag": (lambda s, x: F.batch_norm(x, s.rm, s.rv, training=True), [(3, 4, 5)], "batch_norm"),
+    "batch_norm_no_stats_functional": (lambda s, x: F.batch_norm(x, None, None, training=True), [(3, 4, 5)],
+                                       "batch_norm"),
     "neg_inf_pad_max_pool": (lambda s, x: F.max_pool2d(F.pad(x, (0, 1, 1, 2), value=-float("inf")), 3, 2),
                              [(1, 2, 6, 7)], "pad"),
 }
@@ -140,8 +142,7 @@ def _module():
                 rnn=nn.RNN(4, 3, nonlinearity="relu", batch_first=True, bidirectional=True),
                 bil=nn.LSTM(4, 3, batch_first=True, bidirectional=True), lstm=nn.LSTM(4, 3, batch_first=True),
                 gc=nn.GRUCell(4, 4), lc=nn.LSTMCell(4, 4), lrn=nn.LocalResponseNorm(3, alpha=0.5, k=1.5),
-                bn_batch=nn.BatchNorm2d(4, track_running_stats=False), rm=torch.nn.Buffer(torch.full((4,), 5.0)),
-                rv=torch.nn.Buffer(torch.full((4,), 9.0)))
+                bn_batch=nn.BatchNorm2d(4, track_running_stats=False))
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -52,9 +52,9 @@ the reason and what to write instead.
 
 Before that, constant subgraphs are folded: tensors made by factories (``torch.zeros(b, h)``,
 ``zeros_like(x)`` - its shape only -, ``ones``, ``full``, ``arange``, ``eye``) and any op whose inputs
-are all constants (``self.tril == 0``, ``w * mask``, ``const.type_as(x)``) become constants, so an RNN cell's zero initial
-state or a registered causal mask feeds the ops after it as a constant operand.  Random ops are never
-folded, and a factory that is itself a program output stays (and is refused by name).
+are all constants (``self.tril == 0``, ``w * mask``, ``const.type_as(x)``) become constants, so an RNN
+cell's zero initial state or a registered causal mask feeds the ops after it as a constant operand.  Random
+ops are never folded, and a factory that is itself a program output stays (and is refused by name).
 
 The new nodes keep the original node's source line and module path, so a refusal further down
 still names the line the user wrote.
@@ -68,6 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
+from corten.aten_passes.batch_norm import match_batch_norm
 from corten.aten_passes.graph_utils import add_constant, is_mutating
 from corten.aten_passes.rewrites import Refusal, Rewrite, RewriteTable, RewriteTablePass
 from corten.fx_nodes import get_attr, node_arg
@@ -688,13 +689,15 @@ BATCH_STATISTICS = RewriteTable("batch statistics")
 @BATCH_STATISTICS.rewrites(aten.batch_norm.default)
 @rewrites(aten.batch_norm.default)
 def _batch_statistics_norm(node: Node) -> Rewrite | Refusal:
-    """``nn.BatchNorm2d(C, track_running_stats=False)`` in eval mode (or ``F.batch_norm(...,
-    training=True)``) normalises with the statistics of the batch it is given: per channel over
-    ``N`` and the spatial dims, then the affine - spelled out like GroupNorm.  (A BatchNorm with
-    running statistics is folded into its producer later.)"""
+    """``nn.BatchNorm2d(C, track_running_stats=False)`` in eval mode (``F.batch_norm(x, None, None,
+    training=True)``) normalises with the statistics of the batch it is given: per channel over ``N``
+    and the spatial dims, then the affine - spelled out like GroupNorm.  (A BatchNorm with running
+    statistics is folded into its producer later; one in training mode is refused.)"""
     a = node.args
     if not bool(node_arg(node, "training", False)):
         return Refusal("running statistics (folded by FoldBatchNormPass)")
+    if node_arg(node, "running_mean", None) is not None or node_arg(node, "running_var", None) is not None:
+        match_batch_norm(node)  # a model captured in training mode: refused ("call model.eval()")
     x, weight, bias = a[0], node_arg(node, "weight", None), node_arg(node, "bias", None)
     eps = float(node_arg(node, "eps", 1e-5))
     rank = x.meta["val"].dim()
