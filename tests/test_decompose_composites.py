@@ -222,8 +222,6 @@ NEW_FORM = {
                                       lambda n: n.target != _aten.linear.default or n.args[1].op == "get_attr"),
     "layer_norm_c11": (lambda s, x: s.ln_c11(x.mean((2, 3), keepdim=True)), [(2, 4, 3, 3)],
                        lambda n: n.target != _aten.layer_norm.default or len(n.args[1]) == 1),
-    "layer_norm_chw_no_affine": (lambda s, x: F.layer_norm(x, [4, 3, 3]), [(2, 4, 3, 3)],
-                                 lambda n: n.target != _aten.layer_norm.default or len(n.args[1]) == 1),
     "pow_learned_exponent": (lambda s, x: x.abs().add(0.1).pow(s.p).pow(1.0 / s.p), [(2, 5)],
                              lambda n: n.target != _aten.pow.Tensor_Tensor),
     "grouped_conv_transpose2d": (lambda s, x: s.up(x), [(1, 4, 3, 3)],

@@ -19,7 +19,6 @@ every intermediate gets its own observer:
 ``upsample_bicubic2d``, ``antialias=True``  (any size / scale_factor / align_corners; bicubic: PyTorch's
                                              separable cubic with clamped borders; the anti-aliased filters)
 ``nearest-exact`` upsampling                 ``index_select`` with constant indices per spatial dim
-``layer_norm`` over several dims             the dims flattened into one (``LayerNorm([C, 1, 1])``), then back
 ``pow(x, p)``, ``p`` a 1-element constant    ``x ** float(p)`` (GeM's learned exponent)
 ``linear`` with a 1-D weight                 ``[1, in]`` weight, the output dim dropped (NanoDet's ``Integral``)
 grouped ``conv_transpose1d/2d``               ``groups=1`` with the block-diagonal weight (``groups`` x the MACs)
@@ -1032,32 +1031,6 @@ def _nearest_exact_upsample(node: Node) -> Rewrite | Refusal:
             xv = xv.index_select(d, i)
         return xv
     return Rewrite(nearest_exact, [x], index)
-
-
-@rewrites(aten.layer_norm.default)
-def _layer_norm_several_dims(node: Node) -> Rewrite | Refusal:
-    """``nn.LayerNorm([C, H, W])`` (GCNet's ``LayerNorm([planes, 1, 1])``, normalisation over several
-    trailing dims): the same statistics over those dims flattened into one, then the shape back."""
-    x = node.args[0]
-    normalized = [int(d) for d in node.args[1]]
-    if len(normalized) < 2 or not isinstance(x, Node):
-        return Refusal("normalises one dim (the layer_norm family lowers it)")
-    shape = [int(d) for d in x.meta["val"].shape]
-    lead = shape[:len(shape) - len(normalized)]
-    n = 1
-    for d in normalized:
-        n *= d
-    weight, bias = node_arg(node, "weight", None), node_arg(node, "bias", None)
-    eps = float(node_arg(node, "eps", 1e-5))
-    params = [v for v in (weight, bias) if isinstance(v, Node)]
-    has_w, has_b = isinstance(weight, Node), isinstance(bias, Node)
-
-    def layer_norm_flat(xv, *p):
-        p = list(p)
-        w = p.pop(0).reshape(n) if has_w else None
-        b = p.pop(0).reshape(n) if has_b else None
-        return F.layer_norm(xv.reshape(lead + [n]), [n], w, b, eps).reshape(shape)
-    return Rewrite(layer_norm_flat, [x] + params, pre_dispatch=True)
 
 
 @rewrites(aten.pow.Tensor_Tensor)
