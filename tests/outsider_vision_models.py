@@ -1222,25 +1222,7 @@ class PyramidPooling(nn.Module):
         return self.bottleneck(torch.cat(out, 1))
 
 
-# ----------------------------------------------------------------------------- heads and outputs
-class ThreeHeads(nn.Module):
-    """Three ways to pool + flatten in one network, returned as a dict; an auxiliary tuple-free head."""
-
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
-                                  nn.Conv2d(8, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.ReLU(inplace=True))
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.cls = nn.Linear(16, 5)
-        self.attr = nn.Linear(16, 3)
-        self.emb = nn.Linear(16, 4)
-
-    def forward(self, x):
-        f = self.body(x)
-        a = self.cls(torch.flatten(self.pool(f), 1))
-        b = torch.sigmoid(self.attr(self.pool(f).view(f.size(0), -1)))
-        e = F.normalize(self.emb(f.mean((2, 3))), dim=1)
-        return {"logits": a, "attributes": b, "embedding": e}
+# ----------------------------------------------------------------------------- misc deployment idioms
 
 
 class NormalizedInput(nn.Module):
@@ -1266,61 +1248,6 @@ class NormalizedInput(nn.Module):
         x = torch.flatten(x, 1)
         x = F.relu(self.fc1(x))
         return F.log_softmax(self.fc2(x), dim=1)
-
-
-class Res2NetBlock(nn.Module):
-    """Res2Net bottle2neck: torch.split into scale groups, hierarchical conv + add, cat, a pooled last group
-    on the stride-2 ('stage') variant."""
-
-    def __init__(self, inplanes=16, width=4, scale=4, stype="normal", stride=1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, width * scale, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(width * scale)
-        self.nums = scale - 1
-        self.stype = stype
-        self.scale = scale
-        self.width = width
-        if stype == "stage":
-            self.pool = nn.AvgPool2d(kernel_size=3, stride=stride, padding=1)
-        self.convs = nn.ModuleList([nn.Conv2d(width, width, 3, stride, 1, bias=False) for _ in range(self.nums)])
-        self.bns = nn.ModuleList([nn.BatchNorm2d(width) for _ in range(self.nums)])
-        self.conv3 = nn.Conv2d(width * scale, inplanes, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(inplanes)
-        self.relu = nn.ReLU(inplace=True)
-        self.downsample = None if stride == 1 else nn.Sequential(
-            nn.Conv2d(inplanes, inplanes, 1, stride, bias=False), nn.BatchNorm2d(inplanes))
-
-    def forward(self, x):
-        residual = x
-        out = self.relu(self.bn1(self.conv1(x)))
-        spx = torch.split(out, self.width, 1)
-        for i in range(self.nums):
-            if i == 0 or self.stype == "stage":
-                sp = spx[i]
-            else:
-                sp = sp + spx[i]
-            sp = self.relu(self.bns[i](self.convs[i](sp)))
-            out = sp if i == 0 else torch.cat((out, sp), 1)
-        if self.scale != 1 and self.stype == "normal":
-            out = torch.cat((out, spx[self.nums]), 1)
-        elif self.scale != 1 and self.stype == "stage":
-            out = torch.cat((out, self.pool(spx[self.nums])), 1)
-        out = self.bn3(self.conv3(out))
-        if self.downsample is not None:
-            residual = self.downsample(x)
-        out += residual
-        return self.relu(out)
-
-
-class Res2NetTiny(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True))
-        self.b1 = Res2NetBlock(stype="stage", stride=2)
-        self.b2 = Res2NetBlock()
-
-    def forward(self, x):
-        return self.b2(self.b1(self.stem(x)))
 
 
 class StdConvNet(nn.Module):
@@ -1406,12 +1333,9 @@ VISION = [
     ("pix2pix_reflect_replicate_pad", Pix2PixTiny, (1, 3, 16, 16)),
     ("tf_same_zeropad_yolov3_tiny_pool", TFSamePad, (1, 3, 16, 16)),
     ("resnet_d_avgpool_shortcut", ResNetDTiny, (1, 3, 32, 32)),
-    ("vgg_adaptive_pool_3x3", VGGAdaptive, (1, 3, 20, 20)),
     ("alexnet_adaptive_pool_larger", lambda: VGGAdaptive(pool=(6, 6)), (1, 3, 16, 16)),
     ("pspnet_pyramid_pooling", PyramidPooling, (1, 3, 24, 24)),
-    ("three_heads_dict", ThreeHeads, (1, 3, 16, 16)),
     ("normalized_input_mnist_style", NormalizedInput, (1, 3, 16, 16)),
-    ("res2net_split_hierarchy", Res2NetTiny, (1, 3, 16, 16)),
     ("bit_std_conv_weight_standardisation", StdConvNet, (1, 3, 16, 16)),
     ("dilated_layer_scale_channels_last", LayerScaleDilated, (1, 3, 16, 16)),
     ("upsampling_modules_odd_size", UpsampleModules, (1, 3, 16, 16)),
@@ -1913,67 +1837,6 @@ class SKNet(nn.Module):
         return self.sk(self.stem(x))
 
 
-class ShuffleV1Unit(nn.Module):
-    """ShuffleNet v1 unit: grouped 1x1 conv, channel shuffle, depthwise, grouped 1x1; stride 2: an
-    AvgPool2d(3, 2, 1) shortcut concatenated, F.relu on the cat."""
-
-    def __init__(self, in_channels, out_channels, groups=2, grouped_conv=True, combine="add"):
-        super().__init__()
-        self.combine = combine
-        self.groups = groups
-        self.bottleneck_channels = out_channels // 4
-        if self.combine == "add":
-            self.depthwise_stride = 1
-        else:
-            self.depthwise_stride = 2
-            out_channels -= in_channels
-        first_1x1_groups = self.groups if grouped_conv else 1
-        self.g_conv_1x1_compress = nn.Sequential(
-            nn.Conv2d(in_channels, self.bottleneck_channels, 1, groups=first_1x1_groups),
-            nn.BatchNorm2d(self.bottleneck_channels), nn.ReLU())
-        self.depthwise_conv3x3 = nn.Conv2d(self.bottleneck_channels, self.bottleneck_channels, 3,
-                                           stride=self.depthwise_stride, padding=1, groups=self.bottleneck_channels)
-        self.bn_after_depthwise = nn.BatchNorm2d(self.bottleneck_channels)
-        self.g_conv_1x1_expand = nn.Sequential(nn.Conv2d(self.bottleneck_channels, out_channels, 1,
-                                                         groups=self.groups), nn.BatchNorm2d(out_channels))
-
-    @staticmethod
-    def _add(x, out):
-        return x + out
-
-    @staticmethod
-    def _concat(x, out):
-        return torch.cat((x, out), 1)
-
-    def forward(self, x):
-        residual = x
-        if self.combine == "concat":
-            residual = F.avg_pool2d(residual, kernel_size=3, stride=2, padding=1)
-        out = self.g_conv_1x1_compress(x)
-        out = channel_shuffle(out, self.groups)
-        out = self.depthwise_conv3x3(out)
-        out = self.bn_after_depthwise(out)
-        out = self.g_conv_1x1_expand(out)
-        out = self._add(residual, out) if self.combine == "add" else self._concat(residual, out)
-        return F.relu(out)
-
-
-class ShuffleNetV1Tiny(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, 2, 1)
-        self.stage = nn.Sequential(ShuffleV1Unit(8, 16, combine="concat"), ShuffleV1Unit(16, 16),
-                                   ShuffleV1Unit(16, 16))
-        self.fc = nn.Linear(16, 4)
-
-    def forward(self, x):
-        x = F.max_pool2d(self.conv1(x), kernel_size=3, stride=2, padding=1)
-        x = self.stage(x)
-        x = F.avg_pool2d(x, x.data.size()[-2:])
-        x = x.view(x.size(0), -1)
-        return F.log_softmax(self.fc(x), dim=1)
-
-
 class SqueezeNoDim(nn.Module):
     """``pool(x).squeeze()`` with no dim on batch 1 (drops the batch dim too), a 1-D linear, unsqueeze(0)."""
 
@@ -2203,21 +2066,6 @@ def fx_traced():
     return torch.fx.symbolic_trace(randomize_bn(m))
 
 
-class NoGradForward(nn.Module):
-    """forward under torch.no_grad() and F.dropout(..., training=self.training)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.fc = nn.Linear(8, 3)
-
-    @torch.no_grad()
-    def forward(self, x):
-        x = F.dropout2d(F.relu(self.conv(x)), 0.2, training=self.training)
-        x = F.adaptive_avg_pool2d(x, 1).flatten(1)
-        return self.fc(F.dropout(x, p=0.5, training=self.training))
-
-
 VISION2 = [
     ("blazeface_channel_pad_asym_pad", BlazeFaceTiny, (1, 3, 32, 32)),
     ("fomo_softmax_nhwc", FOMO, (1, 1, 32, 32)),
@@ -2232,7 +2080,6 @@ VISION2 = [
     ("non_local_block", NonLocalNet, (1, 3, 16, 16)),
     ("gcnet_context_block", GCNet, (1, 3, 16, 16)),
     ("sknet_selective_kernel", SKNet, (1, 3, 16, 16)),
-    ("shufflenet_v1_group_conv", ShuffleNetV1Tiny, (1, 3, 32, 32)),
     ("squeeze_no_dim_batch1", SqueezeNoDim, (1, 3, 16, 16)),
     ("interpolate_down_area_nearest_exact", InterpolateModes, (1, 3, 16, 16)),
     ("bicubic_upsample", BicubicUp, (1, 3, 16, 16)),
@@ -2247,7 +2094,6 @@ VISION2 = [
     ("adaptive_max_overlap_dilated_pool", AdaptiveMaxOverlap, (1, 3, 16, 16)),
     ("mcunet_7x7_non_square_odd", MCUNetBlock, (1, 3, 17, 23)),
     ("fx_symbolic_traced", fx_traced, (1, 3, 16, 16)),
-    ("no_grad_forward_functional_dropout", NoGradForward, (1, 3, 16, 16)),
 ]
 VISION += VISION2
 
