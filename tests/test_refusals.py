@@ -66,7 +66,7 @@ CASES = {
     "kthvalue": (lambda s, x: torch.kthvalue(x, 2, 1)[0], r(1, 8), U, "aten.kthvalue"),
     "median": (lambda s, x: x.median(1)[0], r(1, 8), U, "aten.median"),
     "vector_norm_p3": (lambda s, x: x.norm(p=3, dim=1), r(1, 8), U, "aten.linalg_vector_norm"),
-    "unfold_im2col": (lambda s, x: F.unfold(x, 2), r(1, 2, 4, 4), U, "aten.im2col"),
+    "max_pool3d": (lambda s, x: F.max_pool3d(x, 2), r(1, 2, 4, 4, 4), U, "aten.max_pool3d"),
     "grid_sample": (lambda s, x: F.grid_sample(x, torch.zeros(1, 2, 2, 2), align_corners=False), r(1, 1, 4, 4), U,
                     "aten.grid_sampler"),
     "i0": (lambda s, x: torch.special.i0(x), r(1, 8), U, "aten.special_i0"),
