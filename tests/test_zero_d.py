@@ -35,6 +35,8 @@ MODELS = {
     "score_and_vector": lambda y, x: (torch.tanh(y.abs().max()), y[1] * 2),
     "inner_and_outer": lambda y, x: torch.inner(y[0], x[0]) + torch.outer(y[0], x[1]),
     "frobenius": lambda y, x: torch.linalg.norm(y) * 0.5,
+    "where_on_a_0_d_comparison": lambda y, x: torch.where(y.sum() > 0, y, -y),
+    "product_of_0_d_and_clamp_bounds": lambda y, x: y.mean() * y.amax() + torch.clamp(y, y.amin() * 0.5, y.amax() * 0.5),
     "cosine_of_rows": lambda y, x: (y[0] * y[1]).sum() / (y[0].norm() * y[1].norm() + 1e-6),
 }
 
@@ -82,3 +84,13 @@ def test_a_0_d_score_is_byte_exact_on_qemu_m4():
     _, x, prog = _compile("mse_score")
     assert all(torch.equal(a, b) for a, b in zip(prog.run_int8(x), prog.run_c(x, on="qemu", target="cortex-m4",
                                                                                 int8=True)))
+
+
+def test_a_returned_0_d_comparison_is_refused_by_name():
+    """A program returns comparison results as the comparison computes them: a 0-D one is refused
+    at compile time (naming the op and its line), never at C emission."""
+    model = Head(lambda y, x: y.sum() > 0).eval()
+    with pytest.raises(corten.errors.UnsupportedOpsError) as info:
+        corten.compile(model, (torch.randn(2, 6),), calibration=[(torch.randn(2, 6),) for _ in range(2)])
+    (node,) = info.value.nodes
+    assert node.op == "aten.gt.Scalar" and "rank-0" in node.reason and "test_zero_d.py" in node.location

@@ -32,10 +32,18 @@ def is_pointwise(node: Node) -> bool:
 
 
 def _is_zero_d(arg) -> bool:
-    """A computed (not a constant) floating-point 0-D tensor."""
+    """A computed (not a constant) floating-point or truth-value 0-D tensor."""
     val = arg.meta.get("val") if isinstance(arg, Node) else None
-    return (isinstance(val, torch.Tensor) and val.dim() == 0 and val.is_floating_point()
+    return (isinstance(val, torch.Tensor) and val.dim() == 0 and (val.is_floating_point() or val.dtype == torch.bool)
             and arg.op not in ("get_attr", "placeholder"))
+
+
+def _zero_d_truth_output(node: Node) -> bool:
+    """A 0-D comparison result the program returns: it stays (and is refused by name) - a program
+    returns comparison results as computed, not reshaped."""
+    val = node.meta.get("val")
+    return (isinstance(val, torch.Tensor) and val.dim() == 0 and not val.is_floating_point()
+            and any(u.op == "output" for u in node.users))
 
 
 def _reduces_to_zero_d(node: Node) -> bool:
@@ -90,7 +98,7 @@ class LiftZeroDimPass(PassBase):
                 _keep_dims(graph, node)
                 modified = True
                 continue
-            if not is_pointwise(node):
+            if not is_pointwise(node) or _zero_d_truth_output(node):
                 continue
             zero_d = [a for a in node.all_input_nodes if _is_zero_d(a)]
             if not zero_d:
