@@ -47,8 +47,6 @@ def test_reference_matches_naive_with_many_ties(shape):
         if trial == 0:
             x[..., :] = 127  # all equal: index 0
         for dim in range(-len(shape), len(shape)):
-            if len(shape) == 1 and not keepdim:
-                continue
             got = torch.ops.corten.quantized_argmax(x, dim, keepdim, mode)
             want = naive_argmax(x, dim, keepdim, mode)
             assert got.dtype == torch.int32
@@ -63,8 +61,8 @@ def test_reference_refuses_bad_arguments():
         torch.ops.corten.quantized_argmax(x, 1, False, 2)
     with pytest.raises(CortenOpError, match="int8"):
         torch.ops.corten.quantized_argmax(x.float(), 1, False, 0)
-    with pytest.raises(CortenOpError, match="0-D"):
-        torch.ops.corten.quantized_argmax(torch.zeros(4, dtype=torch.int8), 0, False, 0)
+    with pytest.raises(CortenOpError, match="rank"):
+        torch.ops.corten.quantized_argmax(torch.zeros((), dtype=torch.int8), 0, False, 0)
 
 
 class Net(nn.Module):
@@ -93,6 +91,9 @@ MODELS = {
     "max_dim_indices": (lambda s, x: s.fc(x).max(dim=1)[1], (2, 8)),
     "torch_max_values_and_indices": (lambda s, x: tuple(torch.max(s.fc(x), -1, keepdim=True)), (3, 8)),
     "min_dim_indices_named": (lambda s, x: s.conv(x).min(1).indices, (1, 3, 5, 5)),
+    # no dim: the index into the flattened tensor (0-D), of a vector and of a feature map (NCHW order)
+    "argmin_of_a_vector": (lambda s, x: s.fc(x)[0].argmin(0), (2, 8)),
+    "map_argmax_of_all": (lambda s, x: s.conv(x).argmax(), (1, 3, 5, 5)),
 }
 _PROGS: dict = {}
 
@@ -171,7 +172,7 @@ def test_argmax_on_qemu(target):
 
 
 REFUSED = {
-    "argmax_without_dim": (lambda s, x: s.fc(x).argmax(), UnsupportedOpsError, "flatten the dims first"),
+    "argmax_without_dim_keepdim": (lambda s, x: s.fc(x).argmax(keepdim=True), UnsupportedOpsError, "flatten first"),
     "argmax_feeding_an_op": (lambda s, x: s.fc(x).argmax(1).float(), UnsupportedOpsError,
                              "can only be a program output"),
     "bool_count_output": (lambda s, x: (s.fc(x) > 0).sum(1), CaptureError, "torch.int64"),

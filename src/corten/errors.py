@@ -71,7 +71,7 @@ class UnsupportedOpsError(CortenError, ValueError):
             "and their cells with a zero or computed initial state; "
             "attention as matmul/@ + softmax, nn.MultiheadAttention, nn.TransformerEncoderLayer, "
             "scaled_dot_product_attention (is_causal or a constant mask; no dropout), masked_fill; "
-            "argmax/argmin(dim) as an output; any batch size, ranks 1-5), "
+            "argmax/argmin (over a dim or the flattened tensor) as an output; any batch size, ranks 1-5), "
             "move it outside the compiled model (pre/post-processing), or pass allow_unlowered=True "
             "to corten.compile to get a partly lowered program for inspection (it cannot be emitted as C).")
         super().__init__("\n".join(lines))

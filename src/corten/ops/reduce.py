@@ -98,8 +98,6 @@ def _check_argmax(input, dim, keepdim, mode) -> tuple[int, list[int]]:
         checks.fail(op, "input", f"rank {input.dim()} is not 1 to {MAX_ELEMENTWISE_RANK}")
     if not -input.dim() <= int(dim) < input.dim():
         checks.fail(op, "dim", f"{dim} is not a dim of a {input.dim()}-D tensor")
-    if not keepdim and input.dim() == 1:
-        checks.fail(op, "dim", "argmax of a 1-D tensor without keepdim gives a 0-D tensor; use keepdim=True")
     checks.in_range(op, "mode", mode, 0, 1)
     d = int(dim) % input.dim()
     return d, _out_shape(input.shape, [d], keepdim)
@@ -232,23 +230,26 @@ def lower_mean(m: Match):
 
 @lowers(_aten.argmax.default, _aten.argmin.default)
 def lower_argmax(m: Match):
-    """``x.argmax(dim, keepdim)`` / ``argmin`` -> ``quantized_argmax`` (int32 indices).  No dim (the index
-    into the flattened tensor) is refused: flatten first (``x.flatten(1).argmax(1)``)."""
+    """``x.argmax(dim, keepdim)`` / ``argmin`` -> ``quantized_argmax`` (int32 indices).  No dim: the index
+    into the flattened tensor, the argmax of ``x.reshape(-1)`` over dim 0 (a 0-D result)."""
     val = m.node.args[0].meta["val"]
     kind = "argmax" if m.node.target == _aten.argmax.default else "argmin"
     dim = m.node.args[1] if len(m.node.args) > 1 else m.node.kwargs.get("dim")
     keepdim = _keepdim(m.node, 2)
-    if dim is None:
-        raise LoweringError(f"{kind} without dim (an index into the flattened tensor) is not supported; "
-                            f"flatten the dims first, e.g. x.flatten(1).{kind}(1)")
     if not 1 <= val.dim() <= MAX_ELEMENTWISE_RANK:
         raise LoweringError(f"{kind} of a rank-{val.dim()} tensor is not supported (ranks 1 to {MAX_ELEMENTWISE_RANK})")
-    if val.dim() == 1 and not keepdim:
-        raise LoweringError(f"{kind} of a 1-D tensor without keepdim (a 0-D result) is not supported; use keepdim=True")
     if any(u.op != "output" for u in m.node.users):
         raise LoweringError(f"{kind} feeding other ops is not supported: its int32 indices can only be a "
                             "program output (do index arithmetic in the caller)")
-    return m.call("quantized_argmax", m.inputs[0].node, int(dim) % val.dim(), keepdim, 0 if kind == "argmax" else 1)
+    x = m.inputs[0].node
+    if dim is None:  # the index into the flattened tensor: the argmax of the flattened tensor (0-D, or [1, ..., 1])
+        if val.dim() > 1:
+            x = m.call_aten(_aten.reshape.default, x, [val.numel()])
+        dim = 0
+        if keepdim and val.dim() > 1:
+            raise LoweringError(f"{kind} without dim with keepdim=True is not supported; flatten first, e.g. "
+                                f"x.flatten().{kind}(0, keepdim=True)")
+    return m.call("quantized_argmax", x, int(dim) % val.dim(), keepdim, 0 if kind == "argmax" else 1)
 
 
 # ----------------------------------------------------------------------------- scratch memory
