@@ -143,12 +143,19 @@ def _zero_d(node: Node, keepdim_fn: Callable) -> Callable:
     return lambda x: keepdim_fn(x).reshape([])
 
 
+def _normalized(x, dims, eps: float, weight=None, bias=None):
+    """``(x - mean) / sqrt(var + eps)`` over ``dims`` (biased variance), times ``weight`` plus ``bias``
+    (broadcast as given)."""
+    d = x - x.mean(dims, keepdim=True)
+    y = d * torch.rsqrt((d * d).mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight
+    return y + bias if bias is not None else y
+
+
 def _normalize_groups(x, groups: int, weight, bias, eps: float):
     n, c = x.shape[0], x.shape[1]
-    y = x.reshape(n, groups, -1)
-    d = y - y.mean(-1, keepdim=True)
-    y = d * torch.rsqrt((d * d).mean(-1, keepdim=True) + eps)
-    y = y.reshape(x.shape)
+    y = _normalized(x.reshape(n, groups, -1), [-1], eps).reshape(x.shape)
     shape = [1, c] + [1] * (x.dim() - 2)
     if weight is not None:
         y = y * weight.reshape(shape)
@@ -663,11 +670,7 @@ def _layer_norm_of_maps(node: Node) -> Rewrite | Refusal:
 
     def layer_norm(xv, *wb):
         wb = list(wb)
-        d = xv - xv.mean(dims, keepdim=True)
-        y = d * torch.rsqrt((d * d).mean(dims, keepdim=True) + eps)
-        if has_w:
-            y = y * wb.pop(0)
-        return y + wb.pop(0) if has_b else y
+        return _normalized(xv, dims, eps, wb.pop(0) if has_w else None, wb.pop(0) if has_b else None)
     return Rewrite(layer_norm, [x] + [v for v in (weight, bias) if isinstance(v, Node)])
 
 
@@ -708,13 +711,8 @@ def _batch_statistics_norm(node: Node) -> Rewrite | Refusal:
 
     def batch_stats(xv, *wb):
         wb = list(wb)
-        d = xv - xv.mean(dims, keepdim=True)
-        y = d * torch.rsqrt((d * d).mean(dims, keepdim=True) + eps)
-        if has_w:
-            y = y * wb.pop(0).reshape(shape)
-        if has_b:
-            y = y + wb.pop(0).reshape(shape)
-        return y
+        return _normalized(xv, dims, eps, wb.pop(0).reshape(shape) if has_w else None,
+                           wb.pop(0).reshape(shape) if has_b else None)
     return Rewrite(batch_stats, args)
 
 
