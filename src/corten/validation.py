@@ -172,11 +172,13 @@ def check_exported(ep: torch.export.ExportedProgram, model_name: str) -> None:
     fqn = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
            **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
     consts = {**ep.state_dict, **ep.constants}
+    buffers = set(sig.inputs_to_buffers.values()) | set(getattr(sig, "inputs_to_lifted_tensor_constants", {}).values())
     for node in ep.graph.nodes:
         if node.op == "placeholder" and node.name in fqn:
             name = fqn[node.name]
             t = consts.get(name)
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()) \
+                    and not (name in buffers and _additive_mask(t)):
                 raise QuantizationError(
                     f"{_const_label(name)} of {model_name} holds {_non_finite_count(t)}{_used_at(node)}; "
                     "int8 quantization needs finite weights: fix or retrain the model (check the checkpoint "
@@ -187,6 +189,13 @@ def check_exported(ep: torch.export.ExportedProgram, model_name: str) -> None:
                                f"{tuple(val.shape)}, with no elements; Corten cannot compile zero-size tensors")
         if node.op == "call_function" and node.target in _BATCH_NORMS:
             _check_batch_norm(node, fqn, consts, model_name)
+
+
+def _additive_mask(t: torch.Tensor) -> bool:
+    """A buffer of finite values and -inf: an additive attention mask (``generate_square_subsequent_mask``),
+    never a weight; where it reaches an activation other than a masked softmax, the calibration
+    check reports the non-finite range by tensor and line."""
+    return not bool(torch.isnan(t).any()) and not bool((t == float("inf")).any())
 
 
 _BATCH_NORMS = {torch.ops.aten.batch_norm.default, torch.ops.aten._native_batch_norm_legit_no_training.default}

@@ -7,7 +7,8 @@ rewritten as the attention users write by hand::
 
 so that every intermediate tensor gets its own observer and each op lowers through its family
 (matmul, mul by a constant, softmax).  ``is_causal=True`` and a constant boolean ``attn_mask`` (or a
-float one of 0 and large negative values) become the masked softmax ``p = softmax(s) * keep;
+float one of 0 and large negative values; a mask computed from constants - a ``key_padding_mask``
+buffer - is folded to one first) become the masked softmax ``p = softmax(s) * keep;
 p / p.sum(-1)`` with the constant 0/1 ``keep``; another constant float mask is added to the scores.
 Calls with a computed mask, ``dropout_p > 0`` or ``enable_gqa=True`` are left alone (and reported
 as unlowered).
@@ -20,6 +21,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
+from corten.aten_passes.decompose_composites import fold_constants
 from corten.aten_passes.graph_utils import add_constant, finish_rewrite
 from corten.fx_nodes import get_attr, node_arg
 
@@ -29,7 +31,10 @@ SDPA = aten.scaled_dot_product_attention.default
 
 class DecomposeScaledDotProductAttentionPass(PassBase):
     def call(self, gm: GraphModule) -> PassResult:
-        modified = False
+        # a mask computed from constants after functionalization (nn.MultiheadAttention's
+        # key_padding_mask of a buffer: ``zeros_like(m).masked_fill_(m, -inf)``, then view/expand)
+        masks = [node_arg(n, "attn_mask", None) for n in gm.graph.nodes if n.op == "call_function" and n.target == SDPA]
+        modified = fold_constants(gm, only_for=[m for m in masks if isinstance(m, Node) and m.op != "get_attr"])
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.target != SDPA:
                 continue

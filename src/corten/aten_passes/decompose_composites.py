@@ -69,6 +69,7 @@ from torch.fx import GraphModule, Node
 
 from corten.aten_passes.batch_norm import match_batch_norm
 from corten.aten_passes.graph_utils import add_constant, is_mutating
+from corten.aten_passes.remove_noops import CAST_OPS, copy_protects_input, is_noop
 from corten.aten_passes.rewrites import Refusal, Rewrite, RewriteTable, RewriteTablePass
 from corten.fx_nodes import get_attr, node_arg
 
@@ -219,17 +220,60 @@ def _foldable(node: Node) -> bool:
         return True
     if node.target in DTYPE_OF_OTHER:  # only the dtype of the second operand is read
         return isinstance(node.args[0], Node) and node.args[0].op == "get_attr"
+    if node.target is operator.getitem:  # a piece of split/unbind/chunk of a constant (MHA's in_proj_weight)
+        node = node.args[0]
+        if not isinstance(node, Node) or node.op != "call_function" or is_mutating(node):
+            return False
     if not isinstance(node.target, torch._ops.OpOverload) or node.target.namespace != "aten":
         return False
     inputs = node.all_input_nodes
     return bool(inputs) and all(a.op == "get_attr" for a in inputs)
 
 
-def fold_constants(gm: GraphModule) -> bool:
-    """Replace factory tensors and ops on constants by constants (see the module docstring)."""
+def _evaluate(gm: GraphModule, node: Node):
+    """The value of an aten op on constants (``node``: the op, or a ``getitem`` of its result)."""
+    if node.target is operator.getitem:
+        return _evaluate(gm, node.args[0])[node.args[1]]
+    args = torch.fx.node.map_arg(node.args, lambda a: get_attr(gm, a).detach())
+    kwargs = {k: v for k, v in torch.fx.node.map_arg(node.kwargs, lambda a: get_attr(gm, a).detach()).items()
+              if k not in ("device", "pin_memory")}
+    with torch.no_grad():
+        return node.target(*args, **kwargs)
+
+
+def drop_noop_casts(gm: GraphModule) -> bool:
+    """Casts to the dtype a tensor already has (``att.float()`` before a softmax, ``x.type_as(y)``) and
+    the ``_assert_tensor_metadata`` checks beside them, removed before the rewrites look for their
+    patterns (``softmax(x.masked_fill(mask, -inf).float())`` is the masked softmax); the rest of the
+    no-ops go later, in :class:`~corten.aten_passes.remove_noops.RemoveNoOpsPass`."""
     modified = False
     for node in list(gm.graph.nodes):
-        if not _foldable(node):
+        if node.op == "call_function" and node.target in CAST_OPS and is_noop(node) \
+                and not copy_protects_input(node):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+            modified = True
+    return modified
+
+
+def _ancestors(roots) -> set[Node]:
+    seen: set[Node] = set()
+    todo = [r for r in roots if isinstance(r, Node)]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return seen
+
+
+def fold_constants(gm: GraphModule, only_for=None) -> bool:
+    """Replace factory tensors and ops on constants by constants (see the module docstring);
+    ``only_for`` (nodes): just the subgraphs those nodes are computed from."""
+    modified = False
+    scope = None if only_for is None else _ancestors(only_for)
+    for node in list(gm.graph.nodes):
+        if (scope is not None and node not in scope) or not _foldable(node):
             continue
         val = node.meta["val"]
         if node.target == aten.empty.memory_format:
@@ -245,19 +289,18 @@ def fold_constants(gm: GraphModule) -> bool:
             dtype = node.kwargs.get("dtype") or val.dtype
             value = torch.full(tuple(val.shape), fill, dtype=dtype)
         else:
-            args = torch.fx.node.map_arg(node.args, lambda a: get_attr(gm, a).detach())
-            kwargs = {k: v for k, v in torch.fx.node.map_arg(node.kwargs, lambda a: get_attr(gm, a).detach()).items()
-                      if k not in ("device", "pin_memory")}
             try:
-                with torch.no_grad():
-                    value = node.target(*args, **kwargs)
+                value = _evaluate(gm, node)
             except Exception:  # leave it: the op is refused later, by name
                 continue
         if not isinstance(value, torch.Tensor):
             continue
         const = add_constant(gm, f"_folded_{node.name}", value.contiguous(), node)
         node.replace_all_uses_with(const)
+        source = node.args[0] if node.target is operator.getitem else None
         gm.graph.erase_node(node)
+        if source is not None and not source.users:  # (the split whose pieces are all constants now)
+            gm.graph.erase_node(source)
         modified = True
     return modified
 
@@ -314,7 +357,7 @@ def unrolled_rnn(kind: str, x, h0, c0, params, has_biases: bool, layers: int, bi
             gi_all = F.linear(seq, w_ih, b_ih)
             j = layer * dirs + d
             h = None if h0 is None else h0[j]
-            state = None if h0 is None else (h0[j], c0[j])
+            state = None if h0 is None or kind != "lstm" else (h0[j], c0[j])  # (GRU/RNN: h alone)
             ys = [None] * steps
             for t in (range(steps) if d == 0 else range(steps - 1, -1, -1)):
                 if kind == "gru":
@@ -1051,11 +1094,11 @@ def spell_out_batch_statistics(gm: GraphModule) -> bool:
 
 
 class DecomposeCompositesPass(RewriteTablePass):
-    """Fold constant subgraphs, turn masked_fill / logical conditions into ``where``s, then replace
+    """Drop same-dtype casts, fold constant subgraphs, turn masked_fill / logical conditions into ``where``s, then replace
     the composite ops of the module docstring by the graphs of their rewrites (:data:`COMPOSITES`)."""
 
     def __init__(self) -> None:
-        super().__init__(COMPOSITES, prepare=(fold_constants, scalar_wheres, logical_wheres))
+        super().__init__(COMPOSITES, prepare=(drop_noop_casts, fold_constants, scalar_wheres, logical_wheres))
 
 
 @rewrites(aten.conv3d.default)

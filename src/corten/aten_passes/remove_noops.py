@@ -101,7 +101,7 @@ def is_noop(node: Node) -> bool:
     return False
 
 
-def _copy_protects_input(node: Node) -> bool:
+def copy_protects_input(node: Node) -> bool:
     """True when removing ``node`` would let an in-place op change a value still needed: a user
     writes to ``node``'s output while the input is read elsewhere (or is a graph input /
     parameter), or another user of the input writes to it while ``node``'s output is still read."""
@@ -127,7 +127,7 @@ class RemoveNoOpsPass(PassBase):
     def call(self, graph_module: GraphModule) -> PassResult:
         modified = False
         for node in list(graph_module.graph.nodes):
-            if (is_noop(node) or _neutral_constant(graph_module, node)) and not _copy_protects_input(node):
+            if (is_noop(node) or _neutral_constant(graph_module, node)) and not copy_protects_input(node):
                 node.replace_all_uses_with(node.args[0])
                 graph_module.graph.erase_node(node)
                 modified = True

@@ -102,7 +102,7 @@ def capture(model: nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> torch
     _check_model(model)
     _check_inputs(example_inputs)
     try:
-        with _noop_autocast_regions_vanish():
+        with _noop_autocast_regions_vanish(), _causal_mask_hint_from_argument():
             ep = torch.export.export(model, example_inputs)
             if _sets_grad_mode(ep):
                 # a forward decorated with @torch.no_grad() (or a `with torch.no_grad():` block) exports as a
@@ -147,6 +147,27 @@ def _noop_autocast_regions_vanish():
         yield
     finally:
         cls.__enter__, cls.__exit__ = enter, exit_
+
+
+@contextlib.contextmanager
+def _causal_mask_hint_from_argument():
+    """While exporting: ``nn.TransformerEncoder`` / ``TransformerDecoder`` called with a ``mask`` and no
+    ``is_causal`` (the PyTorch tutorial's ``generate_square_subsequent_mask`` buffer) compare the mask
+    with a causal one to set a fast-path hint, ``bool((mask == causal).all())``, which torch.export
+    cannot trace (a data-dependent guard).  The hint is only a hint (torch's own docstring: ``False``
+    with a causal mask costs speed, the mask is applied as given), so here it is the ``is_causal``
+    argument as the caller gave it and the mask itself is applied."""
+    transformer = torch.nn.modules.transformer
+    detect = transformer._detect_is_causal_mask
+
+    def from_argument(mask, is_causal=None, size=None):
+        return is_causal is True
+
+    transformer._detect_is_causal_mask = from_argument
+    try:
+        yield
+    finally:
+        transformer._detect_is_causal_mask = detect
 
 
 def _sets_grad_mode(ep: torch.export.ExportedProgram) -> bool:

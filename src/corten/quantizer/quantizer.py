@@ -123,6 +123,23 @@ def bias_qspec(input_act: Node, weight: Node, node: Node) -> DerivedQuantization
     )
 
 
+def _own_bias(node: Node, bias: Node) -> Node:
+    """The bias ``get_attr`` of ``node``, made its own when other ops read it too.
+
+    A module called on several inputs (an RNN's ``b_hh`` in every unrolled step, a GRUCell in a loop,
+    a shared encoder) gives its ops one bias node; PT2E then shares one observer among their bias
+    edges (its implicit sharing compares dtypes, not ``derived_from``), so every op's int32 bias had
+    the first op's scale ``input_scale * weight_scale``, wrong for every op whose input scale differs.
+    A fresh ``get_attr`` of the same attribute per op keeps each bias scale its own."""
+    if bias.op != "get_attr" or len(bias.users) == 1:
+        return bias
+    with node.graph.inserting_before(node):
+        own = node.graph.get_attr(bias.target)
+    own.meta.update(bias.meta)
+    node.replace_input_with(bias, own)
+    return own
+
+
 # ----------------------------------------------------------------------------- helpers
 def _annotated(node: Node) -> bool:
     ann = node.meta.get("quantization_annotation")
@@ -273,6 +290,7 @@ class CortenQuantizer(Quantizer):
             return  # grouped transposed conv: per-channel scales along axis 1 cover only C_out/groups
         inputs = {x: _input_qspec(x, act), w: weight_qspec(self.is_qat, weight_axis, int4)}
         if isinstance(bias, Node) and act.dtype == torch.int8:  # (16x8: an int64 bias, quantized in lowering)
+            bias = _own_bias(node, bias)
             inputs[bias] = bias_qspec(x, w, node)
         chain = _fused_tail(node, allow_bn=self.is_qat)
         if len(chain) == 1:
