@@ -466,6 +466,8 @@ class Pipeline:
     def prepare(self) -> "Pipeline":
         from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
+        from corten.validation import check_transformed_constants
+
         if self.exported is None:
             self.capture()
         t0 = _clock()
@@ -478,6 +480,7 @@ class Pipeline:
         with _torchao_warnings():
             fuse_conv_bn(self.float_module)
             self.prepared = prepare_pt2e(self.float_module, self.quantizer)
+        check_transformed_constants(self.prepared, self.model_name)
         self._range_searches: dict = {}  # each observer's range search, once (observers.range_search_once)
         self.graphs["bn_fused"] = self.quantizer.transformed_graph_text or ""
         self._timed("quantize", t0)

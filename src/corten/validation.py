@@ -191,6 +191,24 @@ def check_exported(ep: torch.export.ExportedProgram, model_name: str) -> None:
             _check_batch_norm(node, fqn, consts, model_name)
 
 
+def check_transformed_constants(gm: torch.fx.GraphModule, model_name: str) -> None:
+    """After the ATen passes (before calibration): no constant an op reads holds non-finite values.
+    A -inf mask buffer (accepted by :func:`check_exported`) is gone by then where it masks a softmax
+    (``masked_fill(mask, -inf)``, an additive ``attn_mask``: a 0/1 ``keep`` constant instead); one
+    still read is refused here, naming the op and line (an observer would skip the batches holding it)."""
+    for node in gm.graph.nodes:
+        if node.op != "get_attr" or not node.users:
+            continue
+        t = get_attr(gm, node)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            observed = [u for u in node.users if u.op == "call_module"]  # (its observer, then the op)
+            used = _used_at(observed[0]) if observed else _used_at(node)
+            raise QuantizationError(
+                f"constant {node.target!r} of {model_name} holds {_non_finite_count(t)}{used}; an int8 "
+                "tensor cannot hold it. A -inf attention mask works as masked_fill(mask, float('-inf')) or an "
+                "additive attn_mask of 0 / -inf right before a softmax; elsewhere use a finite value (e.g. -1e4)")
+
+
 def _additive_mask(t: torch.Tensor) -> bool:
     """A buffer of finite values and -inf: an additive attention mask (``generate_square_subsequent_mask``),
     never a weight; where it reaches an activation other than a masked softmax, the calibration

@@ -13,6 +13,7 @@ every intermediate gets its own observer:
 ``batch_norm`` with batch statistics         mean and variance per channel over N and the spatial dims
 (``track_running_stats=False``)              (BatchNorms with running statistics are folded later)
 ``logsumexp``                                ``log(sum(exp(x - amax))) + amax``
+``rms_norm`` (``nn.RMSNorm``)                 ``x * rsqrt(mean(x ** 2) + eps) * weight``
 ``linalg_vector_norm`` (``ord`` 1, 2, inf)   ``sqrt(sum(x * x))``, ``sum(abs)``, ``amax(abs)`` (``x.norm``, ``F.normalize``)
 ``prelu``                                    ``where(x > 0, x, weight * x)``
 ``upsample_bilinear2d`` / ``_linear1d`` /   ``x @ Mw`` then ``Mh @ .``: constant interpolation matrices
@@ -26,8 +27,9 @@ grouped ``conv_transpose1d/2d``               ``groups=1`` with the block-diagon
 ``[N, 1, C, H, W]`` (after a zero pad on C)  channel-window mean, the pad folded in)
 ``gru_cell`` / ``lstm_cell`` / ``rnn_*_cell``  the cell equations (linear, sigmoid, tanh, mul, add, ``1 - z``)
 ``nn.GRU`` / ``nn.RNN`` (any layers, both     unrolled over time: one linear over the whole sequence per layer and
-directions), ``nn.LSTM`` bidirectional or   direction, the cells per step, ``cat`` of the directions; a zero
-reading ``c_n``                              initial state drops the terms it multiplies
+directions, given ``h0``), ``nn.LSTM``       direction, the cells per step, ``cat`` of the directions; a zero
+bidirectional, reading ``c_n``, with given   initial state drops the terms it multiplies
+``(h0, c0)`` or ``proj_size``
 ``cumsum(x, dim)``                            ``x @ triu(ones)`` along ``dim`` (a constant 0/1 matrix)
 ``cosine_similarity(a, b, dim)``             ``sum(a * b) / (max(|a|, eps) * max(|b|, eps))``
 ``linear`` on a 4-D/5-D tensor               ``reshape`` to ``[N, -1, C]``, ``linear``, ``reshape`` back (the
@@ -39,11 +41,13 @@ reading ``c_n``                              initial state drops the terms it mu
 ``hypot`` / ``pairwise_distance`` (p 1, 2)   ``sqrt(a * a + b * b)``, ``sqrt(sum(d * d))`` / ``sum(abs(d))``,
                                              ``d = a - b + eps``
 ``adaptive_max_pool1d``                      ``adaptive_max_pool2d`` on ``[N, C, 1, L]`` (same indices)
+``max_pool1d/2d_with_indices``, indices unread  the plain ``max_pool1d/2d``
 ``pad`` reflect / replicate / circular       ``index_select`` with constant indices per padded dim (exact bytes)
 ``pad(value=-inf)`` read only by max pools  the same as a replicate pad (timm's ``max_pool2d_same``)
 ``where(c1 & c2, a, b)``, ``|``, ``~``      nested ``where`` on the comparisons (no boolean tensors)
 ``softmax(x.masked_fill(mask, -inf))``       ``p = softmax(x) * keep; p / p.sum()`` (``keep = ~mask``, a constant):
-                                             the masked softmax of causal attention, exact in real numbers
+                                             the masked softmax of causal attention, exact in real numbers;
+``softmax(x + m)``, ``m`` constant 0 / -inf    the same with ``keep = m == 0`` (an additive float attention mask)
 ==========================================  ==================================================
 
 ``max_unpool2d``, ``grid_sample`` and ``affine_grid`` (addresses computed from the data) are refused with
@@ -208,10 +212,20 @@ RANDOM = ("rand", "randn", "randint", "randperm", "normal", "bernoulli", "dropou
 RECURRENT = {aten.lstm.input, aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input}
 
 
+def _writes(user: Node, node: Node) -> bool:
+    """``user`` is an in-place op writing ``node`` (``masked_fill_(zeros, node, v)`` only reads ``node``)."""
+    schema = getattr(user.target, "_schema", None)
+    if schema is None or not is_mutating(user):
+        return False
+    written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    return any((user.args[i] if i < len(user.args) else user.kwargs.get(schema.arguments[i].name)) is node
+               for i in written)
+
+
 def _foldable(node: Node) -> bool:
     if node.op != "call_function" or not isinstance(node.meta.get("val"), torch.Tensor) or not node.users:
         return False
-    if any(u.op == "output" or is_mutating(u) or u.target in RECURRENT for u in node.users) or is_mutating(node):
+    if any(u.op == "output" or _writes(u, node) or u.target in RECURRENT for u in node.users) or is_mutating(node):
         return False  # (the LSTM rewrite reads a zero initial state from its aten.zeros node)
     name = getattr(node.target, "__name__", str(node.target))
     if any(r in name for r in RANDOM) and node.target != aten.empty.memory_format:
@@ -267,32 +281,69 @@ def _ancestors(roots) -> set[Node]:
     return seen
 
 
+def _factory_value(gm: GraphModule, node: Node) -> torch.Tensor:
+    """The value of a foldable node (:func:`_foldable`) or of a factory an in-place op writes."""
+    val = node.meta["val"]
+    if node.target in DTYPE_OF_OTHER:
+        return get_attr(gm, node.args[0]).detach().to(val.dtype)
+    if node.target in SHAPE_FACTORIES:
+        fill = {aten.zeros_like.default: 0.0, aten.ones_like.default: 1.0, aten.new_zeros.default: 0.0,
+                aten.new_ones.default: 1.0}.get(node.target)
+        if fill is None:  # full_like(x, fill_value), new_full(x, size, fill_value)
+            at = 2 if node.target == aten.new_full.default else 1
+            fill = node.args[at] if len(node.args) > at else node.kwargs.get("fill_value")
+        return torch.full(tuple(val.shape), fill, dtype=node.kwargs.get("dtype") or val.dtype)
+    return _evaluate(gm, node)
+
+
+def _written_factory(node: Node) -> Node | None:
+    """The fresh factory tensor an in-place op on constants writes (``_canonical_mask``'s
+    ``zeros_like(mask, dtype=float).masked_fill_(mask, -inf)``), when nothing reads it before the write."""
+    if node.op != "call_function" or not is_mutating(node) or not node.args or not isinstance(node.args[0], Node):
+        return None
+    base = node.args[0]
+    if base.target not in FACTORIES | SHAPE_FACTORIES or base.target == aten.empty.memory_format:
+        return None
+    if any(a is not base and a.op != "get_attr" for a in node.all_input_nodes):
+        return None
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    others = [u for u in base.users if u is not node]
+    if any(order[u] < order[node] or is_mutating(u) or u.op == "output" for u in others):
+        return None
+    return base
+
+
 def fold_constants(gm: GraphModule, only_for=None) -> bool:
-    """Replace factory tensors and ops on constants by constants (see the module docstring);
-    ``only_for`` (nodes): just the subgraphs those nodes are computed from."""
+    """Replace factory tensors and ops on constants by constants (see the module docstring), and an
+    in-place op on a fresh factory tensor by its result; ``only_for`` (nodes): just the subgraphs
+    those nodes are computed from."""
     modified = False
     scope = None if only_for is None else _ancestors(only_for)
     for node in list(gm.graph.nodes):
-        if (scope is not None and node not in scope) or not _foldable(node):
+        if scope is not None and node not in scope:
             continue
-        val = node.meta["val"]
-        if node.target == aten.empty.memory_format:
-            continue
-        if node.target in DTYPE_OF_OTHER:
-            value = get_attr(gm, node.args[0]).detach().to(val.dtype)
-        elif node.target in SHAPE_FACTORIES:
-            fill = {aten.zeros_like.default: 0.0, aten.ones_like.default: 1.0, aten.new_zeros.default: 0.0,
-                    aten.new_ones.default: 1.0}.get(node.target)
-            if fill is None:  # full_like(x, fill_value), new_full(x, size, fill_value)
-                at = 2 if node.target == aten.new_full.default else 1
-                fill = node.args[at] if len(node.args) > at else node.kwargs.get("fill_value")
-            dtype = node.kwargs.get("dtype") or val.dtype
-            value = torch.full(tuple(val.shape), fill, dtype=dtype)
-        else:
+        base = _written_factory(node)
+        if base is not None:
             try:
-                value = _evaluate(gm, node)
+                written = _factory_value(gm, base)
+                args = torch.fx.node.map_arg(node.args[1:], lambda a: get_attr(gm, a).detach())
+                with torch.no_grad():
+                    node.target(written, *args, **node.kwargs)
             except Exception:  # leave it: the op is refused later, by name
                 continue
+            const = add_constant(gm, f"_folded_{node.name}", written.contiguous(), node)
+            node.replace_all_uses_with(const)
+            base.replace_all_uses_with(const)  # (its readers all come after the write)
+            gm.graph.erase_node(node)
+            gm.graph.erase_node(base)
+            modified = True
+            continue
+        if not _foldable(node) or node.target == aten.empty.memory_format:
+            continue
+        try:
+            value = _factory_value(gm, node)
+        except Exception:  # leave it: the op is refused later, by name
+            continue
         if not isinstance(value, torch.Tensor):
             continue
         const = add_constant(gm, f"_folded_{node.name}", value.contiguous(), node)
@@ -320,7 +371,8 @@ def _gru_step(gi, h, w_hh, b_hh):
     return (1 - z) * n if h is None else n + z * (h - n)
 
 
-def _lstm_step(gi, state, w_hh, b_hh):
+def _lstm_step(gi, state, w_hh, b_hh, w_hr=None):
+    """One LSTM step; ``w_hr``: the projection of ``proj_size`` (``h = (o * tanh(c)) @ w_hr.T``)."""
     hidden = gi.shape[-1] // 4
     if state is None:
         gates = gi if b_hh is None else gi + b_hh
@@ -330,7 +382,8 @@ def _lstm_step(gi, state, w_hh, b_hh):
     c = torch.sigmoid(i) * torch.tanh(g)
     if state is not None:
         c = torch.sigmoid(f) * state[1] + c
-    return torch.sigmoid(o) * torch.tanh(c), c
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return (h if w_hr is None else F.linear(h, w_hr)), c
 
 
 def _rnn_step(gi, h, w_hh, b_hh, relu):
@@ -342,11 +395,14 @@ def _rnn_step(gi, h, w_hh, b_hh, relu):
 
 def unrolled_rnn(kind: str, x, h0, c0, params, has_biases: bool, layers: int, bidirectional: bool,
                  batch_first: bool, relu: bool = False):
-    """``torch.nn.GRU`` / ``RNN`` / ``LSTM`` forward (eval) unrolled: (output, h_n[, c_n]); ``h0``/``c0`` None: zeros."""
+    """``torch.nn.GRU`` / ``RNN`` / ``LSTM`` forward (eval) unrolled: (output, h_n[, c_n]); ``h0``/``c0`` None: zeros.
+    An LSTM with ``proj_size`` has one more weight per layer and direction (``w_hr``, last)."""
     seq = x if not batch_first else x.transpose(0, 1)  # [T, N, C]
     steps = seq.shape[0]
-    per = 4 if has_biases else 2
     dirs = 2 if bidirectional else 1
+    base = 4 if has_biases else 2
+    proj = kind == "lstm" and len(params) == layers * dirs * (base + 1)
+    per = base + (1 if proj else 0)
     h_n, c_n = [], []
     for layer in range(layers):
         outs = []
@@ -363,7 +419,7 @@ def unrolled_rnn(kind: str, x, h0, c0, params, has_biases: bool, layers: int, bi
                 if kind == "gru":
                     h = _gru_step(gi_all[t], h, w_hh, b_hh)
                 elif kind == "lstm":
-                    state = _lstm_step(gi_all[t], state, w_hh, b_hh)
+                    state = _lstm_step(gi_all[t], state, w_hh, b_hh, params[k + per - 1] if proj else None)
                     h = state[0]
                 else:
                     h = _rnn_step(gi_all[t], h, w_hh, b_hh, relu)
@@ -678,6 +734,27 @@ def _adaptive_max_pool1d(node: Node) -> Rewrite | Refusal:
     return Rewrite(adaptive_max1d, [node.args[0]])
 
 
+@rewrites(aten.max_pool1d_with_indices.default, aten.max_pool2d_with_indices.default, float_outputs=1)
+def _max_pool_values(node: Node) -> Rewrite | Refusal:
+    """``F.max_pool1d/2d(..., return_indices=True)[0]`` (``nn.MaxPool1d(return_indices=True)``) with the
+    indices unread: the plain max pool (indices returned by the program are ``corten.max_pool2d_indices``,
+    set up at capture)."""
+    if any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in node.users):
+        return Refusal("its indices are read inside the model (MaxUnpool, gather): only values, or 2-D indices "
+                       "returned as a program output, are supported")
+    one_d = node.target == aten.max_pool1d_with_indices.default
+    kernel = node.args[1]
+    stride = node_arg(node, "stride", None) or kernel
+    padding, dilation, ceil = (node_arg(node, k, d) for k, d in (("padding", 0), ("dilation", 1),
+                                                                  ("ceil_mode", False)))
+    pool = F.max_pool1d if one_d else F.max_pool2d
+
+    def values(xv):
+        v = pool(xv, kernel, stride, padding, dilation, ceil_mode=bool(ceil))
+        return v, torch.zeros(v.shape, dtype=torch.int64)  # (unread: removed with the node's other dead code)
+    return Rewrite(values, [node.args[0]], pre_dispatch=True)  # (max_pool stays whole)
+
+
 def _norm(x, groups, weight, bias, eps) -> Rewrite:
     args = [x] + [v for v in (weight, bias) if v is not None]
     has_w, has_b = weight is not None, bias is not None
@@ -842,6 +919,8 @@ def _clamp_constant_bounds(node: Node) -> Rewrite | Refusal:
 @rewrites(aten.softmax.int, aten._softmax.default)
 def _masked_softmax(node: Node) -> Rewrite | Refusal:
     fill = node.args[0]
+    if isinstance(fill, Node) and fill.target == aten.add.Tensor and len(fill.users) == 1 and not fill.kwargs:
+        return _additive_mask_softmax(node, fill)
     if not (isinstance(fill, Node) and fill.target == aten.masked_fill.Scalar and len(fill.users) == 1):
         return Refusal("not a softmax of a masked_fill read only by it")  # (the softmax family lowers it)
     mask, value = fill.args[1], fill.args[2]
@@ -852,6 +931,41 @@ def _masked_softmax(node: Node) -> Rewrite | Refusal:
         return Refusal(f"mask {mask.target} is not an attribute of the module")
     dim = node.args[1]
     return Rewrite(lambda x, k: masked_softmax(x, k, dim), [fill.args[0]], [(~keep).to(torch.float32)])
+
+
+def _additive_mask_softmax(node: Node, add: Node) -> Rewrite | Refusal:
+    """``softmax(x + m)`` with a constant ``m`` of 0 and -inf (or large negative) values: the additive
+    attention mask (``nn.MultiheadAttention`` with ``need_weights=True`` adds its float ``attn_mask``
+    with ``baddbmm``) is the masked softmax of ``keep = m == 0`` - the -inf never reaches an int8 grid."""
+    gm = node.graph.owning_module
+    for x, m in (add.args[:2], add.args[1::-1]):
+        if not (isinstance(x, Node) and isinstance(m, Node) and m.op == "get_attr" and "val" in x.meta):
+            continue
+        mv = get_attr(gm, m).detach()
+        if not mv.is_floating_point() or not bool(((mv == 0) | (mv <= -1e4)).all()) or bool((mv == 0).all()):
+            continue
+        shape = tuple(x.meta["val"].shape)
+        if tuple(torch.broadcast_shapes(shape, tuple(mv.shape))) != shape:
+            continue
+        dim = node.args[1]
+        return Rewrite(lambda xv, k: masked_softmax(xv, k, dim), [x], [(mv == 0).to(torch.float32)])
+    return Refusal("not a softmax of x + a constant 0/-inf mask")  # (the softmax family lowers it)
+
+
+@rewrites(aten.rms_norm.default)
+def _rms_norm(node: Node) -> Rewrite | Refusal:
+    """``nn.RMSNorm`` / ``F.rms_norm``: ``x * rsqrt(mean(x ** 2) + eps) * weight`` over the trailing dims
+    (``eps`` None: the dtype's epsilon, as torch)."""
+    x = node.args[0]
+    dims = list(range(-len(list(node.args[1])), 0))
+    weight = node_arg(node, "weight", None)
+    eps = node_arg(node, "eps", None)
+    eps = float(torch.finfo(torch.float32).eps if eps is None else eps)
+
+    def rms(xv, *w):
+        y = xv * torch.rsqrt(xv.pow(2).mean(dims, keepdim=True) + eps)
+        return y * w[0] if w else y
+    return Rewrite(rms, [x] + ([weight] if weight is not None else []))
 
 
 @rewrites(aten.gru_cell.default, aten.lstm_cell.default, aten.rnn_tanh_cell.default, aten.rnn_relu_cell.default)
@@ -884,10 +998,13 @@ def _recurrent_layer(node: Node) -> Rewrite | Refusal:
     t = node.target
     x, hx, params, has_biases, layers, _, _, bidirectional, batch_first = node.args[:9]
     c_n_used = any(u.target is operator.getitem and u.args[1] == 2 and u.users for u in node.users)
-    if t == aten.lstm.input and not bidirectional and not c_n_used:
-        return Refusal("a unidirectional LSTM not reading c_n (the LSTM family lowers it whole)")
     states = list(hx) if t == aten.lstm.input else [hx]
     zero = all(_is_zero_state(h) for h in states)
+    projected = t == aten.lstm.input and len(params) != int(layers) * (2 if bidirectional else 1) * (
+        4 if has_biases else 2)
+    if t == aten.lstm.input and not bidirectional and not c_n_used and zero and not projected:
+        return Refusal("a unidirectional LSTM with a zero initial state, not reading c_n (the LSTM family lowers "
+                       "it whole)")
     kind = {aten.gru.input: "gru", aten.lstm.input: "lstm"}.get(t, "rnn")
     params = list(params)
     nodes = [x] + params + ([] if zero else states)

@@ -278,6 +278,33 @@ def op_display_name(target) -> str:
     return f"{ns}.{name}" if ns else name
 
 
+_SORTING = ("sorting and top-k selection have no int8 kernel: return the scores and select in the caller (top-1: "
+            "argmax, or amax for the value)")
+_SPECTRAL = ("spectral transforms have no int8 kernel: compute the spectrogram / MFCC features before the program "
+             "(the usual MCU front-end) and pass them as the input, or write a fixed filterbank as a Conv1d")
+# why an op no family lowers cannot run, and what to write instead (when no rule or rewrite gave a reason)
+UNSUPPORTED_HINTS = {
+    "embedding": ("a table lookup with computed indices: look the vectors up before the program and pass them "
+                  "as the input (a lookup with constant indices, self.emb(self.idx) of a buffer, is folded)"),
+    "to.dtype": ("a cast to an integer or other non-float32 dtype (x.long(), x.int(), x.half()): the program "
+                 "computes float32 values in int8; do index and integer arithmetic outside the program"),
+    "_to_copy": ("a cast to an integer or other non-float32 dtype (x.long(), x.int(), x.half()): the program "
+                 "computes float32 values in int8; do index and integer arithmetic outside the program"),
+    "topk": _SORTING, "sort": _SORTING, "argsort": _SORTING, "kthvalue": _SORTING, "median": _SORTING,
+    "stft": _SPECTRAL, "istft": _SPECTRAL, "fft_fft": _SPECTRAL, "fft_rfft": _SPECTRAL, "fft_irfft": _SPECTRAL,
+    "fft_ifft": _SPECTRAL, "_fft_r2c": _SPECTRAL, "_fft_c2r": _SPECTRAL, "_fft_c2c": _SPECTRAL,
+    "nonzero": "an output whose shape depends on the values (nonzero / masked_select): use torch.where with "
+               "a fixed shape, or select in the caller",
+    "masked_select": "an output whose shape depends on the values (nonzero / masked_select): use torch.where "
+                     "with a fixed shape, or select in the caller",
+}
+
+
+def _hint(target) -> str:
+    name = getattr(target, "__name__", "")
+    return UNSUPPORTED_HINTS.get(name) or UNSUPPORTED_HINTS.get(name.split(".")[0], "")
+
+
 def unlowered_nodes(gm_or_graph, refusals: dict[str, str] | None = None) -> list[UnloweredNode]:
     graph = getattr(gm_or_graph, "graph", gm_or_graph)
     refusals = refusals or {}
@@ -292,7 +319,7 @@ def unlowered_nodes(gm_or_graph, refusals: dict[str, str] | None = None) -> list
                                      "a quantize/dequantize left between lowered ops (no Corten op expresses it)"))
             continue
         # a rule's refusal, else the reason an ATen rewrite left on the node (meta "corten_refusal")
-        reason = refusals.get(n.name) or n.meta.get("corten_refusal", "")
+        reason = refusals.get(n.name) or n.meta.get("corten_refusal", "") or _hint(n.target)
         out.append(UnloweredNode(n.name, op_display_name(n.target), source_location(n), reason))
     return out
 

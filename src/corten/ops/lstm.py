@@ -15,7 +15,8 @@ lowering turns a layer into ``quantized_lstm`` and a last step into the same ``q
 with ``last_only`` (the sequence version then usually has no reader left and is dropped; when both
 are read, the C program runs that layer twice).  Not rewritten, hence refused by name as
 ``aten.lstm.input``: bidirectional or projected (``proj_size``) LSTMs, non-zero initial states, a
-used ``c_n`` (the cell state is int16 inside the kernel), ``h_n`` of several layers used whole.
+used ``c_n`` (the cell state is int16 inside the kernel), ``h_n`` of several layers used whole - the
+first four are unrolled into cells before this pass (``aten_passes/decompose_composites.py``).
 
 Quantization (choices where PyTorch is silent)
 ----------------------------------------------
