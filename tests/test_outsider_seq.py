@@ -16,7 +16,7 @@ from torch import nn
 
 import corten
 from conftest import needs_gcc
-from corten.errors import CortenError, QuantizationError, UnsupportedOpsError
+from corten.errors import CortenError, QuantizationError, QuantizationWarning, UnsupportedOpsError
 from outsider_seq_models import SEQ_MODELS
 
 CASES = {name: (factory, shapes) for name, factory, shapes in SEQ_MODELS}
@@ -127,6 +127,38 @@ def test_an_additive_minus_inf_mask_before_a_softmax_becomes_the_masked_softmax(
     got = prog.run(*xs[0])
     assert float(got[:, -1].abs().max()) == 0.0  # the masked position stays exactly 0
     assert (ref - got).abs().max() < 0.02
+
+
+class CausalScores(nn.Module):
+    def __init__(self, t=6):
+        super().__init__()
+        self.register_buffer("tril", torch.tril(torch.ones(t, t)))
+
+    def forward(self, q, k):
+        w = (q @ k.transpose(-2, -1)).masked_fill(self.tril == 0, float("-inf"))
+        return F.softmax(w, dim=-1)
+
+
+def _later_keys_score_higher(g):
+    q = torch.randn(2, 6, 4, generator=g)
+    k = torch.randn(2, 6, 4, generator=g) * torch.linspace(0.2, 3, 6).view(1, 6, 1)
+    return q, k + torch.linspace(0, 2, 6).view(1, 6, 1) * q.mean(1, keepdim=True)
+
+
+def test_masked_softmax_keeps_its_mass_when_masked_scores_are_larger():
+    """Causal attention whose later (masked) keys score far higher: the masked softmax used to take
+    the softmax of every score first, so the kept ones rounded to 0 and row 0 came out all zeros
+    (error 1.0); the masked scores are lowered to the row minimum first."""
+    g = torch.Generator().manual_seed(0)
+    xs = [_later_keys_score_higher(g) for _ in range(6)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", QuantizationWarning)  # (amin's unused multiplier 0 warned)
+        prog = corten.compile(CausalScores().eval(), xs[0], calibration=xs[1:])
+    assert prog.unlowered_ops() == []
+    ref = CausalScores()(*xs[0])
+    got = prog.run(*xs[0])
+    assert torch.equal(got[:, 0, 0], torch.ones(2))
+    assert (ref - got).abs().max() < 0.1
 
 
 class InfBufferAdded(nn.Module):

@@ -8,8 +8,8 @@ rewritten as the attention users write by hand::
 so that every intermediate tensor gets its own observer and each op lowers through its family
 (matmul, mul by a constant, softmax).  ``is_causal=True`` and a constant boolean ``attn_mask`` (or a
 float one of 0 and large negative values; a mask computed from constants - a ``key_padding_mask``
-buffer - is folded to one first) become the masked softmax ``p = softmax(s) * keep;
-p / p.sum(-1)`` with the constant 0/1 ``keep``; another constant float mask is added to the scores.
+buffer - is folded to one first) become the masked softmax ``p = softmax(s * keep + amin(s) * (1 - keep)) * keep;
+p / p.sum(-1)`` with the constant 0/1 ``keep`` (``decompose_composites.masked_softmax``); another constant float mask is added to the scores.
 Calls with a computed mask, ``dropout_p > 0`` or ``enable_gqa=True`` are left alone (and reported
 as unlowered).
 """
@@ -21,7 +21,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from corten.aten_passes.decompose_composites import fold_constants
+from corten.aten_passes.decompose_composites import fold_constants, masked_softmax_constants
 from corten.aten_passes.graph_utils import add_constant, finish_rewrite
 from corten.fx_nodes import get_attr, node_arg
 
@@ -62,7 +62,10 @@ class DecomposeScaledDotProductAttentionPass(PassBase):
                 scale = 1.0 / math.sqrt(int(q.meta["val"].shape[-1]))
             g = gm.graph
             extra = []
-            keep_node = add_constant(gm, f"{node.name}_keep", keep.to(torch.float32), node) if keep is not None else None
+            keep_node = drop_node = None
+            if keep is not None:
+                keep_node, drop_node = (add_constant(gm, f"{node.name}_{what}", c, node) for what, c in
+                                        zip(("keep", "drop"), masked_softmax_constants(keep)))
             add_node = add_constant(gm, f"{node.name}_mask", additive, node) if additive is not None else None
             with g.inserting_before(node):
                 kt = g.call_function(aten.transpose.int, (k, -2, -1))
@@ -71,6 +74,12 @@ class DecomposeScaledDotProductAttentionPass(PassBase):
                 if add_node is not None:
                     scaled = g.call_function(aten.add.Tensor, (scaled, add_node))
                     extra.append(scaled)
+                if keep_node is not None:  # masked scores lowered to the row minimum (see masked_softmax)
+                    low = g.call_function(aten.amin.default, (scaled, [-1], True))
+                    kept_scores = g.call_function(aten.mul.Tensor, (scaled, keep_node))
+                    low_scores = g.call_function(aten.mul.Tensor, (low, drop_node))
+                    scaled = g.call_function(aten.add.Tensor, (kept_scores, low_scores))
+                    extra += [low, kept_scores, low_scores, scaled]
                 weights = g.call_function(aten.softmax.int, (scaled, -1))
                 if keep_node is not None:  # masked softmax: renormalise over the kept positions
                     kept = g.call_function(aten.mul.Tensor, (weights, keep_node))

@@ -45,8 +45,9 @@ bidirectional, reading ``c_n``, with given   initial state drops the terms it mu
 ``pad`` reflect / replicate / circular       ``index_select`` with constant indices per padded dim (exact bytes)
 ``pad(value=-inf)`` read only by max pools  the same as a replicate pad (timm's ``max_pool2d_same``)
 ``where(c1 & c2, a, b)``, ``|``, ``~``      nested ``where`` on the comparisons (no boolean tensors)
-``softmax(x.masked_fill(mask, -inf))``       ``p = softmax(x) * keep; p / p.sum()`` (``keep = ~mask``, a constant):
-                                             the masked softmax of causal attention, exact in real numbers;
+``softmax(x.masked_fill(mask, -inf))``       ``p = softmax(x * keep + amin(x) * (1 - keep)) * keep; p / p.sum()``
+                                             (``keep = ~mask``, a constant): the masked softmax of causal
+                                             attention, exact in real numbers, its row maximum a kept score;
 ``softmax(x + m)``, ``m`` constant 0 / -inf    the same with ``keep = m == 0`` (an additive float attention mask)
 ==========================================  ==================================================
 
@@ -447,10 +448,20 @@ def _is_zero_state(node) -> bool:
     return False
 
 
-def masked_softmax(x: torch.Tensor, keep: torch.Tensor, dim: int) -> torch.Tensor:
-    """``softmax(x)`` over ``dim`` restricted to where the constant 0/1 ``keep`` is 1, renormalised."""
-    p = torch.softmax(x, dim) * keep
+def masked_softmax(x: torch.Tensor, keep: torch.Tensor, drop: torch.Tensor, dim: int) -> torch.Tensor:
+    """``softmax(x)`` over ``dim`` restricted to where the constant 0/1 ``keep`` is 1 (``drop = 1 - keep``),
+    renormalised.  The masked scores are first lowered to the row's minimum, so the row's maximum is a
+    kept score: a plain softmax of ``x`` lets larger masked scores (later keys of causal attention)
+    take the whole int8 probability mass, the kept ones round to 0 and the row came out all zeros."""
+    low = x.amin(dim, keepdim=True)
+    p = torch.softmax(x * keep + low * drop, dim) * keep
     return p / p.sum(dim, keepdim=True)
+
+
+def masked_softmax_constants(keep: torch.Tensor) -> list[torch.Tensor]:
+    """The constants :func:`masked_softmax` takes after ``x``: ``keep`` and ``drop`` as float 0/1."""
+    keep = keep.to(torch.float32)
+    return [keep, 1.0 - keep]
 
 
 def _constant(node: Node, arg: Node) -> torch.Tensor | None:
@@ -930,7 +941,7 @@ def _masked_softmax(node: Node) -> Rewrite | Refusal:
     if keep is None:
         return Refusal(f"mask {mask.target} is not an attribute of the module")
     dim = node.args[1]
-    return Rewrite(lambda x, k: masked_softmax(x, k, dim), [fill.args[0]], [(~keep).to(torch.float32)])
+    return Rewrite(lambda x, k, d: masked_softmax(x, k, d, dim), [fill.args[0]], masked_softmax_constants(~keep))
 
 
 def _additive_mask_softmax(node: Node, add: Node) -> Rewrite | Refusal:
@@ -948,7 +959,7 @@ def _additive_mask_softmax(node: Node, add: Node) -> Rewrite | Refusal:
         if tuple(torch.broadcast_shapes(shape, tuple(mv.shape))) != shape:
             continue
         dim = node.args[1]
-        return Rewrite(lambda xv, k: masked_softmax(xv, k, dim), [x], [(mv == 0).to(torch.float32)])
+        return Rewrite(lambda xv, k, d: masked_softmax(xv, k, d, dim), [x], masked_softmax_constants(mv == 0))
     return Refusal("not a softmax of x + a constant 0/-inf mask")  # (the softmax family lowers it)
 
 
