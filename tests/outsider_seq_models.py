@@ -993,3 +993,86 @@ SEQ_MODELS += [
     ("maxpool1d_return_indices_dropped", MaxPoolReturnIndices, [(2, 3, 8)]),
     ("gru_no_bias_dict_heads", GRUHeadsDict, [(2, 3, 4)]),
 ]
+
+
+# ----------------------------------------------------------------------------- speaker / front-end idioms
+class FramedWindowed(nn.Module):
+    """Framing a waveform with Tensor.unfold (overlapping hops) and a torch.hann_window made in forward."""
+
+    def __init__(self, frame=8, hop=4):
+        super().__init__()
+        self.frame, self.hop = frame, hop
+        self.fc = nn.Linear(frame, 4)
+
+    def forward(self, wav):  # [N, T]
+        frames = wav.unfold(-1, self.frame, self.hop)
+        return self.fc(frames * torch.hann_window(self.frame))
+
+
+class DeltaFeatures(nn.Module):
+    """Delta features with torch.diff (prepend the first frame), stacked with the statics; nearest-exact
+    time upsampling of a context path."""
+
+    def __init__(self, c=3):
+        super().__init__()
+        self.ctx = nn.Conv1d(c, c, 3, stride=2, padding=1)
+
+    def forward(self, x):  # [N, C, T]
+        delta = torch.diff(x, dim=-1, prepend=x[..., :1])
+        ctx = F.interpolate(self.ctx(x), size=x.shape[-1], mode="nearest-exact")
+        return torch.cat([x, delta, ctx], dim=1)
+
+
+class AttentiveStatsPool(nn.Module):
+    """ECAPA-TDNN attentive statistics pooling with global context (mean/std repeated over time)."""
+
+    def __init__(self, c=8, a=4):
+        super().__init__()
+        self.tdnn = nn.Conv1d(3 * c, a, 1)
+        self.conv = nn.Conv1d(a, c, 1)
+
+    def forward(self, x):  # [N, C, T]
+        t = x.size(-1)
+        mean = x.mean(dim=2, keepdim=True)
+        std = torch.sqrt(x.var(dim=2, keepdim=True).clamp(min=1e-4))
+        gx = torch.cat((x, mean.repeat(1, 1, t), std.repeat(1, 1, t)), dim=1)
+        w = F.softmax(self.conv(torch.tanh(F.relu(self.tdnn(gx)))), dim=2)
+        mu = torch.sum(x * w, dim=2)
+        sg = torch.sqrt((torch.sum((x ** 2) * w, dim=2) - mu ** 2).clamp(min=1e-4))
+        return torch.cat((mu, sg), 1)
+
+
+class LengthMaskedMean(nn.Module):
+    """Padded batch: a length buffer, mask = arange(T) >= lengths, masked_fill(mask, 0), sum / lengths."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.register_buffer("lengths", torch.tensor([5, 3]))
+        self.fc = nn.Linear(c, c)
+
+    def forward(self, x):  # [N, T, C]
+        mask = torch.arange(x.size(1))[None, :] >= self.lengths[:, None]
+        y = self.fc(x).masked_fill(mask[:, :, None], 0.0)
+        return y.sum(1) / self.lengths[:, None]
+
+
+class VectorAttentionPool(nn.Module):
+    """Attention pooling with a context vector parameter: tanh(W x) @ w (a 1-D right operand)."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.fc = nn.Linear(c, c)
+        self.w = nn.Parameter(torch.randn(c) * 0.5)
+
+    def forward(self, x):  # [N, T, C]
+        a = F.softmax(torch.tanh(self.fc(x)) @ self.w, dim=1).unsqueeze(-1)
+        return (a * x).sum(1)
+
+
+SEQ_MODELS += [
+    ("framing_unfold_hann_window", FramedWindowed, [(2, 24)]),
+    ("delta_diff_nearest_exact", DeltaFeatures, [(2, 3, 8)]),
+    ("ecapa_attentive_stats_pool", AttentiveStatsPool, [(2, 8, 6)]),
+    ("length_masked_mean", LengthMaskedMean, [(2, 5, 4)]),
+    ("vector_attention_pool", VectorAttentionPool, [(4, 5, 8)]),
+]

@@ -287,9 +287,10 @@ def test_scaled_dot_product_attention_decomposes():
     t.lower()
     assert t.program.unlowered_ops() == []
     counts = t.program.op_counts()
-    # is_causal: the masked softmax softmax(s) * keep / sum (a constant 0/1 keep, a sum, an exact div)
-    assert counts["quantized_matmul"] == 4 and counts["quantized_softmax"] == 2 and counts["quantized_mul"] == 3
-    assert counts["quantized_div"] == 1 and counts["quantized_reduce"] == 1
+    # is_causal: the masked softmax softmax(s * keep + amin(s) * (1 - keep)) * keep / sum (constant 0/1 keep
+    # and drop, a row minimum, a sum, an exact div)
+    assert counts["quantized_matmul"] == 4 and counts["quantized_softmax"] == 2 and counts["quantized_mul"] == 5
+    assert counts["quantized_div"] == 1 and counts["quantized_reduce"] == 2 and counts["quantized_add"] == 1
 
 
 class Vectors(nn.Module):

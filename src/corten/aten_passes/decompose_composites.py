@@ -200,7 +200,11 @@ def _upsample_args(node: Node, spatial: int, mode: str = "linear", antialias: bo
 
 
 FACTORIES = {aten.zeros.default, aten.ones.default, aten.full.default, aten.arange.default, aten.arange.start,
-             aten.arange.start_step, aten.eye.default, aten.scalar_tensor.default, aten.empty.memory_format}
+             aten.arange.start_step, aten.eye.default, aten.scalar_tensor.default, aten.empty.memory_format,
+             aten.linspace.default, aten.logspace.default,
+             *(getattr(getattr(aten, w), o) for w in ("hann_window", "hamming_window", "blackman_window",
+                                                      "bartlett_window", "kaiser_window")
+               for o in getattr(aten, w).overloads() if "out" not in o)}  # (torch.hann_window(n) in forward)
 SHAPE_FACTORIES = {aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
                    aten.new_zeros.default, aten.new_ones.default, aten.new_full.default}
 # ``const.type_as(x)`` / ``const.to(x)`` (NanoDet's ``self.project.type_as(x)``): a constant cast to
@@ -961,6 +965,98 @@ def _additive_mask_softmax(node: Node, add: Node) -> Rewrite | Refusal:
         dim = node.args[1]
         return Rewrite(lambda xv, k, d: masked_softmax(xv, k, d, dim), [x], masked_softmax_constants(mv == 0))
     return Refusal("not a softmax of x + a constant 0/-inf mask")  # (the softmax family lowers it)
+
+
+@rewrites(aten.diff.default)
+def _diff(node: Node) -> Rewrite | Refusal:
+    """``torch.diff(x, n, dim, prepend, append)``: ``cat`` the constants or activations around ``x``, then
+    ``n`` times ``x[1:] - x[:-1]`` along ``dim``."""
+    x = node.args[0]
+    n = int(node_arg(node, "n", 1))
+    dim = int(node_arg(node, "dim", -1))
+    prepend, append = node_arg(node, "prepend", None), node_arg(node, "append", None)
+    extra = [a for a in (prepend, append) if a is not None]
+    if any(not isinstance(a, Node) for a in extra):
+        return Refusal("prepend/append that are not tensors")
+    has_pre, has_app = prepend is not None, append is not None
+
+    def diff(xv, *pa):
+        pa = list(pa)
+        parts = ([pa.pop(0)] if has_pre else []) + [xv] + ([pa.pop(0)] if has_app else [])
+        y = torch.cat(parts, dim) if len(parts) > 1 else xv
+        for _ in range(n):
+            y = y.narrow(dim, 1, y.shape[dim] - 1) - y.narrow(dim, 0, y.shape[dim] - 1)
+        return y
+    return Rewrite(diff, [x] + extra)
+
+
+_WHERE_OPS = (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+
+
+@rewrites(*_WHERE_OPS)
+def _where_constant_condition(node: Node) -> Rewrite | Refusal:
+    """``torch.where(c, a, b)`` / ``x.masked_fill(c, v)`` whose condition is a constant (a length mask
+    built from a buffer): ``a * c + b * (1 - c)`` with 0/1 constants - a number ``a`` or ``b`` becomes a
+    constant tensor term, a zero one vanishes (``masked_fill(c, 0)`` is ``x * (1 - c)``)."""
+    cond, a, b = node.args[:3]
+    if not (isinstance(cond, Node) and cond.op == "get_attr"):
+        return Refusal("the condition is not a constant (where of comparisons lowers as quantized_where)")
+    c = get_attr(node.graph.owning_module, cond).detach().to(torch.bool)
+    out = node.meta.get("val")
+    if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
+        return Refusal("not a float result")
+    on, off = c.to(torch.float32), (~c).to(torch.float32)
+    nodes = [v for v in (a, b) if isinstance(v, Node)]
+    consts = [m for v, m in ((a, on), (b, off)) if isinstance(v, Node)]
+    fixed = sum((float(v) * m for v, m in ((a, on), (b, off)) if not isinstance(v, Node) and float(v) != 0.0),
+                torch.zeros(()))
+    has_fixed = bool(fixed.ne(0).any())
+    shape = tuple(out.shape)
+
+    def where(*vs):
+        vs = list(vs)
+        xs, ms = vs[:len(nodes)], vs[len(nodes):len(nodes) + len(consts)]
+        terms = [xv * mv for xv, mv in zip(xs, ms)]
+        y = terms[0] if terms else None
+        for t in terms[1:]:
+            y = y + t
+        if has_fixed:
+            y = vs[-1] if y is None else y + vs[-1]
+        return y.expand(shape) if tuple(y.shape) != shape else y
+    if not nodes:
+        return Refusal("no tensor operand (a constant: folded)")
+    return Rewrite(where, nodes, consts + ([fixed] if has_fixed else []))
+
+
+@rewrites(aten.div.Tensor)
+def _div_by_constant(node: Node) -> Rewrite | Refusal:
+    """``x / k`` with a constant tensor ``k`` (lengths from a buffer): ``x * (1 / k)``."""
+    x, k = node.args[:2]
+    if node.kwargs.get("rounding_mode") is not None or not (isinstance(k, Node) and k.op == "get_attr") \
+            or not isinstance(x, Node):
+        return Refusal("not an activation divided by a constant tensor")
+    kv = get_attr(node.graph.owning_module, k).detach()
+    if not kv.is_floating_point() and kv.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8):
+        return Refusal("a non-numeric divisor")
+    if bool((kv == 0).any()):
+        return Refusal("the constant divisor holds zeros")
+    return Rewrite(lambda xv, r: xv * r, [x], [1.0 / kv.to(torch.float32)])
+
+
+@rewrites(aten.matmul.default)
+def _matmul_vector(node: Node) -> Rewrite | Refusal:
+    """``x @ v`` / ``v @ x`` with a 1-D operand (an attention-pooling context vector): the vector as a
+    ``[K, 1]`` / ``[1, K]`` matrix, the unit dim squeezed after."""
+    a, b = node.args[:2]
+    ra, rb = (v.meta["val"].dim() if isinstance(v, Node) and "val" in v.meta else None for v in (a, b))
+    if ra is None or rb is None or (ra != 1 and rb != 1) or (ra == 1 and rb == 1):
+        return Refusal("no single 1-D operand")
+
+    def mv(av, bv):
+        if bv.dim() == 1:
+            return (av @ bv.unsqueeze(-1)).squeeze(-1)
+        return (av.unsqueeze(0) @ bv).squeeze(-2)
+    return Rewrite(mv, [a, b])
 
 
 @rewrites(aten.rms_norm.default)

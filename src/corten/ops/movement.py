@@ -106,6 +106,8 @@ MOVEMENT_OPS = aten_overloads(
     "index.Tensor", "gather.default", "take_along_dim.default", "diagonal.default", "unfold.default",
     "as_strided.default", "upsample_nearest1d.vec", "upsample_nearest2d.vec", "upsample_nearest3d.vec",
     "upsample_nearest1d.default", "upsample_nearest2d.default", "_unsafe_index.Tensor",
+    "_upsample_nearest_exact1d.vec", "_upsample_nearest_exact2d.vec", "_upsample_nearest_exact1d.default",
+    "_upsample_nearest_exact2d.default",
 )
 annotates("shared", *MOVEMENT_OPS)
 
