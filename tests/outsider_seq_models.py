@@ -1069,7 +1069,21 @@ class VectorAttentionPool(nn.Module):
         return (a * x).sum(1)
 
 
+class WhereMaskAttention(nn.Module):
+    """Causal attention written with torch.where(mask, scores, -inf) on a bool buffer."""
+
+    def __init__(self, d=8, t=5):
+        super().__init__()
+        self.q = nn.Linear(d, d)
+        self.register_buffer("allowed", torch.tril(torch.ones(t, t, dtype=torch.bool)))
+
+    def forward(self, x):
+        scores = self.q(x) @ x.transpose(1, 2) / math.sqrt(x.size(-1))
+        return F.softmax(torch.where(self.allowed, scores, float("-inf")), dim=-1) @ x
+
+
 SEQ_MODELS += [
+    ("where_minus_inf_causal_attention", WhereMaskAttention, [(2, 5, 8)]),
     ("framing_unfold_hann_window", FramedWindowed, [(2, 24)]),
     ("delta_diff_nearest_exact", DeltaFeatures, [(2, 3, 8)]),
     ("ecapa_attentive_stats_pool", AttentiveStatsPool, [(2, 8, 6)]),

@@ -65,6 +65,7 @@ still names the line the user wrote.
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Callable
 
@@ -936,6 +937,9 @@ def _masked_softmax(node: Node) -> Rewrite | Refusal:
     fill = node.args[0]
     if isinstance(fill, Node) and fill.target == aten.add.Tensor and len(fill.users) == 1 and not fill.kwargs:
         return _additive_mask_softmax(node, fill)
+    if isinstance(fill, Node) and fill.target in (aten.where.ScalarOther, aten.where.ScalarSelf) \
+            and len(fill.users) == 1:
+        return _where_mask_softmax(node, fill)
     if not (isinstance(fill, Node) and fill.target == aten.masked_fill.Scalar and len(fill.users) == 1):
         return Refusal("not a softmax of a masked_fill read only by it")  # (the softmax family lowers it)
     mask, value = fill.args[1], fill.args[2]
@@ -946,6 +950,22 @@ def _masked_softmax(node: Node) -> Rewrite | Refusal:
         return Refusal(f"mask {mask.target} is not an attribute of the module")
     dim = node.args[1]
     return Rewrite(lambda x, k, d: masked_softmax(x, k, d, dim), [fill.args[0]], masked_softmax_constants(~keep))
+
+
+def _where_mask_softmax(node: Node, where: Node) -> Rewrite | Refusal:
+    """``softmax(torch.where(mask, x, -inf))`` (or ``where(mask, -inf, x)``) with a constant ``mask``."""
+    cond, a, b = where.args[:3]
+    x, fill, keep_when = (a, b, True) if where.target == aten.where.ScalarOther else (b, a, False)
+    if not (isinstance(cond, Node) and cond.op == "get_attr" and isinstance(x, Node) and "val" in x.meta) \
+            or float(fill) > -1e4:
+        return Refusal("not a softmax of where(constant mask, x, -inf)")
+    c = get_attr(node.graph.owning_module, cond).detach().to(torch.bool)
+    keep = c if keep_when else ~c
+    shape = tuple(x.meta["val"].shape)
+    if tuple(torch.broadcast_shapes(shape, tuple(keep.shape))) != shape:
+        return Refusal("the mask broadcasts x to a larger shape")
+    dim = node.args[1]
+    return Rewrite(lambda xv, k, d: masked_softmax(xv, k, d, dim), [x], masked_softmax_constants(keep))
 
 
 def _additive_mask_softmax(node: Node, add: Node) -> Rewrite | Refusal:
@@ -1002,6 +1022,8 @@ def _where_constant_condition(node: Node) -> Rewrite | Refusal:
     if not (isinstance(cond, Node) and cond.op == "get_attr"):
         return Refusal("the condition is not a constant (where of comparisons lowers as quantized_where)")
     c = get_attr(node.graph.owning_module, cond).detach().to(torch.bool)
+    if any(not isinstance(v, Node) and (not math.isfinite(float(v)) or float(v) <= -1e4) for v in (a, b)):
+        return Refusal("a fill of -inf or a large negative number (a softmax mask: the masked softmax takes it)")
     out = node.meta.get("val")
     if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
         return Refusal("not a float result")
@@ -1030,14 +1052,15 @@ def _where_constant_condition(node: Node) -> Rewrite | Refusal:
 
 @rewrites(aten.div.Tensor)
 def _div_by_constant(node: Node) -> Rewrite | Refusal:
-    """``x / k`` with a constant tensor ``k`` (lengths from a buffer): ``x * (1 / k)``."""
+    """``x / k`` with a constant integer tensor ``k`` (lengths from a buffer): ``x * (1 / k)`` (a float
+    constant divisor is an int8 operand of ``quantized_div`` as it is; an integer one no quantizer spec takes)."""
     x, k = node.args[:2]
     if node.kwargs.get("rounding_mode") is not None or not (isinstance(k, Node) and k.op == "get_attr") \
             or not isinstance(x, Node):
         return Refusal("not an activation divided by a constant tensor")
     kv = get_attr(node.graph.owning_module, k).detach()
-    if not kv.is_floating_point() and kv.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8):
-        return Refusal("a non-numeric divisor")
+    if kv.is_floating_point() or kv.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        return Refusal("a float (or non-numeric) divisor: quantized_div takes it")
     if bool((kv == 0).any()):
         return Refusal("the constant divisor holds zeros")
     return Rewrite(lambda xv, r: xv * r, [x], [1.0 / kv.to(torch.float32)])
