@@ -9,7 +9,8 @@ so that every intermediate tensor gets its own observer and each op lowers throu
 (matmul, mul by a constant, softmax).  ``is_causal=True`` and a constant boolean ``attn_mask`` (or a
 float one of 0 and large negative values; a mask computed from constants - a ``key_padding_mask``
 buffer - is folded to one first) become the masked softmax ``p = softmax(s * keep + amin(s) * (1 - keep)) * keep;
-p / p.sum(-1)`` with the constant 0/1 ``keep`` (``decompose_composites.masked_softmax``); another constant float mask is added to the scores.
+p / p.sum(-1)`` with the constant 0/1 ``keep`` (``decompose_composites.masked_softmax``); another
+constant float mask is added to the scores.
 Calls with a computed mask, ``dropout_p > 0`` or ``enable_gqa=True`` are left alone (and reported
 as unlowered).
 """

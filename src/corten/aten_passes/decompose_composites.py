@@ -1066,22 +1066,6 @@ def _div_by_constant(node: Node) -> Rewrite | Refusal:
     return Rewrite(lambda xv, r: xv * r, [x], [1.0 / kv.to(torch.float32)])
 
 
-@rewrites(aten.matmul.default)
-def _matmul_vector(node: Node) -> Rewrite | Refusal:
-    """``x @ v`` / ``v @ x`` with a 1-D operand (an attention-pooling context vector): the vector as a
-    ``[K, 1]`` / ``[1, K]`` matrix, the unit dim squeezed after."""
-    a, b = node.args[:2]
-    ra, rb = (v.meta["val"].dim() if isinstance(v, Node) and "val" in v.meta else None for v in (a, b))
-    if ra is None or rb is None or (ra != 1 and rb != 1) or (ra == 1 and rb == 1):
-        return Refusal("no single 1-D operand")
-
-    def mv(av, bv):
-        if bv.dim() == 1:
-            return (av @ bv.unsqueeze(-1)).squeeze(-1)
-        return (av.unsqueeze(0) @ bv).squeeze(-2)
-    return Rewrite(mv, [a, b])
-
-
 @rewrites(aten.rms_norm.default)
 def _rms_norm(node: Node) -> Rewrite | Refusal:
     """``nn.RMSNorm`` / ``F.rms_norm``: ``x * rsqrt(mean(x ** 2) + eps) * weight`` over the trailing dims
@@ -1341,8 +1325,8 @@ def spell_out_batch_statistics(gm: GraphModule) -> bool:
 
 
 class DecomposeCompositesPass(RewriteTablePass):
-    """Drop same-dtype casts, fold constant subgraphs, turn masked_fill / logical conditions into ``where``s, then replace
-    the composite ops of the module docstring by the graphs of their rewrites (:data:`COMPOSITES`)."""
+    """Drop same-dtype casts, fold constant subgraphs, turn masked_fill / logical conditions into ``where``s, then
+    replace the composite ops of the module docstring by the graphs of their rewrites (:data:`COMPOSITES`)."""
 
     def __init__(self) -> None:
         super().__init__(COMPOSITES, prepare=(drop_noop_casts, fold_constants, scalar_wheres, logical_wheres))
