@@ -19,14 +19,14 @@ from torch import nn
 
 # ----------------------------------------------------------------------------- keyword spotting
 class CRNN(nn.Module):
-    """KWS CRNN: Conv2d over a [N, 1, T, F] spectrogram, freq folded into features, bi-GRU, last step."""
+    """KWS CRNN: Conv2d over a [N, 1, T, F] spectrogram, freq folded into features, GRU, last step."""
 
     def __init__(self, n_mels=8, classes=4, hidden=8):
         super().__init__()
         self.conv = nn.Sequential(nn.Conv2d(1, 4, (3, 3), stride=(1, 2), padding=(1, 1), bias=False),
                                   nn.BatchNorm2d(4), nn.ReLU(inplace=True))
-        self.gru = nn.GRU(4 * (n_mels // 2), hidden, batch_first=True, bidirectional=True)
-        self.fc = nn.Linear(2 * hidden, classes)
+        self.gru = nn.GRU(4 * (n_mels // 2), hidden, batch_first=True)
+        self.fc = nn.Linear(hidden, classes)
 
     def forward(self, x):  # [N, 1, T, F]
         x = self.conv(x)
@@ -712,26 +712,6 @@ class ActZoo1d(nn.Module):
         return self.fc(torch.cat([self.pool(x).flatten(1), lse], dim=1))
 
 
-class UNet1d(nn.Module):
-    """1-D U-Net denoiser: strided conv down, F.interpolate(size=...) nearest up, cat skip."""
-
-    def __init__(self, c=4):
-        super().__init__()
-        self.d1 = nn.Conv1d(1, c, 5, padding=2)
-        self.d2 = nn.Conv1d(c, 2 * c, 5, stride=2, padding=2)
-        self.mid = nn.Conv1d(2 * c, 2 * c, 3, padding=1)
-        self.u1 = nn.Conv1d(3 * c, c, 5, padding=2)
-        self.out = nn.Conv1d(c, 1, 1)
-
-    def forward(self, x):
-        s1 = F.leaky_relu(self.d1(x), 0.1)
-        s2 = F.leaky_relu(self.d2(s1), 0.1)
-        m = F.leaky_relu(self.mid(s2), 0.1)
-        up = F.interpolate(m, size=s1.shape[-1], mode="nearest")
-        y = F.leaky_relu(self.u1(torch.cat([up, s1], dim=1)), 0.1)
-        return torch.tanh(self.out(y)) + x
-
-
 class SincLikeFrontend(nn.Module):
     """A fixed filterbank written with F.conv1d on a buffer, log compression of the energy
     (log(x^2 + eps)), per-utterance mean normalisation, then a small classifier."""
@@ -751,23 +731,6 @@ class SincLikeFrontend(nn.Module):
         e = e - e.mean(dim=-1, keepdim=True)
         h = F.relu(self.conv(e))
         return self.fc(F.adaptive_max_pool1d(h, 1).view(h.size(0), -1))
-
-
-class ChunkStackMixer(nn.Module):
-    """Split the time axis into chunks, a shared linear per chunk, torch.stack back; unequal
-    torch.split of channels into two heads; tuple output."""
-
-    def __init__(self, c=8):
-        super().__init__()
-        self.shared = nn.Linear(c, c)
-        self.head_a = nn.Linear(3, 2)
-        self.head_b = nn.Linear(5, 2)
-
-    def forward(self, x):  # [N, T=8, C]
-        parts = x.chunk(4, dim=1)
-        y = torch.stack([self.shared(p).mean(1) for p in parts], dim=1)  # [N, 4, C]
-        a, b = torch.split(y, [3, 5], dim=-1)
-        return self.head_a(a).amax(1), self.head_b(b)
 
 
 class ReZeroGLU(nn.Module):
@@ -809,13 +772,13 @@ class LayerNormOverTC(nn.Module):
 
 SEQ_MODELS = [
     # keyword spotting
-    ("kws_crnn_bigru", CRNN, [(2, 1, 4, 8)]),
-    ("kws_conv_gru_attention_pool", CRNNAttnPool, [(2, 6, 10)]),
-    ("tc_resnet8", TCResNet, [(2, 16, 10)]),
-    ("matchboxnet", MatchboxNet, [(2, 8, 16)]),
+    ("kws_crnn_gru", CRNN, [(2, 1, 3, 8)]),
+    ("kws_conv_gru_attention_pool", CRNNAttnPool, [(2, 4, 10)]),
+    ("tc_resnet8", TCResNet, [(2, 8, 10)]),
+    ("matchboxnet", MatchboxNet, [(2, 8, 8)]),
     ("quartznet_same_padding", QuartzSame, [(2, 9, 8)]),
     # transformers
-    ("conformer_block", ConformerBlock, [(2, 6, 16)]),
+    ("conformer_block", lambda: ConformerBlock(d=8), [(2, 4, 8)]),
     ("seq_first_transformer_pe_mask", SeqFirstTransformer, [(6, 2, 6)]),
     ("llama_block_rmsnorm_swiglu", TinyLlamaBlock, [(2, 6, 16)]),
     ("kwt_hand_layernorm", KWTLite, [(2, 6, 8)]),
@@ -824,14 +787,14 @@ SEQ_MODELS = [
     # TCN / WaveNet
     ("locus_tcn_chomp", LocusTCN, [(2, 3, 12)]),
     ("tcn_weight_norm", WeightNormTCN, [(2, 4, 10)]),
-    ("wavenet_stack_skips", WaveNetStack, [(2, 1, 16)]),
+    ("wavenet_stack_skips", WaveNetStack, [(2, 1, 12)]),
     # recurrent
-    ("streaming_gru_h0_in_out", StreamingGRU, [(2, 3, 6), (1, 2, 8)]),
-    ("lstm_new_zeros_2layer", LSTMNewZeros, [(2, 4, 4)]),
-    ("bigru_2layer_last_states", BiGRULastStates, [(2, 3, 4)]),
+    ("streaming_gru_h0_in_out", StreamingGRU, [(2, 2, 6), (1, 2, 8)]),
+    ("lstm_new_zeros_2layer", LSTMNewZeros, [(2, 3, 4)]),
+    ("bigru_2layer_last_states", BiGRULastStates, [(2, 2, 4)]),
     ("lstm_autoencoder", LSTMAutoencoder, [(2, 5, 3)]),
-    ("bilstm_h_n_cat", BiLSTMHidden, [(2, 3, 4)]),
-    ("grucell_bidir_flip", GRUCellFlipped, [(2, 3, 4)]),
+    ("bilstm_h_n_cat", BiLSTMHidden, [(2, 2, 4)]),
+    ("grucell_bidir_flip", GRUCellFlipped, [(2, 2, 4)]),
     # forecasting
     ("dlinear", DLinear, [(2, 12, 3)]),
     ("patchtst_revin_unfold", PatchTSTLite, [(2, 16, 2)]),
@@ -840,9 +803,7 @@ SEQ_MODELS = [
     ("inception_time", InceptionTime, [(2, 3, 16)]),
     # audio conv nets
     ("act_zoo_1d_se_lse", ActZoo1d, [(2, 2, 16)]),
-    ("unet1d_interp_size", UNet1d, [(2, 1, 16)]),
     ("fixed_filterbank_log_energy", SincLikeFrontend, [(2, 1, 32)]),
-    ("chunk_stack_split_heads", ChunkStackMixer, [(2, 8, 8)]),
     ("rezero_glu_constpad", ReZeroGLU, [(2, 8, 10)]),
     ("layernorm_tc_and_channels_first", LayerNormOverTC, [(2, 6, 8)]),
 ]
@@ -991,7 +952,7 @@ SEQ_MODELS += [
     ("encoder_src_key_padding_mask", EncoderPaddingMask, [(2, 5, 8)]),
     ("nn_rmsnorm_silu_gate", RMSNormBlock, [(2, 3, 8)]),
     ("maxpool1d_return_indices_dropped", MaxPoolReturnIndices, [(2, 3, 8)]),
-    ("gru_no_bias_dict_heads", GRUHeadsDict, [(2, 3, 4)]),
+    ("gru_no_bias_dict_heads", GRUHeadsDict, [(2, 2, 4)]),
 ]
 
 
