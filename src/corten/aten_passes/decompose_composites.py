@@ -19,7 +19,6 @@ every intermediate gets its own observer:
 ``upsample_bilinear2d`` / ``_linear1d`` /   ``x @ Mw`` then ``Mh @ .``: constant interpolation matrices
 ``upsample_bicubic2d``, ``antialias=True``  (any size / scale_factor / align_corners; bicubic: PyTorch's
                                              separable cubic with clamped borders; the anti-aliased filters)
-``nearest-exact`` upsampling                 ``index_select`` with constant indices per spatial dim
 ``pow(x, p)``, ``p`` a 1-element constant    ``x ** float(p)`` (GeM's learned exponent)
 ``linear`` with a 1-D weight                 ``[1, in]`` weight, the output dim dropped (NanoDet's ``Integral``)
 grouped ``conv_transpose1d/2d``               ``groups=1`` with the block-diagonal weight (``groups`` x the MACs)
@@ -1273,36 +1272,6 @@ def _linear_upsample(node: Node) -> Rewrite | Refusal:
     if spatial == 1:
         return Rewrite(lambda x, mw: x @ mw, [node.args[0]], mats)
     return Rewrite(lambda x, mh, mw: mh.t() @ (x @ mw), [node.args[0]], mats)
-
-
-@rewrites(aten._upsample_nearest_exact2d.vec, aten._upsample_nearest_exact1d.vec)
-def _nearest_exact_upsample(node: Node) -> Rewrite | Refusal:
-    """``mode="nearest-exact"``: every output pixel copies one input pixel, so ``index_select``
-    with constant indices along each spatial dim (the indices are PyTorch's own: ``nearest-exact``
-    applied to ``arange``)."""
-    spatial = 2 if node.target == aten._upsample_nearest_exact2d.vec else 1
-    x = node.args[0]
-    size = node_arg(node, "output_size", None)
-    scales = node_arg(node, "scale_factors", None)
-    in_sizes = [int(s) for s in x.meta["val"].shape[-spatial:]]
-    out_sizes = [int(s) for s in node.meta["val"].shape[-spatial:]]
-    scales = [None] * spatial if size is not None or scales is None else list(scales)
-    rank = x.meta["val"].dim()
-    plan, index = [], []
-    for k, (n_in, n_out, s) in enumerate(zip(in_sizes, out_sizes, scales)):
-        pos = torch.arange(n_in, dtype=torch.float32).reshape(1, 1, n_in)
-        kw = {"size": n_out} if s is None else {"scale_factor": float(s), "recompute_scale_factor": False}
-        idx = F.interpolate(pos, mode="nearest-exact", **kw).reshape(-1).to(torch.int64)
-        if idx.numel() == n_in and bool((idx == torch.arange(n_in)).all()):
-            continue
-        plan.append(rank - spatial + k)
-        index.append(idx)
-
-    def nearest_exact(xv, *idx):
-        for d, i in zip(plan, idx):
-            xv = xv.index_select(d, i)
-        return xv
-    return Rewrite(nearest_exact, [x], index)
 
 
 @rewrites(aten.pow.Tensor_Tensor)
