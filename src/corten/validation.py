@@ -131,7 +131,9 @@ def check_samples(samples: Iterable, example_inputs: tuple, what: str = "calibra
         out.append(s)
     for i in range(n_in):
         xs = [s[i] for s in out]
-        if i not in declared and all(bool((x == x.flatten()[0]).all()) for x in xs):
+        # one value in every sample: a one-element input (``torch.tensor([t])``, a broadcast operand) is
+        # constant within each sample by nature, but samples that differ calibrate a real range
+        if i not in declared and all(bool((x == xs[0].flatten()[0]).all()) for x in xs):
             vals = sorted({float(x.flatten()[0]) for x in xs})
             shown = ", ".join(f"{v:g}" for v in vals[:3]) + (" ..." if len(vals) > 3 else "")
             raise QuantizationError(

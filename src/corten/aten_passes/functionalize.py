@@ -206,6 +206,13 @@ class FunctionalizeInPlacePass(PassBase):
         for n in graph.nodes:
             n.meta.pop(_WRITTEN, None)
         if modified:
+            # a factory tensor written in place (``torch.zeros(1, b, h).squeeze_(0)``, the initial state of
+            # ``torch.ao.nn.quantizable.LSTM``) was kept by the constant folding, which runs before this
+            # pass; now that the write is a new value, the tensor and what is computed from it fold
+            from corten.aten_passes.decompose_composites import fold_constants
+
+            while fold_constants(graph_module):
+                pass
             finish_rewrite(graph_module)
         return PassResult(graph_module, modified)
 
