@@ -280,14 +280,47 @@ class WrittenFactory(nn.Module):
         return torch.relu(self.fc(x) + offset)
 
 
+class AccumulatorFromZeros(nn.Module):
+    """``acc = torch.zeros(...); acc += f(x)``: an accumulator started from a factory tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        acc = torch.zeros(2, 8)
+        acc += self.fc(x)
+        return torch.relu(acc * 2.0)
+
+
+class SliceOfZerosAssigned(nn.Module):
+    """``buf = torch.zeros(...); buf[:, :4] = f(x)``: a factory tensor written through a view (was folded
+    to a constant before the write was seen, and the write then refused)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        buf = torch.zeros(2, 8)
+        buf[:, :4] = self.fc(x)
+        return torch.relu(buf)
+
+
 @needs_gcc
-def test_factory_written_in_place_folds_to_a_constant():
+@pytest.mark.parametrize("make, ops", [
+    (WrittenFactory, {"quantize_per_tensor": 1, "quantized_linear": 1, "quantized_add": 1, "dequantize_per_tensor": 1}),
+    (AccumulatorFromZeros, {"quantize_per_tensor": 1, "quantized_linear": 1, "quantized_add": 1, "quantized_mul": 1,
+                            "dequantize_per_tensor": 1}),
+    (SliceOfZerosAssigned, {"quantize_per_tensor": 1, "quantized_linear": 1, "quantized_cat": 1, "quantized_lut": 1,
+                            "dequantize_per_tensor": 1}),
+], ids=["squeeze_", "add_", "slice_copy_"])
+def test_factory_written_in_place_folds_to_a_constant(make, ops):
     torch.manual_seed(0)
-    m, x = WrittenFactory().eval(), torch.randn(2, 8)
+    m, x = make().eval(), torch.randn(2, 8)
     prog = corten.compile(m, (x,), calibration=_calibration((x,)))
     assert prog.unlowered_ops() == []
-    assert prog.op_counts() == {"quantize_per_tensor": 1, "quantized_linear": 1, "quantized_add": 1,
-                                "dequantize_per_tensor": 1}
+    assert prog.op_counts() == ops
     ref = m(x)
     assert float((prog.run(x) - ref).abs().max()) < 0.05 * float(ref.abs().max()) + 0.05
     assert torch.equal(prog.run_c(x, on="host", int8=True, cflags=HOST_CFLAGS)[0], prog.run_int8(x)[0])

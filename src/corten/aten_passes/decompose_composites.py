@@ -218,7 +218,13 @@ RECURRENT = {aten.lstm.input, aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu
 
 
 def _writes(user: Node, node: Node) -> bool:
-    """``user`` is an in-place op writing ``node`` (``masked_fill_(zeros, node, v)`` only reads ``node``)."""
+    """``user`` is an in-place op writing ``node`` (``masked_fill_(zeros, node, v)`` only reads ``node``),
+    or a view of ``node`` that is written (``buf[:, :4] = y``: ``copy_(slice(buf), y)``); the
+    functionalization turns the write into a new value first, and the folding after it takes the rest."""
+    from corten.aten_passes.functionalize import _is_view
+
+    if user.op == "call_function" and _is_view(user) and user.args and user.args[0] is node:
+        return any(_writes(u, user) for u in user.users)
     schema = getattr(user.target, "_schema", None)
     if schema is None or not is_mutating(user):
         return False
