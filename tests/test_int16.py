@@ -946,3 +946,30 @@ def test_input_read_by_int16_and_int8_ops_is_quantized_once():
     want = prog.run_int8(y)
     assert [t.dtype for t in want] == [torch.int16, torch.int8]
     assert all(torch.equal(a, b) for a, b in zip(want, prog.c_run(y, kernels="portable").outputs))
+
+
+class SumOfSquaresEinsum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return torch.einsum("bchw,bchw->b", y, y)
+
+
+def test_a_reshape_no_layout_copy_can_emit_is_refused_at_compile_time():
+    """int16 activations meeting an int8-only op (the einsum's matmul) through a reshape of a
+    channels-last map into another channels-last shape: no layout copy writes that, so compile
+    refuses it naming the reshape and its source line (it used to fail only when emitting C)."""
+    import corten
+    from corten.errors import LoweringError
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 6, 6)
+    with pytest.raises(LoweringError, match=r"moves channels-last bytes on both sides.*int8") as info:
+        corten.compile(SumOfSquaresEinsum().eval(), (x,), precision="int16",
+                       calibration=[(x,)] + [(torch.randn(1, 3, 6, 6),) for _ in range(3)])
+    assert "test_int16.py:" in str(info.value)
+    prog = corten.compile(SumOfSquaresEinsum().eval(), (x,), calibration=[(x,)])  # int8: a strided copy
+    assert prog.unlowered_ops() == []

@@ -625,6 +625,8 @@ class Pipeline:
                                      **({"rounding": rounding_summary(self.rounding_report)}
                                         if self.rounding != "nearest" else {}),
                                      "tensors": record_provenance(self.lowered, program_ep.graph)})
+        if not self.unlowered:
+            self.program.check_emittable()
         return self.program
 
     def run(self, allow_unlowered: bool = False) -> Program:

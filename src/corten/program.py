@@ -154,6 +154,23 @@ class Program(ProgramReports, ProgramC):
         """The float compute ops left (empty when fully lowered), each with its source location."""
         return list(self.unlowered)
 
+    def check_emittable(self) -> None:
+        """:class:`LoweringError` for a lowered node the C emitter cannot write, at compile time rather
+        than at emission: a reshape whose both sides are channels-last tensors (no layout copy does it;
+        an int8 region's lowering makes such a reshape a strided copy)."""
+        from corten.codegen.emitter import RESHAPE, emittable_reshape
+        from corten.errors import LoweringError
+
+        for node in self.ep.graph.nodes:
+            if node.op == "call_function" and node.target == RESHAPE and not emittable_reshape(node):
+                shapes = [list(n.meta["val"].shape) for n in (node.args[0], node)]
+                where = (self.info.get("node_sources") or {}).get(node.name, {})
+                at = " at ".join(v for v in (where.get("module"), where.get("source")) if v)
+                raise LoweringError(f"reshape {node.name!r} {shapes[0]} -> {shapes[1]}{' (' + at + ')' if at else ''}"
+                                    " moves channels-last bytes on both sides, which no layout copy does (it "
+                                    "happens where int16 activations meet an int8-only op): compile that part "
+                                    "int8 (precision={'<module path>': 'int8'}) or flatten to 2-D before it")
+
     # ------------------------------------------------------------------ running
     def module(self) -> torch.fx.GraphModule:
         if self._module is None:

@@ -587,18 +587,12 @@ class _Generator:
     def _reshape_copy(self, node, index: int) -> str:
         src = node.args[0]
         in_shape, out_shape = self._shape(src), self._shape(node)
-        in_nhwc = len(in_shape) == 4 and not _storage_is_logical(in_shape)
-        out_nhwc = len(out_shape) == 4 and not _storage_is_logical(out_shape)
         self.uses_layout = True
-        if in_nhwc and not out_nhwc:
-            n, h, w, c = nhwc(in_shape)
-            fn, dims = "corten_nhwc_to_nchw_s8", (n, h, w, c)
-        elif out_nhwc and not in_nhwc:
-            n, h, w, c = nhwc(out_shape)
-            fn, dims = "corten_nchw_to_nhwc_s8", (n, h, w, c)
-        else:
+        plan = reshape_copy_plan(in_shape, out_shape)
+        if plan is None:
             raise CodegenError(f"reshape node {node.name!r} {in_shape} -> {out_shape} permutes channels-last bytes "
                                "on both sides; flatten to 2-D first")
+        fn, dims = plan
         out, inp = self.buffer_expr(node), self.buffer_expr(src)
         if src.meta["val"].dtype == torch.int16:  # 16x8: 2-byte elements
             fn = fn.replace("_s8", "_s16")
@@ -608,6 +602,26 @@ class _Generator:
                 f"    if ({fn}(&dims, {inp}, {out}) != 0) {{\n"
                 f"        return {index}; /* step {index} failed */\n"
                 "    }\n}")
+
+
+def reshape_copy_plan(in_shape, out_shape) -> tuple[str, tuple[int, int, int, int]] | None:
+    """The layout copy of a reshape that moves bytes: ``(kernel, NHWC dims)`` when one side is a 4-D
+    channels-last tensor and the other is stored in logical order; None when both sides are
+    channels-last (no layout copy does that: the lowering makes it a strided copy)."""
+    in_nhwc = len(in_shape) == 4 and not _storage_is_logical(in_shape)
+    out_nhwc = len(out_shape) == 4 and not _storage_is_logical(out_shape)
+    if in_nhwc and not out_nhwc:
+        return "corten_nhwc_to_nchw_s8", tuple(nhwc(in_shape))
+    if out_nhwc and not in_nhwc:
+        return "corten_nchw_to_nhwc_s8", tuple(nhwc(out_shape))
+    return None
+
+
+def emittable_reshape(node: torch.fx.Node) -> bool:
+    """Whether a lowered ``aten.reshape`` node can be emitted: a view of its input's bytes, or one
+    layout copy (:func:`reshape_copy_plan`)."""
+    shape = lambda n: [int(d) for d in n.meta["val"].shape]  # noqa: E731
+    return _reshape_is_alias(node) or reshape_copy_plan(shape(node.args[0]), shape(node)) is not None
 
 
 def _reshape_is_alias(node: torch.fx.Node) -> bool:
