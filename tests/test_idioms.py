@@ -12,6 +12,7 @@ import corten
 from conftest import HOST_CFLAGS
 from corten.codegen.generated import GEN_OPS
 from idiom_models import IDIOMS
+from model_checks import leaves, seeded_samples
 
 CASES = {name: (factory, shapes) for name, factory, shapes in IDIOMS}
 
@@ -20,14 +21,8 @@ def _compile(name):
     factory, shapes = CASES[name]
     torch.manual_seed(0)
     model = factory().eval()
-    g = torch.Generator().manual_seed(1)
-    inputs = tuple(torch.randn(s, generator=g) for s in shapes)
-    calibration = [tuple(torch.randn(s, generator=g) for s in shapes) for _ in range(3)]
+    inputs, calibration = seeded_samples(shapes, 3)
     return model, inputs, corten.compile(model, inputs, calibration=calibration, name="idiom")
-
-
-def _leaves(x):
-    return list(torch.utils._pytree.tree_leaves(x))
 
 
 def test_idiom_corpus_size():
@@ -38,18 +33,18 @@ def test_idiom_corpus_size():
 def test_idiom_is_lowered_byte_exact_and_close_to_float(name):
     model, inputs, prog = _compile(name)
     assert prog.unlowered_ops() == [], prog.operator_table()
-    expected = _leaves(prog.run_int8(*inputs))
-    got = _leaves(prog.run_c(*inputs, on="host", int8=True))
+    expected = leaves(prog.run_int8(*inputs))
+    got = leaves(prog.run_c(*inputs, on="host", int8=True))
     assert len(got) == len(expected)
     for e, c in zip(expected, got):
         assert e.shape == c.shape and torch.equal(e.contiguous(), c.contiguous())
     if set(prog.op_counts()) & set(GEN_OPS):  # Corten's generated kernels (the DSP path's C), same bytes
-        gen = _leaves(prog.run_c(*inputs, on="host", int8=True, kernels="generated", target="cortex-m4",
+        gen = leaves(prog.run_c(*inputs, on="host", int8=True, kernels="generated", target="cortex-m4",
                                  cflags=HOST_CFLAGS))
         for e, c in zip(expected, gen):
             assert e.shape == c.shape and torch.equal(e.contiguous(), c.contiguous())
     with torch.no_grad():
-        ref = _leaves(model(*inputs))
-    for f, q in zip(ref, _leaves(prog.run(*inputs))):
+        ref = leaves(model(*inputs))
+    for f, q in zip(ref, leaves(prog.run(*inputs))):
         cos = torch.nn.functional.cosine_similarity(f.flatten().double(), q.flatten().double(), dim=0)
         assert cos >= 0.95, (name, float(cos))

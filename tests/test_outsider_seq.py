@@ -15,27 +15,21 @@ import torch.nn.functional as F
 from torch import nn
 
 import corten
-from conftest import needs_gcc
+from conftest import HOST_CFLAGS, needs_gcc
 from corten.errors import CortenError, QuantizationError, QuantizationWarning, UnsupportedOpsError
+from model_checks import assert_c_bytes_equal, assert_close_to_float, seeded_samples
 from outsider_seq_models import SEQ_MODELS
 
 CASES = {name: (factory, shapes) for name, factory, shapes in SEQ_MODELS}
 # the host C at -O0 (a third of the -O2 build time; the C is the same, and tests/test_idioms.py builds
 # the same portable kernels at -O2 on 150 models)
-HOST_O0 = ("-O0",)
-
-
-def _leaves(x):
-    return list(torch.utils._pytree.tree_leaves(x))
 
 
 def _compile(name):
     factory, shapes = CASES[name]
     torch.manual_seed(0)
     model = factory().eval()
-    g = torch.Generator().manual_seed(1)
-    inputs = tuple(torch.randn(s, generator=g) for s in shapes)
-    calibration = [tuple(torch.randn(s, generator=g) for s in shapes) for _ in range(4)]
+    inputs, calibration = seeded_samples(shapes, 4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prog = corten.compile(model, inputs, calibration=calibration, name="seq")
@@ -62,18 +56,8 @@ def test_corpus_size():
 def test_lowered_byte_exact_in_c_and_close_to_float(compiled, name):
     model, inputs, prog = compiled(name)
     assert prog.unlowered_ops() == [], prog.operator_table()
-    expected = _leaves(prog.run_int8(*inputs))
-    got = _leaves(prog.c_run(*inputs, kernels="portable", cflags=HOST_O0).outputs)
-    assert len(got) == len(expected)
-    for e, c in zip(expected, got):
-        assert e.shape == c.shape and torch.equal(e.contiguous(), c.contiguous())
-    with torch.no_grad():
-        ref = _leaves(model(*inputs))
-    quant = _leaves(prog.run(*inputs))
-    assert len(ref) == len(quant)
-    for f, q in zip(ref, quant):
-        cos = F.cosine_similarity(f.flatten().double(), q.flatten().double(), dim=0)
-        assert cos >= 0.95, (name, float(cos))
+    assert_c_bytes_equal(prog, inputs, HOST_CFLAGS)
+    assert_close_to_float(model, inputs, prog, name)
 
 
 # ----------------------------------------------------------------------------- a bias read by several ops

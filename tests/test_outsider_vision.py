@@ -20,6 +20,7 @@ from torch import nn
 import corten
 from conftest import HOST_CFLAGS, needs_gcc
 from corten.errors import QuantizationWarning, UnsupportedOpsError
+from model_checks import assert_c_bytes_equal, assert_close_to_float, seeded_samples
 from outsider_vision_models import VISION, build
 
 SHAPES = {name: shape for name, _, shape in VISION}
@@ -34,14 +35,7 @@ COMPILED = [name for name, _, _ in VISION if name not in REFUSED]
 
 def _samples(name):
     """(example inputs, 4 calibration samples), N(0, 1); an entry's shape is one input's or a list of them."""
-    g = torch.Generator().manual_seed(1)
-    shapes = SHAPES[name] if isinstance(SHAPES[name], list) else [SHAPES[name]]
-    xs = tuple(torch.randn(s, generator=g) for s in shapes)
-    return xs, [tuple(torch.randn(s, generator=g) for s in shapes) for _ in range(4)]
-
-
-def _leaves(x):
-    return list(torch.utils._pytree.tree_leaves(x))
+    return seeded_samples(SHAPES[name] if isinstance(SHAPES[name], list) else [SHAPES[name]], 4)
 
 
 @pytest.fixture(scope="module")
@@ -69,23 +63,8 @@ def test_the_set_is_broad():
 def test_lowered_byte_exact_in_c_and_close_to_float(compiled, name):
     model, xs, prog = compiled(name)
     assert prog.unlowered_ops() == [], prog.operator_table()
-    want = prog.run_int8(*xs)
-    got = prog.c_run(*xs, kernels="portable", cflags=HOST_CFLAGS).outputs  # (-O0: the same C, built faster)
-    assert len(got) == len(want)
-    for w, g in zip(want, got):
-        assert w.shape == g.shape and torch.equal(w.contiguous(), g.contiguous())
-    with torch.no_grad():
-        ref = _leaves(model(*xs))
-    out = _leaves(prog.run(*xs))
-    assert len(ref) == len(out)
-    for r, q in zip(ref, out):
-        # (argmax indices come back int32, the C library's type; the model's are int64)
-        assert r.shape == q.shape and r.is_floating_point() == q.is_floating_point(), (r.dtype, q.dtype)
-        if r.is_floating_point():
-            cos = torch.nn.functional.cosine_similarity(r.flatten().double(), q.flatten().double(), dim=0)
-            assert cos >= 0.95, (name, float(cos))
-        else:  # class maps, masks: the same label almost everywhere
-            assert (r == q).double().mean() >= 0.95, (name, float((r == q).double().mean()))
+    assert_c_bytes_equal(prog, xs, HOST_CFLAGS)  # (-O0: the same C, built faster)
+    assert_close_to_float(model, xs, prog, name)
 
 
 @pytest.mark.parametrize("name", list(REFUSED))

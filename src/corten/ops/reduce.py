@@ -242,13 +242,13 @@ def lower_argmax(m: Match):
         raise LoweringError(f"{kind} feeding other ops is not supported: its int32 indices can only be a "
                             "program output (do index arithmetic in the caller)")
     x = m.inputs[0].node
-    if dim is None:  # the index into the flattened tensor: the argmax of the flattened tensor (0-D, or [1, ..., 1])
-        if val.dim() > 1:
-            x = m.call_aten(_aten.reshape.default, x, [val.numel()])
-        dim = 0
+    if dim is None:  # the index into the flattened tensor: the argmax of x.reshape(-1) over dim 0 (0-D)
         if keepdim and val.dim() > 1:
             raise LoweringError(f"{kind} without dim with keepdim=True is not supported; flatten first, e.g. "
                                 f"x.flatten().{kind}(0, keepdim=True)")
+        if val.dim() > 1:
+            x = m.call_aten(_aten.reshape.default, x, [val.numel()])
+        dim = 0
     return m.call("quantized_argmax", x, int(dim) % val.dim(), keepdim, 0 if kind == "argmax" else 1)
 
 
